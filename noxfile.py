@@ -1,0 +1,178 @@
+"""Nox sessions: tests per JAX version, each package installed alone, slow tests,
+PyTorch tests, lint and types.
+
+Run `uv run nox -l` to list them, `uv run nox -s isolated` for the packaging proof.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = ["lint", "types", "isolated", "tests"]
+
+ROOT = Path(__file__).parent
+PACKAGES = ["theseus-plot", "theseus-store", "theseus-core", "theseus-analysis"]
+# Workspace siblings each package needs installed beside it (its own wheel first).
+SIBLINGS = {
+    "theseus-plot": [],
+    "theseus-store": [],
+    "theseus-core": ["theseus-store"],
+    "theseus-analysis": ["theseus-store", "theseus-plot", "theseus-core"],
+}
+# What each package's test suite needs beyond the package itself.
+TEST_DEPS = {
+    "theseus-plot": ["pytest", "pytest-timeout", "pandas"],
+    "theseus-store": ["pytest", "pytest-timeout"],
+    "theseus-core": ["pytest", "pytest-timeout"],
+    "theseus-analysis": ["pytest", "pytest-timeout", "equinox"],
+}
+EXTRAS = {"theseus-analysis": "[inspect]"}
+# The oldest JAX the packages declare (theseus-core: jax>=0.8.1) and the newest
+# release that installs on the Python we test with.
+JAX_VERSIONS = ["0.8.1", "0.10.2"]
+TORCH_VERSION = "2.13.0"
+
+
+def _editable_packages() -> list[str]:
+    args: list[str] = []
+    for name in PACKAGES:
+        args += ["-e", f"packages/{name}{EXTRAS.get(name, '')}"]
+    return args
+
+
+@nox.session(python=False)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole workspace."""
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=False)
+def types(session: nox.Session) -> None:
+    """mypy over every package's sources (settings in pyproject.toml)."""
+    session.run("mypy", *(f"packages/{name}/src" for name in PACKAGES))
+
+
+@nox.session
+@nox.parametrize("jax", JAX_VERSIONS)
+def tests(session: nox.Session, jax: str) -> None:
+    """The default suite against one JAX release (oldest declared, newest available)."""
+    session.install(
+        *_editable_packages(),
+        f"jax=={jax}",
+        f"jaxlib=={jax}",
+        "pytest",
+        "pytest-timeout",
+        "pandas",
+        "equinox",
+    )
+    session.run("python", "-c", "import jax; print('jax', jax.__version__)")
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session(python=False)
+def slow(session: nox.Session) -> None:
+    """Only the tests marked slow (long crash-safety loops, long training runs)."""
+    session.run("pytest", "-q", "-m", "slow", *session.posargs)
+
+
+@nox.session(venv_backend="venv")
+def torch(session: nox.Session) -> None:
+    """Tests that need PyTorch, with the CPU wheel installed by pip (never by uv)."""
+    session.install(f"torch=={TORCH_VERSION}")
+    session.install(*_editable_packages(), "pytest", "pytest-timeout", "equinox")
+    session.run("python", "-c", "import torch; print('torch', torch.__version__)")
+    session.run("python", "-m", "pytest", "-q", "-m", "torch", *session.posargs)
+
+
+def _build_wheels(session: nox.Session, names: list[str], out: Path) -> list[str]:
+    wheels = []
+    for name in names:
+        session.run(
+            "uv",
+            "build",
+            "--wheel",
+            "--no-sources",
+            "--package",
+            name,
+            "--out-dir",
+            str(out),
+            external=True,
+            silent=True,
+        )
+        (wheel,) = out.glob(name.replace("-", "_") + "-*.whl")
+        wheels.append(str(wheel))
+    return wheels
+
+
+def _installed(session: nox.Session) -> set[str]:
+    """Distribution names installed in the session's virtual environment."""
+    listing = session.run(
+        "python",
+        "-c",
+        "import importlib.metadata as m, json; "
+        "print(json.dumps(sorted({d.metadata['Name'].lower() for d in m.distributions()})))",
+        silent=True,
+    )
+    assert isinstance(listing, str)
+    return set(json.loads(listing.strip().splitlines()[-1]))
+
+
+@nox.session
+@nox.parametrize("package", PACKAGES)
+def isolated(session: nox.Session, package: str) -> None:
+    """Build one package's wheel, install it alone in a fresh venv, import it, test it."""
+    out = Path(tempfile.mkdtemp(prefix=f"{package}-wheels-"))
+    try:
+        own, *siblings = _build_wheels(session, [package, *SIBLINGS[package]], out)
+        session.install(f"{package}{EXTRAS.get(package, '')} @ {Path(own).as_uri()}", *siblings)
+        installed = _installed(session)
+        expected = {package, *SIBLINGS[package]}
+        if package == "theseus-store" and installed != expected:
+            session.error(f"theseus-store must install nothing else; found {sorted(installed)}")
+        module = "theseus." + package.removeprefix("theseus-")
+        session.run(
+            "python",
+            "-c",
+            f"import {module} as m, sys; "
+            f"assert 'site-packages' in m.__file__, m.__file__; print(m.__name__, m.__file__)",
+        )
+        if package == "theseus-plot":
+            session.run(
+                "python",
+                "-c",
+                "import importlib.util as u, theseus.plot, sys; "
+                "assert u.find_spec('jax') is None, 'jax is importable'; "
+                "assert 'jax' not in sys.modules; print('jax is absent')",
+            )
+        session.install(*TEST_DEPS[package])
+        env = {"THESEUS_ISOLATED": package}
+        # Run from a scratch copy of the tests so nothing resolves to the source tree.
+        scratch = Path(session.create_tmp()) / "tests-run"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        shutil.copy(ROOT / "pyproject.toml", scratch / "pyproject.toml")
+        shutil.copy(ROOT / "conftest.py", scratch / "conftest.py")
+        shutil.copytree(ROOT / "packages" / package / "tests", scratch / "tests")
+        with session.chdir(scratch):
+            session.run(
+                "python",
+                "-m",
+                "pytest",
+                "-q",
+                "tests",
+                "-p",
+                "no:cacheprovider",
+                *session.posargs,
+                env=env,
+                success_codes=[0],
+            )
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

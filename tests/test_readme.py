@@ -1,0 +1,52 @@
+"""The README's two opening commands are the ones CI and newcomers run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _opening_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block is not None, "README.md must open with a ```bash block of two commands"
+    assert text.index("```bash") < text.index("\n## "), "the commands must come first"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_readme_opens_with_exactly_two_commands() -> None:
+    commands = _opening_commands()
+    assert len(commands) == 2, commands
+    for command in commands:
+        assert command.startswith("pip install uv && uv run "), command
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    test_command = _opening_commands()[1]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"step tests bash -c '{test_command}'" in ci
+
+
+def test_no_namespace_init_in_any_package() -> None:
+    packages = sorted((ROOT / "packages").glob("*/src/theseus"))
+    assert len(packages) == 4, packages
+    for namespace in packages:
+        assert not (namespace / "__init__.py").exists(), f"{namespace} must stay a PEP 420 namespace"
+        assert any(namespace.glob("*/py.typed")), f"{namespace} has no py.typed marker"
+
+
+def test_all_packages_share_one_version_and_pin_siblings() -> None:
+    import tomllib
+
+    versions = {}
+    pins = []
+    for pyproject in sorted((ROOT / "packages").glob("*/pyproject.toml")):
+        project = tomllib.loads(pyproject.read_text())["project"]
+        versions[project["name"]] = project["version"]
+        pins += [dep for dep in project.get("dependencies", []) if dep.startswith("theseus-")]
+    assert len(set(versions.values())) == 1, versions
+    (version,) = set(versions.values())
+    for pin in pins:
+        assert re.fullmatch(rf"theseus-[a-z]+=={re.escape(version)}", pin), pin
