@@ -1,0 +1,1 @@
+"""Language models and their components (Flax linen)."""

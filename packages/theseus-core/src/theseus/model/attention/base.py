@@ -1,0 +1,98 @@
+"""Causal multi-head self-attention with rotary positions.
+
+`SelfAttention` is the module the debugger and analyses target by type
+(`TARGET = SelfAttention`); its call's first argument is named `x`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from theseus.config import field
+from theseus.model.component import Component, resolve_dtype
+
+__all__ = ["AttentionConfig", "SelfAttention", "apply_rotary"]
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Settings read by `SelfAttention`."""
+
+    n_embd: int = field("architecture/n_embd", default=128, help="width of the residual stream")
+    n_head: int = field("architecture/n_head", default=4, help="attention heads per layer")
+    block_size: int = field("architecture/block_size", default=128, help="context length in tokens")
+    dropout: float = field("architecture/dropout", default=0.0, help="dropout probability")
+    bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
+    rope_base: float = field(
+        "architecture/rope_base", default=10000.0, help="rotary frequency base"
+    )
+    param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
+    dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
+
+
+def apply_rotary(x: jax.Array, base: float) -> jax.Array:
+    """Rotate pairs of features of `x` `[batch, seq, heads, head_dim]` by position.
+
+    Feature `i` and `i + head_dim/2` form a pair rotated by angle `pos * base**(-2i/head_dim)`.
+    """
+    seq, head_dim = x.shape[1], x.shape[-1]
+    half = head_dim // 2
+    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)
+    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # [seq, half]
+    cos = jnp.cos(angles)[None, :, None, :]
+    sin = jnp.sin(angles)[None, :, None, :]
+    first, second = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    rotated = jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+class SelfAttention(nn.Module, Component):
+    """Causal self-attention: `x [batch, seq, n_embd] -> [batch, seq, n_embd]`."""
+
+    CONFIG = AttentionConfig
+    config: AttentionConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
+            raise ValueError(
+                f"architecture/n_embd ({cfg.n_embd}) must split into architecture/n_head "
+                f"({cfg.n_head}) heads of even width for rotary positions"
+            )
+        dense = {
+            "use_bias": cfg.bias,
+            "dtype": resolve_dtype(cfg.dtype),
+            "param_dtype": resolve_dtype(cfg.param_dtype),
+        }
+        init = nn.initializers.normal(0.02)
+        self.c_attn = nn.Dense(
+            3 * cfg.n_embd,
+            kernel_init=nn.with_logical_partitioning(init, ("embed", "heads")),
+            **dense,
+        )
+        self.c_proj = nn.Dense(
+            cfg.n_embd, kernel_init=nn.with_logical_partitioning(init, ("heads", "embed")), **dense
+        )
+        self.attn_dropout = nn.Dropout(cfg.dropout)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+        cfg = self.config
+        batch, seq, width = x.shape
+        head_dim = width // cfg.n_head
+        qkv = self.c_attn(x).reshape(batch, seq, 3, cfg.n_head, head_dim)
+        q = apply_rotary(qkv[:, :, 0], cfg.rope_base)
+        k = apply_rotary(qkv[:, :, 1], cfg.rope_base)
+        v = qkv[:, :, 2]
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(head_dim)
+        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+        scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        weights = self.attn_dropout(weights, deterministic=deterministic)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, seq, width)
+        out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
+        return self.resid_dropout(self.c_proj(out), deterministic=deterministic)

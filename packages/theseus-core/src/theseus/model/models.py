@@ -1,0 +1,214 @@
+"""The GPT language model: token embedding, pre-norm blocks, final norm, unembedding.
+
+Module paths are stable and readable: `wte`, `blocks_0` ... `blocks_{n-1}` (each with
+`ln_1`, `attn`, `ln_2`, `mlp`), `ln_f`, and `lm_head` when embeddings are not tied.
+Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `mlp`) so it can
+be sharded by `nn.logical_axis_rules`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from theseus.config import configure, field
+from theseus.model.attention.base import AttentionConfig, SelfAttention
+from theseus.model.component import Component, resolve_dtype
+
+__all__ = ["GPT", "MLP", "Block", "GPTConfig", "MLPConfig", "cross_entropy"]
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """Settings read by `MLP`."""
+
+    n_embd: int = field("architecture/n_embd", default=128, help="width of the residual stream")
+    mlp_ratio: int = field("architecture/mlp_ratio", default=4, help="hidden width / n_embd")
+    dropout: float = field("architecture/dropout", default=0.0, help="dropout probability")
+    bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
+    param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
+    dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Settings read by `GPT` itself."""
+
+    n_layers: int = field("architecture/n_layers", default=4, help="number of blocks")
+    n_embd: int = field("architecture/n_embd", default=128, help="width of the residual stream")
+    block_size: int = field("architecture/block_size", default=128, help="context length in tokens")
+    vocab_size: int = field("architecture/vocab_size", default=258, help="embedding rows")
+    dropout: float = field("architecture/dropout", default=0.0, help="dropout probability")
+    bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
+    tie_embeddings: bool = field(
+        "architecture/tie_embeddings", default=True, help="unembed with the embedding matrix"
+    )
+    param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
+    dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
+
+
+class MLP(nn.Module, Component):
+    """Position-wise feed-forward: `x [batch, seq, n_embd] -> [batch, seq, n_embd]`."""
+
+    CONFIG = MLPConfig
+    config: MLPConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+        cfg = self.config
+        dense = {
+            "use_bias": cfg.bias,
+            "dtype": resolve_dtype(cfg.dtype),
+            "param_dtype": resolve_dtype(cfg.param_dtype),
+        }
+        init = nn.initializers.normal(0.02)
+        hidden = nn.Dense(
+            cfg.mlp_ratio * cfg.n_embd,
+            kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
+            name="c_fc",
+            **dense,
+        )(x)
+        hidden = nn.with_logical_constraint(nn.gelu(hidden), ("batch", "length", "mlp"))
+        out = nn.Dense(
+            cfg.n_embd,
+            kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")),
+            name="c_proj",
+            **dense,
+        )(hidden)
+        return nn.Dropout(cfg.dropout)(out, deterministic=deterministic)
+
+
+def _norm(cfg: GPTConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=1e-5,
+        use_bias=cfg.bias,
+        dtype=resolve_dtype(cfg.dtype),
+        param_dtype=resolve_dtype(cfg.param_dtype),
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        name=name,
+    )
+
+
+class Block(nn.Module, Component):
+    """Pre-norm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`."""
+
+    CONFIG = GPTConfig
+    config: GPTConfig
+    attention: AttentionConfig
+    mlp_config: MLPConfig
+
+    @classmethod
+    def components(cls) -> list[type[Component]]:
+        return [SelfAttention, MLP]
+
+    def setup(self) -> None:
+        self.ln_1 = _norm(self.config, "ln_1")
+        self.attn = SelfAttention(self.attention)
+        self.ln_2 = _norm(self.config, "ln_2")
+        self.mlp = MLP(self.mlp_config)
+
+    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+        x = x + self.attn(self.ln_1(x), deterministic=deterministic)
+        x = x + self.mlp(self.ln_2(x), deterministic=deterministic)
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+def cross_entropy(
+    logits: jax.Array, targets: jax.Array, mask: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """Mean cross-entropy over targets that are not `-1` (and, if given, where `mask` is true).
+
+    Returns:
+        `(mean_loss, count)`: the mean in nats over counted positions and how many counted.
+    """
+    valid = targets >= 0
+    if mask is not None:
+        valid = valid & mask.astype(bool)
+    losses = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), jnp.where(valid, targets, 0)
+    )
+    count = valid.sum()
+    total = jnp.where(valid, losses, 0.0).sum()
+    return total / jnp.maximum(count, 1), count
+
+
+class GPT(nn.Module, Component):
+    """A GPT: `x [batch, seq] int -> logits [batch, seq, vocab_size]` (and the loss given `y`)."""
+
+    CONFIG = GPTConfig
+    config: GPTConfig
+    attention: AttentionConfig
+    mlp_config: MLPConfig
+
+    @classmethod
+    def components(cls) -> list[type[Component]]:
+        return [Block]
+
+    @classmethod
+    def build(cls) -> GPT:
+        """Construct the model from the active configuration (see `theseus.config.using`)."""
+        return cls(configure(GPTConfig), configure(AttentionConfig), configure(MLPConfig))
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.wte = nn.Embed(
+            cfg.vocab_size,
+            cfg.n_embd,
+            embedding_init=nn.with_logical_partitioning(
+                nn.initializers.normal(0.02), ("vocab", "embed")
+            ),
+            dtype=resolve_dtype(cfg.dtype),
+            param_dtype=resolve_dtype(cfg.param_dtype),
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = [Block(cfg, self.attention, self.mlp_config) for _ in range(cfg.n_layers)]
+        self.ln_f = _norm(cfg, "ln_f")
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Dense(
+                cfg.vocab_size,
+                use_bias=False,
+                kernel_init=nn.with_logical_partitioning(
+                    nn.initializers.normal(0.02), ("embed", "vocab")
+                ),
+                dtype=resolve_dtype(cfg.dtype),
+                param_dtype=resolve_dtype(cfg.param_dtype),
+            )
+
+    def __call__(
+        self,
+        x: jax.Array,
+        y: jax.Array | None = None,
+        padding_mask: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """Run the model.
+
+        Args:
+            x: token ids `[batch, seq]`, `seq <= block_size`.
+            y: target ids `[batch, seq]` (`-1` is ignored), or None for no loss.
+            padding_mask: `[batch, seq]`, true where `x` is a real token.
+            deterministic: disable dropout.
+
+        Returns:
+            `(logits [batch, seq, vocab_size], loss or None)`.
+        """
+        if x.shape[-1] > self.config.block_size:
+            raise ValueError(
+                f"sequence length {x.shape[-1]} exceeds architecture/block_size "
+                f"{self.config.block_size}"
+            )
+        h = self.drop(self.wte(x), deterministic=deterministic)
+        h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
+        for block in self.blocks:
+            h = block(h, deterministic=deterministic)
+        h = self.ln_f(h)
+        logits = self.wte.attend(h) if self.config.tie_embeddings else self.lm_head(h)
+        if y is None:
+            return logits, None
+        loss, _ = cross_entropy(logits, y, padding_mask)
+        return logits, loss

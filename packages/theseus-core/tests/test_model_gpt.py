@@ -1,0 +1,203 @@
+"""The GPT against a NumPy re-implementation, plus its structural promises."""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from theseus.config import Tree, using
+from theseus.model.attention.base import AttentionConfig, SelfAttention
+from theseus.model.models import GPT, MLP, GPTConfig, MLPConfig, cross_entropy
+
+WIDTH, HEADS, LAYERS, BLOCK, VOCAB = 32, 4, 2, 12, 40
+
+
+def _model(tie: bool = True, bias: bool = False) -> GPT:
+    return GPT(
+        GPTConfig(
+            n_layers=LAYERS,
+            n_embd=WIDTH,
+            block_size=BLOCK,
+            vocab_size=VOCAB,
+            bias=bias,
+            tie_embeddings=tie,
+        ),
+        AttentionConfig(n_embd=WIDTH, n_head=HEADS, block_size=BLOCK, bias=bias),
+        MLPConfig(n_embd=WIDTH, bias=bias),
+    )
+
+
+def _params(model: GPT, seed: int = 0) -> dict:
+    x = jnp.zeros((1, BLOCK), jnp.int32)
+    return nn.unbox(model.init(jax.random.key(seed), x))["params"]
+
+
+# ---- NumPy reference, written from the definitions, float64 ----
+
+
+def _np_layernorm(x: np.ndarray, p: dict) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    out = (x - mean) / np.sqrt(var + 1e-5) * p["scale"]
+    return out + p["bias"] if "bias" in p else out
+
+
+def _np_dense(x: np.ndarray, p: dict) -> np.ndarray:
+    out = x @ p["kernel"]
+    return out + p["bias"] if "bias" in p else out
+
+
+def _np_rotary(x: np.ndarray, base: float = 10000.0) -> np.ndarray:
+    seq, dim = x.shape[1], x.shape[-1]
+    half = dim // 2
+    out = np.empty_like(x)
+    for pos in range(seq):
+        for i in range(half):
+            theta = pos * base ** (-2.0 * i / dim)
+            a, b = x[:, pos, :, i], x[:, pos, :, i + half]
+            out[:, pos, :, i] = a * math.cos(theta) - b * math.sin(theta)
+            out[:, pos, :, i + half] = a * math.sin(theta) + b * math.cos(theta)
+    return out
+
+
+def _np_attention(x: np.ndarray, p: dict) -> np.ndarray:
+    b, s, w = x.shape
+    d = w // HEADS
+    qkv = _np_dense(x, p["c_attn"]).reshape(b, s, 3, HEADS, d)
+    q, k, v = _np_rotary(qkv[:, :, 0]), _np_rotary(qkv[:, :, 1]), qkv[:, :, 2]
+    out = np.zeros((b, s, HEADS, d))
+    for t in range(s):
+        scores = np.einsum("bhd,bkhd->bhk", q[:, t], k[:, : t + 1]) / math.sqrt(d)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        out[:, t] = np.einsum("bhk,bkhd->bhd", weights, v[:, : t + 1])
+    return _np_dense(out.reshape(b, s, w), p["c_proj"])
+
+
+def _np_gelu(x: np.ndarray) -> np.ndarray:  # flax's default: the tanh approximation
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _np_gpt(params: dict, x: np.ndarray, tie: bool) -> np.ndarray:
+    p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+    h = p["wte"]["embedding"][x]
+    for i in range(LAYERS):
+        blk = p[f"blocks_{i}"]
+        h = h + _np_attention(_np_layernorm(h, blk["ln_1"]), blk["attn"])
+        m = blk["mlp"]
+        h = h + _np_dense(
+            _np_gelu(_np_dense(_np_layernorm(h, blk["ln_2"]), m["c_fc"])), m["c_proj"]
+        )
+    h = _np_layernorm(h, p["ln_f"])
+    return h @ (p["wte"]["embedding"].T if tie else p["lm_head"]["kernel"])
+
+
+@pytest.mark.parametrize(("tie", "bias"), [(True, False), (False, True)])
+def test_logits_match_numpy_reference(tie: bool, bias: bool) -> None:
+    model = _model(tie=tie, bias=bias)
+    params = _params(model, seed=1)
+    if bias:  # make biases nonzero so the reference really checks them
+        params = jax.tree_util.tree_map_with_path(
+            lambda path, a: a + 0.1 if path[-1].key == "bias" else a, params
+        )
+    x = np.random.default_rng(0).integers(0, VOCAB, (3, BLOCK))
+    logits, loss = model.apply({"params": params}, jnp.asarray(x))
+    assert loss is None
+    np.testing.assert_allclose(np.asarray(logits), _np_gpt(params, x, tie), rtol=2e-4, atol=2e-5)
+
+
+def test_loss_is_mean_cross_entropy_over_counted_targets() -> None:
+    model = _model()
+    params = _params(model)
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, VOCAB, (2, BLOCK))
+    y = rng.integers(0, VOCAB, (2, BLOCK))
+    y[0, :3] = -1
+    mask = np.ones((2, BLOCK), bool)
+    mask[1, -4:] = False
+    logits, loss = model.apply(
+        {"params": params}, jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask)
+    )
+    lg = np.asarray(logits, np.float64)
+    logp = lg - lg.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    counted = (y >= 0) & mask
+    expected = -np.mean([logp[b, t, y[b, t]] for b, t in zip(*np.nonzero(counted), strict=True)])
+    np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+    _, count = cross_entropy(logits, jnp.asarray(y), jnp.asarray(mask))
+    assert int(count) == counted.sum() == 2 * BLOCK - 3 - 4
+
+
+def test_untrained_loss_is_near_log_vocab() -> None:
+    model = _model()
+    rng = np.random.default_rng(2)
+    x, y = (jnp.asarray(rng.integers(0, VOCAB, (4, BLOCK))) for _ in range(2))
+    _, loss = model.apply({"params": _params(model)}, x, y)
+    assert abs(float(loss) - math.log(VOCAB)) < 0.1
+
+
+def test_attention_is_causal() -> None:
+    model = _model()
+    params = _params(model)
+    x = np.random.default_rng(3).integers(0, VOCAB, (1, BLOCK))
+    changed = x.copy()
+    changed[0, 7] = (changed[0, 7] + 1) % VOCAB
+    a, _ = model.apply({"params": params}, jnp.asarray(x))
+    b, _ = model.apply({"params": params}, jnp.asarray(changed))
+    np.testing.assert_array_equal(np.asarray(a)[0, :7], np.asarray(b)[0, :7])
+    assert np.abs(np.asarray(a)[0, 7:] - np.asarray(b)[0, 7:]).max() > 1e-4
+
+
+def test_jit_matches_eager_and_does_not_recompile() -> None:
+    model = _model()
+    params = _params(model)
+    forward = jax.jit(lambda p, x: model.apply({"params": p}, x)[0])
+    x = jnp.asarray(np.random.default_rng(4).integers(0, VOCAB, (2, BLOCK)))
+    eager = model.apply({"params": params}, x)[0]
+    np.testing.assert_allclose(
+        np.asarray(forward(params, x)), np.asarray(eager), rtol=1e-5, atol=1e-6
+    )
+    forward(params, x + 1)
+    assert forward._cache_size() == 1
+
+
+def test_module_paths_and_logical_axes() -> None:
+    model = _model(tie=False)
+    boxed = model.init(jax.random.key(0), jnp.zeros((1, BLOCK), jnp.int32))["params"]
+    assert set(boxed) == {"wte", "blocks_0", "blocks_1", "ln_f", "lm_head"}
+    assert set(boxed["blocks_0"]) == {"ln_1", "attn", "ln_2", "mlp"}
+    specs = nn.get_partition_spec(boxed)
+    assert tuple(specs["wte"]["embedding"]) == ("vocab", "embed")
+    assert tuple(specs["blocks_1"]["attn"]["c_attn"]["kernel"]) == ("embed", "heads")
+    assert tuple(specs["blocks_0"]["mlp"]["c_fc"]["kernel"]) == ("embed", "mlp")
+    assert tuple(specs["lm_head"]["kernel"]) == ("embed", "vocab")
+
+
+def test_gather_collects_every_schema_once() -> None:
+    assert GPT.gather() == [GPTConfig, AttentionConfig, MLPConfig]
+    assert SelfAttention.gather() == [AttentionConfig]
+    assert MLP.gather() == [MLPConfig]
+
+
+def test_build_reads_the_active_configuration() -> None:
+    tree = Tree.of(*GPT.gather())
+    tree["architecture/n_layers"] = 3
+    tree["architecture/n_embd"] = 48
+    with using(tree):
+        model = GPT.build()
+    assert model.config.n_layers == 3
+    assert model.attention.n_embd == model.mlp_config.n_embd == 48
+
+
+def test_bad_shapes_are_clear_errors() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match="exceeds architecture/block_size"):
+        model.init(jax.random.key(0), jnp.zeros((1, BLOCK + 1), jnp.int32))
+    odd = GPT(GPTConfig(n_embd=30), AttentionConfig(n_embd=30, n_head=4), MLPConfig(n_embd=30))
+    with pytest.raises(ValueError, match="must split into"):
+        odd.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
