@@ -1,1 +1,57 @@
-"""placeholder"""
+"""theseus-store: the lineage, values, checkpoints and artifacts of every run.
+
+One SQLite database (WAL mode) plus a content-addressed blob folder under a
+root, standard library only.
+
+Example:
+    >>> import tempfile
+    >>> from theseus.store import Node, Store
+    >>> with Store(tempfile.mkdtemp()) as store:
+    ...     node = Node.new("train")
+    ...     store.log(node, {"train/loss": 2.5})
+    ...     _ = store.put(node, "notes", "notes.txt", b"hello")
+    ...     store.query().node(node).artifact().select(keys=["name", "content"])
+    [{'name': 'notes', 'content': b'hello'}]
+"""
+
+from theseus.store._errors import (
+    BlobHashError,
+    CheckpointNotFoundError,
+    CorruptStoreError,
+    InvalidNodeError,
+    MissingBlobError,
+    NotAStoreError,
+    StoreBusyError,
+    StoreError,
+    StorePermissionError,
+    UnknownKeyError,
+    UnknownNodeError,
+    ValueTypeError,
+)
+from theseus.store._fsck import FsckReport
+from theseus.store._node import Node
+from theseus.store._query import Query
+from theseus.store._records import Artifact, Checkpoint, Scalar
+from theseus.store._store import Store
+
+__all__ = [
+    "Artifact",
+    "BlobHashError",
+    "Checkpoint",
+    "CheckpointNotFoundError",
+    "CorruptStoreError",
+    "FsckReport",
+    "InvalidNodeError",
+    "MissingBlobError",
+    "Node",
+    "NotAStoreError",
+    "Query",
+    "Scalar",
+    "Store",
+    "StoreBusyError",
+    "StoreError",
+    "StorePermissionError",
+    "UnknownKeyError",
+    "UnknownNodeError",
+    "ValueTypeError",
+]

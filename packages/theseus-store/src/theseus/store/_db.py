@@ -1,0 +1,161 @@
+"""The SQLite side of the store: schema, connection settings, retries, error translation.
+
+The database runs in WAL mode with ``synchronous=FULL`` so that a committed
+write survives a crash of the process or the machine, and readers never wait
+for the writer. A writer that finds the write lock taken waits
+(``busy_timeout``) and then retries with backoff, so no caller ever sees
+"database is locked"; after ``PATIENCE_S`` it gives up with :class:`StoreBusyError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from theseus.store._errors import (
+    CorruptStoreError,
+    StoreBusyError,
+    StoreError,
+    StorePermissionError,
+)
+
+__all__ = ["FORMAT", "PATIENCE_S", "connect", "create_schema", "retrying", "translate"]
+
+FORMAT = 1
+PATIENCE_S = 600.0
+_BUSY_TIMEOUT_MS = 5_000
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes(
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL, nonce TEXT NOT NULL, seq INTEGER NOT NULL,
+    project TEXT NOT NULL, grp TEXT NOT NULL, run TEXT NOT NULL,
+    created REAL NOT NULL, written REAL NOT NULL,
+    UNIQUE(name, nonce, seq));
+CREATE INDEX IF NOT EXISTS nodes_run ON nodes(run);
+CREATE INDEX IF NOT EXISTS nodes_project ON nodes(project, grp);
+CREATE TABLE IF NOT EXISTS edges(
+    child INTEGER NOT NULL, parent INTEGER NOT NULL,
+    PRIMARY KEY(child, parent)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS edges_parent ON edges(parent, child);
+CREATE TABLE IF NOT EXISTS vals(
+    node INTEGER NOT NULL, key TEXT NOT NULL, value, kind TEXT NOT NULL,
+    PRIMARY KEY(node, key)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS vals_key ON vals(key, value);
+CREATE TABLE IF NOT EXISTS checkpoints(
+    id INTEGER PRIMARY KEY, node INTEGER NOT NULL, path TEXT NOT NULL,
+    relative INTEGER NOT NULL, step INTEGER NOT NULL, meta TEXT NOT NULL,
+    created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS checkpoints_node ON checkpoints(node, id);
+CREATE TABLE IF NOT EXISTS artifacts(
+    id INTEGER PRIMARY KEY, node INTEGER NOT NULL, name TEXT NOT NULL,
+    filename TEXT NOT NULL, hash TEXT NOT NULL, size INTEGER NOT NULL,
+    version INTEGER NOT NULL, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS artifacts_node ON artifacts(node, name, id);
+CREATE INDEX IF NOT EXISTS artifacts_hash ON artifacts(hash);
+CREATE TABLE IF NOT EXISTS jobs(
+    id INTEGER PRIMARY KEY, node INTEGER NOT NULL, job TEXT NOT NULL,
+    config TEXT NOT NULL, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_node ON jobs(node, id);
+CREATE INDEX IF NOT EXISTS jobs_job ON jobs(job);
+"""
+
+
+@contextlib.contextmanager
+def translate(db: Path) -> Iterator[None]:
+    """Turn SQLite's exceptions into the store's, naming the database file."""
+    try:
+        yield
+    except sqlite3.OperationalError as err:
+        msg = str(err)
+        if "readonly" in msg or "unable to open" in msg or "permission" in msg.lower():
+            raise StorePermissionError(
+                f"Cannot write the database file {db} ({msg}). Make {db.parent} and the "
+                "files in it writable by this user."
+            ) from err
+        if "malformed" in msg or "not a database" in msg:
+            raise _corrupt(db, err) from err
+        raise StoreError(f"SQLite failed on {db}: {msg}.") from err
+    except sqlite3.DatabaseError as err:
+        raise _corrupt(db, err) from err
+
+
+def _corrupt(db: Path, err: Exception) -> CorruptStoreError:
+    return CorruptStoreError(
+        f"The database file {db} is damaged or is not a theseus-store database ({err}). "
+        "Restore it from a backup; `theseus-store fsck ROOT` reports what it can read."
+    )
+
+
+def _busy(err: sqlite3.OperationalError) -> bool:
+    msg = str(err)
+    return "locked" in msg or "busy" in msg
+
+
+def retrying(db: Path, attempt: Callable[[], T], patience: float = PATIENCE_S) -> T:
+    """Call ``attempt`` until it does not fail with a busy/locked error.
+
+    Args:
+        db: the database file, for the message.
+        attempt: a function that runs (and on failure rolls back) one transaction.
+        patience: seconds to keep trying.
+
+    Returns:
+        What ``attempt`` returned.
+
+    Raises:
+        StoreBusyError: if the lock stayed taken for ``patience`` seconds.
+    """
+    deadline = time.monotonic() + patience
+    delay = 0.001
+    while True:
+        try:
+            return attempt()
+        except sqlite3.OperationalError as err:
+            if not _busy(err):
+                raise
+            if time.monotonic() > deadline:
+                raise StoreBusyError(
+                    f"The database {db} stayed locked for {patience:.0f} s. Another process "
+                    "holds its write lock; stop it or wait, then retry."
+                ) from err
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 0.1)
+
+
+def connect(db: Path) -> sqlite3.Connection:
+    """Open ``db`` with the store's settings (autocommit; transactions are explicit)."""
+    conn = sqlite3.connect(
+        db, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
+    )
+    conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA synchronous = FULL")
+    return conn
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    """Switch to WAL mode and create the tables (idempotent)."""
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise StoreError(
+            f"SQLite refused WAL mode (got {mode!r}); the file system may not "
+            "support shared memory. Put the store on a local disk."
+        )
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('format', ?)", (str(FORMAT),))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,142 @@
+"""The consistency check: every row has its blob with the right hash.
+
+Findings come in two classes:
+
+* **problems** (the store may give a wrong or no answer): SQLite's
+  ``integrity_check`` fails; a row names a blob that is missing; a blob's bytes
+  do not hash to its name; a row points at a node that does not exist.
+* **leftovers** (harmless, the residue of an interrupted write): *orphan
+  temporary files* in ``blobs/tmp`` whose writer process is gone, and
+  *unreferenced blobs*, complete blob files that no row names (the writer died
+  after the rename and before its row committed). Temporary files of a live
+  writer are listed as in progress and never touched.
+
+A store is *clean* when there are no problems. ``repair=True`` removes the
+leftovers while holding the write lock (so no write is in flight); it never
+touches rows or referenced blobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from theseus.store._store import Store
+
+__all__ = ["FsckReport", "fsck"]
+
+_DANGLING = (
+    ("vals", "node"),
+    ("artifacts", "node"),
+    ("checkpoints", "node"),
+    ("jobs", "node"),
+    ("edges", "child"),
+    ("edges", "parent"),
+)
+
+
+@dataclasses.dataclass
+class FsckReport:
+    """What ``fsck`` found.
+
+    Attributes:
+        root: the store checked.
+        problems: one message per defect (each names the file involved).
+        orphan_temps: temporary files whose writer is gone.
+        unreferenced_blobs: complete blob files no row names.
+        in_progress: temporary files of writers that are still running.
+        removed: leftovers deleted by ``repair=True``.
+        artifacts: artifact rows checked.
+        blobs: distinct blobs checked.
+    """
+
+    root: Path
+    problems: list[str] = dataclasses.field(default_factory=list)
+    orphan_temps: list[Path] = dataclasses.field(default_factory=list)
+    unreferenced_blobs: list[Path] = dataclasses.field(default_factory=list)
+    in_progress: list[Path] = dataclasses.field(default_factory=list)
+    removed: list[Path] = dataclasses.field(default_factory=list)
+    artifacts: int = 0
+    blobs: int = 0
+
+    @property
+    def clean(self) -> bool:
+        """True when there is no problem (leftovers do not make a store unclean)."""
+        return not self.problems
+
+    def render(self) -> str:
+        """Return the report as the text ``theseus-store fsck`` prints."""
+        lines = [f"fsck {self.root}: {self.artifacts} artifact rows, {self.blobs} blobs checked"]
+        lines += [f"PROBLEM {p}" for p in self.problems]
+        for label, paths in (
+            ("orphan temporary file (interrupted write, safe to remove)", self.orphan_temps),
+            ("unreferenced blob (interrupted write, safe to remove)", self.unreferenced_blobs),
+            ("in progress (a live writer's temporary file)", self.in_progress),
+            ("removed", self.removed),
+        ):
+            lines += [f"{label}: {p}" for p in paths]
+        lines.append("clean" if self.clean else f"NOT CLEAN: {len(self.problems)} problem(s)")
+        return "\n".join(lines)
+
+
+def fsck(store: Store, repair: bool = False) -> FsckReport:
+    """Check ``store`` and optionally remove leftovers.
+
+    Args:
+        store: the store to check.
+        repair: delete orphan temporary files and unreferenced blobs.
+
+    Returns:
+        The report.
+
+    Raises:
+        CorruptStoreError: if the database cannot be read at all.
+    """
+    report = FsckReport(store.root)
+
+    def inspect(conn: sqlite3.Connection) -> dict[str, int]:
+        rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        if rows != ["ok"]:
+            report.problems += [f"{store.db_path}: SQLite integrity check: {r}" for r in rows]
+        for table, column in _DANGLING:
+            (count,) = conn.execute(
+                f"SELECT COUNT(*) FROM {table} t WHERE NOT EXISTS "
+                f"(SELECT 1 FROM nodes n WHERE n.id = t.{column})"
+            ).fetchone()
+            if count:
+                report.problems.append(
+                    f"{store.db_path}: {count} row(s) of table {table} point at missing nodes"
+                )
+        (report.artifacts,) = conn.execute("SELECT COUNT(*) FROM artifacts").fetchone()
+        return dict(conn.execute("SELECT hash, MAX(size) FROM artifacts GROUP BY hash"))
+
+    referenced = store.read(inspect)
+    report.blobs = len(referenced)
+    for digest, size in referenced.items():
+        trouble = store.blobs.check(digest, size)
+        if trouble is not None:
+            report.problems.append(trouble)
+
+    def leftovers(conn: sqlite3.Connection | None) -> None:
+        refs = (
+            referenced
+            if conn is None
+            else {r[0] for r in conn.execute("SELECT DISTINCT hash FROM artifacts")}
+        )
+        report.unreferenced_blobs = [p for d, p in store.blobs.stored() if d not in refs]
+        report.orphan_temps, report.in_progress = [], []
+        for temp in store.blobs.temp_files():
+            (report.orphan_temps if temp.orphan else report.in_progress).append(temp.path)
+        if conn is not None:
+            for path in report.orphan_temps + report.unreferenced_blobs:
+                path.unlink(missing_ok=True)
+                report.removed.append(path)
+
+    if repair:
+        store.write(leftovers)
+    else:
+        leftovers(None)
+    return report

@@ -1,0 +1,191 @@
+"""SQL over one node and its neighbours: ids, edges, folded values, jobs, summaries.
+
+These functions take an open connection inside a transaction (the Store opens
+it) and speak in Nodes and plain rows.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sqlite3
+from typing import Any
+
+from theseus.store._errors import UnknownNodeError
+from theseus.store._node import Node
+from theseus.store._records import Scalar, decode_value
+
+__all__ = [
+    "ancestors",
+    "artifact_history",
+    "checkpoint_rows",
+    "current_artifacts",
+    "folded_values",
+    "job_record",
+    "lookup",
+    "neighbours",
+    "node_id",
+    "run_summaries",
+]
+
+
+def node_id(conn: sqlite3.Connection, node: Node, now: float) -> int:
+    """Return ``node``'s row id, creating it (and its parent and edge) if needed.
+
+    Marks the node as written at ``now``. Must run inside a write transaction.
+    """
+    parent_id = None
+    if node.parent is not None:
+        parent_id = node_id(conn, node.parent, now)
+    row = conn.execute(
+        "SELECT id FROM nodes WHERE name = ? AND nonce = ? AND seq = ?",
+        (node.name, node.nonce, node.seq),
+    ).fetchone()
+    if row is None:
+        project, group, run = node.name.split(".")
+        nid = conn.execute(
+            "INSERT INTO nodes(name, nonce, seq, project, grp, run, created, written) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (node.name, node.nonce, node.seq, project, group, run, now, now),
+        ).lastrowid
+        assert nid is not None
+    else:
+        nid = row[0]
+        conn.execute("UPDATE nodes SET written = ? WHERE id = ?", (now, nid))
+    if parent_id is not None:
+        conn.execute("INSERT OR IGNORE INTO edges(child, parent) VALUES (?, ?)", (nid, parent_id))
+    return int(nid)
+
+
+def lookup(conn: sqlite3.Connection, node: Node) -> int:
+    """Return ``node``'s row id.
+
+    Raises:
+        UnknownNodeError: if the store never recorded it (lists close nodes).
+    """
+    row = conn.execute(
+        "SELECT id FROM nodes WHERE name = ? AND nonce = ? AND seq = ?",
+        (node.name, node.nonce, node.seq),
+    ).fetchone()
+    if row is not None:
+        return int(row[0])
+    same = conn.execute(
+        "SELECT name, nonce, MAX(seq) FROM nodes WHERE name = ? GROUP BY nonce", (node.name,)
+    ).fetchall()
+    if same:
+        hint = "Lineages with that name: " + ", ".join(
+            f"{n}~{nonce} (seq 0..{last})" for n, nonce, last in same
+        )
+    else:
+        names = [r[0] for r in conn.execute("SELECT DISTINCT name FROM nodes")]
+        close = difflib.get_close_matches(node.name, names, n=5, cutoff=0.5)
+        hint = (
+            f"Close names: {', '.join(close)}"
+            if close
+            else "List them with `theseus-store runs ROOT`"
+        )
+    raise UnknownNodeError(f"The store has no node {node.serialize()}. {hint}.")
+
+
+def current_artifacts(conn: sqlite3.Connection, node: Node) -> list[tuple[Any, ...]]:
+    """Return ``(name, filename, hash, size, created, version)`` of each current artifact."""
+    nid = lookup(conn, node)
+    return conn.execute(
+        "SELECT a.name, a.filename, a.hash, a.size, a.created, a.version FROM artifacts a "
+        "WHERE a.node = ? AND NOT EXISTS (SELECT 1 FROM artifacts b WHERE b.node = a.node "
+        "AND b.name = a.name AND b.id > a.id) ORDER BY a.name",
+        (nid,),
+    ).fetchall()
+
+
+def artifact_history(conn: sqlite3.Connection, node: Node, name: str) -> list[tuple[Any, ...]]:
+    """Return every version of one artifact, oldest first (same columns as above)."""
+    nid = lookup(conn, node)
+    return conn.execute(
+        "SELECT name, filename, hash, size, created, version FROM artifacts "
+        "WHERE node = ? AND name = ? ORDER BY id",
+        (nid, name),
+    ).fetchall()
+
+
+def folded_values(conn: sqlite3.Connection, node: Node) -> dict[str, Scalar]:
+    """Return the node's values as one mapping."""
+    nid = lookup(conn, node)
+    rows = conn.execute("SELECT key, value, kind FROM vals WHERE node = ? ORDER BY key", (nid,))
+    return {key: decode_value(value, kind) for key, value, kind in rows}
+
+
+def checkpoint_rows(conn: sqlite3.Connection, node: Node) -> list[tuple[Any, ...]]:
+    """Return ``(path, relative, step, meta, created)`` of each checkpoint, oldest first."""
+    nid = lookup(conn, node)
+    return conn.execute(
+        "SELECT path, relative, step, meta, created FROM checkpoints WHERE node = ? ORDER BY id",
+        (nid,),
+    ).fetchall()
+
+
+def neighbours(conn: sqlite3.Connection, node: Node, up: bool) -> list[Node]:
+    """Return the parents (``up``) or the children of ``node``, in creation order."""
+    nid = lookup(conn, node)
+    mine, other = ("child", "parent") if up else ("parent", "child")
+    rows = conn.execute(
+        f"SELECT n.name, n.nonce, n.seq FROM edges e JOIN nodes n ON n.id = e.{other} "
+        f"WHERE e.{mine} = ? ORDER BY n.id",
+        (nid,),
+    )
+    return [Node(*row) for row in rows]
+
+
+def ancestors(conn: sqlite3.Connection, node: Node) -> list[Node]:
+    """Return every node reachable through parent edges, nearest first."""
+    nid = lookup(conn, node)
+    rows = conn.execute(
+        "WITH RECURSIVE up(id, depth) AS (SELECT ?, 0 UNION "
+        "SELECT e.parent, up.depth + 1 FROM edges e JOIN up ON e.child = up.id) "
+        "SELECT n.name, n.nonce, n.seq, MIN(up.depth) AS d FROM up JOIN nodes n ON n.id = up.id "
+        "WHERE up.id != ? GROUP BY n.id ORDER BY d, n.id",
+        (nid, nid),
+    )
+    return [Node(name, nonce, seq) for name, nonce, seq, _ in rows]
+
+
+def job_record(conn: sqlite3.Connection, node: Node) -> tuple[str, str] | None:
+    """Return ``(job, config)`` in effect at ``node``, or None.
+
+    The closest record at or before ``node.seq`` in its lineage wins (the latest
+    record if a node has several); with none, follow the branch edge of the
+    lineage's earliest node that has one into the lineage it came from.
+    """
+    seen: set[tuple[str, str]] = set()
+    current: Node | None = node
+    while current is not None and (current.name, current.nonce) not in seen:
+        seen.add((current.name, current.nonce))
+        row = conn.execute(
+            "SELECT j.job, j.config FROM jobs j JOIN nodes n ON n.id = j.node "
+            "WHERE n.name = ? AND n.nonce = ? AND n.seq <= ? ORDER BY n.seq DESC, j.id DESC "
+            "LIMIT 1",
+            (current.name, current.nonce, current.seq),
+        ).fetchone()
+        if row is not None:
+            return str(row[0]), str(row[1])
+        base = conn.execute(
+            "SELECT p.name, p.nonce, p.seq FROM nodes n JOIN edges e ON e.child = n.id "
+            "JOIN nodes p ON p.id = e.parent WHERE n.name = ? AND n.nonce = ? AND n.seq <= ? "
+            "AND NOT (p.name = n.name AND p.nonce = n.nonce) ORDER BY n.seq LIMIT 1",
+            (current.name, current.nonce, current.seq),
+        ).fetchone()
+        current = None if base is None else Node(*base)
+    return None
+
+
+def run_summaries(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Return one row per lineage: name, nonce, nodes, last seq, checkpoints, artifacts, last write."""
+    rows = conn.execute(
+        "SELECT n.name, n.nonce, COUNT(*), MAX(n.seq), MAX(n.written), "
+        "(SELECT COUNT(*) FROM checkpoints c JOIN nodes m ON m.id = c.node "
+        " WHERE m.name = n.name AND m.nonce = n.nonce), "
+        "(SELECT COUNT(*) FROM artifacts a JOIN nodes m ON m.id = a.node "
+        " WHERE m.name = n.name AND m.nonce = n.nonce) "
+        "FROM nodes n GROUP BY n.name, n.nonce ORDER BY MIN(n.id)"
+    ).fetchall()
+    keys = ("name", "nonce", "nodes", "last_seq", "last_write", "checkpoints", "artifacts")
+    return [dict(zip(keys, row, strict=True)) for row in rows]

@@ -1,0 +1,477 @@
+"""The store: open a root, write records durably, read them back.
+
+A root holds ``theseus-store.json`` (the marker), ``store.sqlite`` (WAL mode)
+and ``blobs/``. Every write runs in one ``BEGIN IMMEDIATE`` transaction: for an
+artifact, the blob is written, fsynced and renamed into place *before* the row
+that names it is inserted, so a reader in any process never sees a row whose
+bytes are incomplete, and a crash leaves at worst an orphan temporary file or
+an unreferenced blob, never a dangling row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from theseus.store import _lineage
+from theseus.store._blobs import BlobFolder
+from theseus.store._db import FORMAT, connect, create_schema, retrying, translate
+from theseus.store._errors import (
+    CheckpointNotFoundError,
+    CorruptStoreError,
+    NotAStoreError,
+    StorePermissionError,
+    ValueTypeError,
+)
+from theseus.store._fsck import FsckReport, fsck
+from theseus.store._node import Node
+from theseus.store._query import Query
+from theseus.store._records import Artifact, Checkpoint, Scalar, encode_meta, encode_value
+
+__all__ = ["MARKER", "Store"]
+
+MARKER = "theseus-store.json"
+DATABASE = "store.sqlite"
+_OWN_FILES = {MARKER, DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", "blobs", f"{MARKER}.tmp"}
+
+T = TypeVar("T")
+
+
+class Store:
+    """The lineage, values, checkpoints and artifacts of every run under one root.
+
+    Args:
+        root: the store's folder. Created (with its parents) if absent or empty.
+        create: if False, refuse to create a store where there is none.
+
+    Raises:
+        NotAStoreError: if ``root`` is a file, or a non-empty folder without the
+            store's marker file, or (``create=False``) has no store.
+        CorruptStoreError: if the marker or the database is damaged.
+        StorePermissionError: if the store cannot be created or opened for writing.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.db_path = self.root / DATABASE
+        self.blobs = BlobFolder(self.root)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        marker = self.root / MARKER
+        if self.root.exists() and not self.root.is_dir():
+            raise NotAStoreError(
+                f"{self.root} is a file, not a store folder. Pass the folder that contains "
+                f"{MARKER}, or a new or empty folder to create a store in."
+            )
+        if marker.exists():
+            self._check_marker(marker)
+            if not self.db_path.exists():
+                raise CorruptStoreError(
+                    f"{marker} marks a store but its database {self.db_path} is missing. "
+                    "Restore store.sqlite from a backup."
+                )
+            self._connection()
+        elif not create:
+            raise NotAStoreError(
+                f"{self.root} is not a theseus-store root (no {MARKER}). Check the path, or "
+                "open it with create=True to start a new store there."
+            )
+        else:
+            self._create(marker)
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _check_marker(self, marker: Path) -> None:
+        try:
+            fmt = json.loads(marker.read_text())["format"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            raise CorruptStoreError(
+                f"The store marker {marker} is damaged (expected JSON with a 'format' key): "
+                f"{err}. Rewrite it as {json.dumps({'format': FORMAT})}."
+            ) from err
+        if fmt != FORMAT:
+            raise CorruptStoreError(
+                f"The store at {self.root} has format {fmt!r}; this theseus-store reads "
+                f"format {FORMAT}. Install the theseus-store version that wrote it."
+            )
+
+    def _create(self, marker: Path) -> None:
+        if self.root.is_dir():
+            foreign = sorted(p.name for p in self.root.iterdir() if p.name not in _OWN_FILES)
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+                raise NotAStoreError(
+                    f"{self.root} is not empty ({shown}) and has no {MARKER}, so it is not a "
+                    "theseus-store root. Pass an existing store root, or a new or empty folder "
+                    "(for example a 'store' subfolder) to create one."
+                )
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.blobs.create()
+        except PermissionError as err:
+            raise StorePermissionError(
+                f"Cannot create the store folder {err.filename or self.root}: {err.strerror}. "
+                "Choose a writable location or fix its permissions."
+            ) from err
+        except OSError as err:
+            raise StorePermissionError(
+                f"Cannot create the store folder {self.root}: {err}. Choose a writable "
+                "location whose parents are folders."
+            ) from err
+        conn = self._connection()
+        with translate(self.db_path):
+            retrying(self.db_path, lambda: create_schema(conn))
+        tmp = self.root / f"{MARKER}.tmp"
+        tmp.write_text(json.dumps({"format": FORMAT}) + "\n")
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, marker)
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None or self._pid != os.getpid():
+            # A connection must not cross a fork: the child opens its own.
+            with translate(self.db_path):
+                self._conn = connect(self.db_path)
+                self._pid = os.getpid()
+                if (self.root / MARKER).exists():
+                    self._conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+        return self._conn
+
+    def close(self) -> None:
+        """Close the database connection (idempotent)."""
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Store:
+        """Return the store itself."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the store."""
+        self.close()
+
+    def __repr__(self) -> str:
+        """Show the root."""
+        return f"Store({str(self.root)!r})"
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` inside one write transaction, retried while the lock is taken."""
+
+        def attempt() -> T:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return result
+
+        with self._lock, translate(self.db_path):
+            return retrying(self.db_path, attempt)
+
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` inside one read transaction (one consistent snapshot)."""
+
+        def attempt() -> T:
+            conn = self._connection()
+            conn.execute("BEGIN")
+            try:
+                return fn(conn)
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+
+        with self._lock, translate(self.db_path):
+            return retrying(self.db_path, attempt)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def touch(self, node: Node) -> None:
+        """Record that ``node`` exists, and its parent edge (idempotent).
+
+        Args:
+            node: the node; its parent (if any) is recorded too.
+        """
+        _check_node(node)
+        self.write(lambda conn: _lineage.node_id(conn, node, time.time()))
+
+    def log(self, node: Node, values: Mapping[str, Scalar]) -> None:
+        """Record scalar values on ``node``; later writes of a key win, others are kept.
+
+        Args:
+            node: where the values belong.
+            values: key to scalar (int, float, str, bool or None; NaN is kept).
+
+        Raises:
+            ValueTypeError: if a key is not a non-empty string or a value is not a scalar.
+        """
+        _check_node(node)
+        if not isinstance(values, Mapping):
+            raise ValueTypeError(f"log() takes a mapping of key to scalar; got {type(values)}.")
+        rows = []
+        for key, value in values.items():
+            if not isinstance(key, str) or not key:
+                raise ValueTypeError(f"Value keys must be non-empty strings; got {key!r}.")
+            rows.append((key, *encode_value(key, value)))
+
+        def insert(conn: sqlite3.Connection) -> None:
+            nid = _lineage.node_id(conn, node, time.time())
+            conn.executemany(
+                "INSERT INTO vals(node, key, value, kind) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(node, key) DO UPDATE SET value = excluded.value, kind = excluded.kind",
+                [(nid, *row) for row in rows],
+            )
+
+        self.write(insert)
+
+    def put(
+        self, node: Node, name: str, filename: str, content: bytes | bytearray | memoryview
+    ) -> Artifact:
+        """Record an artifact: its bytes go to the blob folder, then its row.
+
+        Writing ``name`` again on the same node keeps the earlier version and makes
+        the new one current.
+
+        Args:
+            node: where the artifact belongs.
+            name: its name on the node (e.g. ``activations``).
+            filename: the file name of the bytes (e.g. ``activations.pdf``).
+            content: the exact bytes.
+
+        Returns:
+            The recorded artifact.
+
+        Raises:
+            ValueTypeError: if ``name``/``filename`` are not non-empty strings or
+                ``content`` is not bytes-like.
+        """
+        _check_node(node)
+        for what, text in (("name", name), ("filename", filename)):
+            if not isinstance(text, str) or not text or "\x00" in text:
+                raise ValueTypeError(
+                    f"An artifact {what} must be a non-empty string; got {text!r}."
+                )
+        if "/" in filename or "\\" in filename:
+            raise ValueTypeError(
+                f"An artifact filename is a bare file name; got {filename!r}. Pass "
+                f"{os.path.basename(filename)!r}."
+            )
+        if not isinstance(content, bytes | bytearray | memoryview):
+            raise ValueTypeError(
+                f"Artifact {name!r}: content must be bytes; got {type(content).__name__}. "
+                "Encode text with .encode() or serialize the object first."
+            )
+        data = bytes(content)
+        digest = hashlib.sha256(data).hexdigest()
+
+        def insert(conn: sqlite3.Connection) -> Artifact:
+            now = time.time()
+            self.blobs.write(data, digest)
+            nid = _lineage.node_id(conn, node, now)
+            (version,) = conn.execute(
+                "SELECT COALESCE(MAX(version), 0) + 1 FROM artifacts WHERE node = ? AND name = ?",
+                (nid, name),
+            ).fetchone()
+            conn.execute(
+                "INSERT INTO artifacts(node, name, filename, hash, size, version, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (nid, name, filename, digest, len(data), version, now),
+            )
+            return Artifact(
+                node.identity(), name, filename, digest, len(data), now, version, self.blobs.read
+            )
+
+        return self.write(insert)
+
+    def checkpoint(
+        self,
+        node: Node,
+        path: str | os.PathLike[str],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        step: int | None = None,
+    ) -> Checkpoint:
+        """Index a checkpoint directory that is complete on disk.
+
+        Call this only after the checkpoint writer has finished (for orbax, after
+        ``wait_until_finished``): the store lists exactly what it was told.
+
+        Args:
+            node: the node the checkpoint belongs to.
+            path: the checkpoint directory (or file); it must exist.
+            meta: JSON-serializable metadata (config, RNG state, ...).
+            step: the training step; defaults to ``node.seq``.
+
+        Returns:
+            The recorded entry.
+
+        Raises:
+            CheckpointNotFoundError: if ``path`` does not exist or is still a temporary
+                orbax directory.
+            ValueTypeError: if ``meta`` is not JSON-serializable.
+        """
+        _check_node(node)
+        full = Path(path).expanduser().absolute()
+        if not full.exists() or "orbax-checkpoint-tmp" in full.name:
+            raise CheckpointNotFoundError(
+                f"Checkpoint path {full} does not exist or is still being written. Index a "
+                "checkpoint only after it is complete on disk (orbax: wait_until_finished())."
+            )
+        if step is None:
+            step = node.seq
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueTypeError(f"Checkpoint step must be an int; got {step!r}.")
+        meta_text = encode_meta(meta)
+        try:
+            stored, relative = str(full.relative_to(self.root)), 1
+        except ValueError:
+            stored, relative = str(full), 0
+
+        def insert(conn: sqlite3.Connection) -> Checkpoint:
+            now = time.time()
+            nid = _lineage.node_id(conn, node, now)
+            conn.execute(
+                "INSERT INTO checkpoints(node, path, relative, step, meta, created) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (nid, stored, relative, step, meta_text, now),
+            )
+            return Checkpoint(node.identity(), str(full), step, json.loads(meta_text), now)
+
+        return self.write(insert)
+
+    def record_job(self, node: Node, job: str, config: str) -> None:
+        """Record that a run of ``job`` started at ``node`` with this YAML configuration.
+
+        Args:
+            node: the node the job starts at.
+            job: the registry key (e.g. ``gpt/train/pretrain``).
+            config: the composed configuration as YAML text.
+
+        Raises:
+            ValueTypeError: if ``job`` or ``config`` is not a string.
+        """
+        _check_node(node)
+        if not isinstance(job, str) or not job or not isinstance(config, str):
+            raise ValueTypeError(
+                f"record_job takes a non-empty job key and YAML text; got {job!r}, "
+                f"{type(config).__name__}."
+            )
+
+        def insert(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            nid = _lineage.node_id(conn, node, now)
+            conn.execute(
+                "INSERT INTO jobs(node, job, config, created) VALUES (?, ?, ?, ?)",
+                (nid, job, config, now),
+            )
+
+        self.write(insert)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def query(self) -> Query:
+        """Return a fresh chainable query cursor over every node."""
+        return Query(self)
+
+    def artifact_from_row(self, node: Node, row: tuple[Any, ...]) -> Artifact:
+        """Build an Artifact from ``(name, filename, hash, size, created, version)``."""
+        return Artifact(node, row[0], row[1], row[2], row[3], row[4], row[5], self.blobs.read)
+
+    def get(self, node: Node) -> dict[str, Artifact]:
+        """Return ``node``'s current artifacts by name.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
+        rows = self.read(lambda conn: _lineage.current_artifacts(conn, node))
+        return {row[0]: self.artifact_from_row(node.identity(), row) for row in rows}
+
+    def history(self, node: Node, name: str) -> list[Artifact]:
+        """Return every version of artifact ``name`` on ``node``, oldest first."""
+        rows = self.read(lambda conn: _lineage.artifact_history(conn, node, name))
+        return [self.artifact_from_row(node.identity(), row) for row in rows]
+
+    def values(self, node: Node) -> dict[str, Scalar]:
+        """Return ``node``'s folded values."""
+        return self.read(lambda conn: _lineage.folded_values(conn, node))
+
+    def checkpoints(self, node: Node) -> list[Checkpoint]:
+        """Return ``node``'s checkpoint entries, oldest first."""
+        rows = self.read(lambda conn: _lineage.checkpoint_rows(conn, node))
+        return [self.checkpoint_from_row(node.identity(), row) for row in rows]
+
+    def checkpoint_from_row(self, node: Node, row: tuple[Any, ...]) -> Checkpoint:
+        """Build a Checkpoint from ``(path, relative, step, meta, created)``."""
+        path = str(self.root / row[0]) if row[1] else row[0]
+        return Checkpoint(node, path, row[2], json.loads(row[3]), row[4])
+
+    def parents(self, node: Node) -> list[Node]:
+        """Return the nodes ``node`` has a parent edge to."""
+        return self.read(lambda conn: _lineage.neighbours(conn, node, up=True))
+
+    def children(self, node: Node) -> list[Node]:
+        """Return the nodes that have a parent edge to ``node``."""
+        return self.read(lambda conn: _lineage.neighbours(conn, node, up=False))
+
+    def ancestors(self, node: Node) -> list[Node]:
+        """Return every node reachable through parent edges, nearest first."""
+        return self.read(lambda conn: _lineage.ancestors(conn, node))
+
+    def job_config(self, node: Node) -> str | None:
+        """Return the YAML recorded by the job in effect at ``node``, or None.
+
+        The job in effect is the latest record at the closest node at or before
+        ``node`` in its lineage (same name and nonce, largest seq <= node.seq),
+        else, through the branch parent edge, in the lineage it branched from.
+        """
+        found = self.read(lambda conn: _lineage.job_record(conn, node))
+        return None if found is None else found[1]
+
+    def job_of(self, node: Node) -> str | None:
+        """Return the registry key of the job in effect at ``node`` (see job_config)."""
+        found = self.read(lambda conn: _lineage.job_record(conn, node))
+        return None if found is None else found[0]
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Return one summary per lineage, oldest first (what ``theseus-store runs`` prints)."""
+        return self.read(_lineage.run_summaries)
+
+    def fsck(self, repair: bool = False) -> FsckReport:
+        """Check every row against its blob and the database's integrity.
+
+        Args:
+            repair: remove orphan temporary files and unreferenced blobs.
+
+        Returns:
+            The report (``report.clean`` is True when nothing is wrong).
+        """
+        return fsck(self, repair)
+
+
+def _check_node(node: object) -> None:
+    if not isinstance(node, Node):
+        raise ValueTypeError(
+            f"Expected a theseus.store.Node; got {type(node).__name__}. Build one with "
+            "Node.new(run) or Node.deserialize(text)."
+        )

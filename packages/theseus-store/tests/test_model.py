@@ -1,0 +1,147 @@
+"""The model: values fold, artifacts version, checkpoints index, lineage edges, jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import pytest
+
+from theseus.store import (
+    CheckpointNotFoundError,
+    Node,
+    Store,
+    UnknownNodeError,
+    ValueTypeError,
+)
+
+
+def test_values_fold_later_write_wins_and_types_survive(store: Store) -> None:
+    node = Node.new("run")
+    store.log(node, {"train/loss": 2.5, "flag": True, "note": "a", "none": None, "n": 3})
+    store.log(node, {"train/loss": 2.0, "nan": math.nan, "big": 2**62})
+    values = store.values(node)
+    assert values["train/loss"] == 2.0  # later write wins
+    assert values["note"] == "a" and values["n"] == 3 and values["big"] == 2**62
+    assert values["flag"] is True and values["none"] is None
+    assert math.isnan(values["nan"])  # type: ignore[arg-type]
+    assert type(values["n"]) is int and type(values["flag"]) is bool
+    assert sorted(values) == ["big", "flag", "n", "nan", "none", "note", "train/loss"]
+
+
+@pytest.mark.parametrize("bad", [[1, 2], {"a": 1}, b"x", object(), 2**70])
+def test_log_rejects_non_scalars_naming_key_and_type(store: Store, bad: object) -> None:
+    node = Node.new("run")
+    with pytest.raises(ValueTypeError, match="'train/x'") as info:
+        store.log(node, {"ok": 1.0, "train/x": bad})
+    assert type(bad).__name__ in str(info.value) or "64 bits" in str(info.value)
+    assert isinstance(info.value, TypeError)
+    # Nothing of a rejected record is written, not even its valid keys.
+    assert store.query().count() == 0
+
+
+def test_artifacts_version_and_dedupe(store: Store) -> None:
+    node = Node.new("run")
+    first = store.put(node, "plot", "plot.pdf", b"v1")
+    second = store.put(node, "plot", "plot.pdf", b"v2 longer")
+    store.put(Node.new("other"), "same", "s.bin", b"v1")  # identical bytes: one blob
+    current = store.get(node)
+    assert list(current) == ["plot"]
+    assert current["plot"].content == b"v2 longer" and current["plot"].version == 2
+    assert current["plot"].hash == hashlib.sha256(b"v2 longer").hexdigest()
+    assert current["plot"].node == node and current["plot"].filename == "plot.pdf"
+    assert [a.content for a in store.history(node, "plot")] == [b"v1", b"v2 longer"]
+    assert first.version == 1 and second.version == 2
+    assert second.created >= first.created
+    assert len(list(store.blobs.stored())) == 2
+
+
+def test_empty_and_large_artifacts_are_exact(store: Store) -> None:
+    node = Node.new("run")
+    payload = bytes(range(256)) * 8192 + b"tail"  # 2 MiB + 4 bytes
+    store.put(node, "big", "big.bin", payload)
+    store.put(node, "empty", "empty.bin", b"")
+    got = store.get(node)
+    assert got["big"].content == payload and got["big"].size == len(payload)
+    assert got["empty"].content == b""
+
+
+@pytest.mark.parametrize(
+    ("name", "filename", "content", "fragment"),
+    [
+        ("", "f.txt", b"x", "name"),
+        ("a", "dir/f.txt", b"x", "bare file name"),
+        ("a", "f.txt", "text", "content must be bytes"),
+    ],
+)
+def test_put_rejects_bad_input(
+    store: Store, name: str, filename: str, content: object, fragment: str
+) -> None:
+    with pytest.raises(ValueTypeError, match=fragment):
+        store.put(Node.new("run"), name, filename, content)  # type: ignore[arg-type]
+
+
+def test_checkpoint_index(store: Store, tmp_path: Path) -> None:
+    node = Node.new("run").next()
+    inside = store.root / "ckpt" / "1"
+    inside.mkdir(parents=True)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    a = store.checkpoint(node, inside, {"loss": 1.5, "rng": [1, 2]})
+    b = store.checkpoint(node, outside, step=7)
+    entries = store.checkpoints(node)
+    assert [e.path for e in entries] == [str(inside), str(outside)]
+    assert entries[0].step == 1 and entries[1].step == 7  # default step is node.seq
+    assert entries[0].meta == {"loss": 1.5, "rng": [1, 2]} and a.meta == entries[0].meta
+    assert b.created >= a.created
+    with pytest.raises(CheckpointNotFoundError, match="missing-dir"):
+        store.checkpoint(node, tmp_path / "missing-dir")
+    with pytest.raises(ValueTypeError, match="JSON"):
+        store.checkpoint(node, inside, {"x": object()})
+
+
+def test_lineage_edges(store: Store) -> None:
+    a0 = Node.new("train")
+    a1 = a0.next()
+    a2 = a1.next()
+    store.touch(a2)  # records a2, its parent a1 and the edge; a0 only through a1's parent
+    store.touch(a1.next().next())
+    branch = Node.new("finetune", parent=a1)
+    store.log(branch, {"x": 1})
+    assert store.parents(a2) == [a1]
+    assert store.parents(branch) == [a1]
+    assert store.children(a1) == [a2, branch]
+    assert store.ancestors(branch) == [a1, a0]
+    assert store.ancestors(a2.next()) == [a2, a1, a0]
+    assert store.parents(a0) == []
+
+
+def test_unknown_node_is_an_error_listing_lineages(store: Store) -> None:
+    node = Node.new("run")
+    store.touch(node.next())
+    with pytest.raises(UnknownNodeError, match=r"seq 0\.\.1") as info:
+        store.get(Node(node.name, node.nonce, 5))
+    assert isinstance(info.value, KeyError)
+    assert node.serialize().split("~")[0] in str(info.value)
+
+
+def test_job_bookkeeping_follows_lineage_and_branch(store: Store) -> None:
+    a0 = Node.new("train")
+    a3 = a0.next().next().next()
+    store.touch(a0)
+    assert store.job_of(a0) is None and store.job_config(a0) is None
+    store.record_job(a0, "gpt/train/pretrain", "lr: 1\n")
+    store.record_job(Node(a0.name, a0.nonce, 2), "gpt/train/pretrain", "lr: 2\n")
+    assert store.job_config(Node(a0.name, a0.nonce, 1)) == "lr: 1\n"
+    assert store.job_config(a3) == "lr: 2\n"  # closest record at or before seq 3
+    branch = Node.new("inspect", parent=Node(a0.name, a0.nonce, 1)).next()
+    store.touch(branch)
+    assert store.job_of(branch) == "gpt/train/pretrain"  # through the branch edge
+    assert store.job_config(branch) == "lr: 1\n"
+    store.record_job(branch, "analysis/act", "target: x\n")
+    assert store.job_of(branch.next()) == "analysis/act"
+    assert store.job_of(Node(branch.name, branch.nonce, 0)) == "gpt/train/pretrain"
+    assert store.job_of(Node.new("never")) is None
+    with pytest.raises(ValueTypeError):
+        store.record_job(a0, "", "x")
