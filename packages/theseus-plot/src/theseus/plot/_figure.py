@@ -1,0 +1,106 @@
+"""Where a helper draws and how it finishes: a fresh themed Figure, or the caller's Axes.
+
+Every helper creates its figure with ``matplotlib.figure.Figure`` and an Agg
+canvas, never through pyplot, so pyplot's figure manager and current figure
+are untouched and the figure is garbage-collected like any other object. When
+the caller passes ``ax=``, the helper draws into that Axes instead and returns
+the root Figure that holds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure, SubFigure
+
+from theseus.plot._errors import PlotTypeError, PlotValueError
+from theseus.plot._ticks import declutter
+
+
+def root_figure(ax: Axes) -> Figure:
+    """Return the top-level Figure that holds ``ax`` (through any SubFigures)."""
+    figure = ax.figure
+    while isinstance(figure, SubFigure):
+        figure = figure.figure
+    if not isinstance(figure, Figure):
+        raise PlotValueError(
+            "the Axes passed as ax= belongs to no figure; create it with "
+            "fig.add_subplot() or plt.subplots()."
+        )
+    return figure
+
+
+def target_axes(ax: Axes | None, figsize: Sequence[float] | None, helper: str) -> Axes:
+    """Return the Axes to draw into: ``ax`` itself, or one on a new themed Figure.
+
+    Call it inside :func:`theseus.plot.theme` so a new figure takes the theme.
+
+    Args:
+        ax: The caller's Axes, or None for a new figure.
+        figsize: ``(width, height)`` in inches for a new figure; None takes
+            the theme's default.
+        helper: Name of the calling helper, used in messages.
+
+    Raises:
+        PlotTypeError: ``ax`` is not a matplotlib Axes.
+        PlotValueError: both ``ax`` and ``figsize`` were given, or ``figsize``
+            is not two positive numbers.
+    """
+    if ax is not None:
+        if not isinstance(ax, Axes):
+            raise PlotTypeError(
+                f"{helper}() needs ax= to be a matplotlib Axes or None, got {type(ax).__name__}."
+            )
+        if figsize is not None:
+            raise PlotValueError(
+                f"{helper}() got both ax= and figsize=; figsize only sizes a figure the "
+                "helper creates. Resize yours with ax.figure.set_size_inches(w, h)."
+            )
+        return ax
+    size: tuple[float, float] | None = None
+    if figsize is not None:
+        values = tuple(figsize)
+        if len(values) != 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values
+        ):
+            raise PlotValueError(
+                f"{helper}() needs figsize=(width, height) in inches, two positive numbers; "
+                f"got {figsize!r}."
+            )
+        size = (float(values[0]), float(values[1]))
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig.add_subplot()
+
+
+def finish(
+    ax: Axes,
+    *,
+    title: str | None,
+    xlabel: str | None,
+    ylabel: str | None,
+) -> Figure:
+    """Label ``ax``, hide its top/right spines, separate its tick labels, return its Figure.
+
+    Args:
+        ax: The Axes a helper has drawn into.
+        title: Axes title; None keeps none.
+        xlabel: x-axis label; None keeps the one seaborn set (e.g. a column name),
+            ``""`` removes it.
+        ylabel: Like ``xlabel``, for the y axis.
+
+    Returns:
+        The root Figure holding ``ax``.
+    """
+    if title is not None:
+        ax.set_title(title)
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig = root_figure(ax)
+    declutter(fig, ax)
+    return fig
