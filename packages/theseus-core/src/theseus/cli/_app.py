@@ -1,0 +1,120 @@
+"""The ``theseus`` command group: shared options, readable errors, plug-in verbs.
+
+Every verb accepts ``--import MODULE_OR_FILE`` (repeatable) and ``--debug``.
+Without ``--debug`` an error is printed as one paragraph and the exit code is 1;
+with it the traceback is shown. Extra verbs come from the entry-point group
+``theseus.cli`` (each entry point is a click command or group), loaded only
+when listed or invoked, so core never imports the packages that add them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any, TypeVar
+
+import click
+
+from theseus.registry import import_module_or_file
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ENTRY_POINT_GROUP = "theseus.cli"
+_DEBUG = "theseus.debug"
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[_DEBUG] = True
+    return value
+
+
+def _do_imports(
+    ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    for target in value:
+        try:
+            import_module_or_file(target)
+        except Exception as exc:
+            _report(ctx, exc)
+    return value
+
+
+def common_options(f: F) -> F:
+    """Add ``--import`` (repeatable) and ``--debug`` to a command."""
+    f = click.option(
+        "--debug",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_set_debug,
+        help="Show the full traceback of an error.",
+    )(f)
+    f = click.option(
+        "--import",
+        "imports",
+        multiple=True,
+        metavar="MODULE_OR_FILE",
+        expose_value=False,
+        callback=_do_imports,
+        help="Import a module or .py file first (registers its jobs); repeatable.",
+    )(f)
+    return f
+
+
+def _report(ctx: click.Context, exc: BaseException) -> None:
+    if ctx.meta.get(_DEBUG):
+        raise exc
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    click.echo(
+        f"Error ({type(exc).__name__}): {message} (Run with --debug for the traceback.)", err=True
+    )
+    ctx.exit(1)
+
+
+class TheseusGroup(click.Group):
+    """A click group that prints errors as a paragraph and loads plug-in verbs lazily."""
+
+    def _plugins(self) -> dict[str, Any]:
+        return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._plugins()))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        ep = self._plugins().get(cmd_name)
+        if ep is None:
+            return None
+        try:
+            loaded = ep.load()
+        except Exception as exc:
+            _report(ctx, type(exc)(f"Could not load the '{cmd_name}' command ({ep.value}): {exc}"))
+        if not isinstance(loaded, click.Command):
+            _report(
+                ctx,
+                TypeError(
+                    f"Entry point {cmd_name} = {ep.value} in group {ENTRY_POINT_GROUP!r} must be "
+                    f"a click command or group; got {type(loaded).__name__}."
+                ),
+            )
+        return loaded
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except Exception as exc:
+            _report(ctx, exc)
+
+
+@click.group(cls=TheseusGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@common_options
+def main() -> None:
+    """Theseus: train language models and look inside them.
+
+    Jobs are registered by name; import your own with --import FILE.py.
+    """

@@ -1,0 +1,136 @@
+"""The verbs ``jobs``, ``configure`` and ``run``: text in, the same Python calls a user makes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from theseus.cli._app import common_options, main
+from theseus.config import ConfigError, dump, load, parse_overrides
+from theseus.job import BasicJob
+from theseus.quick import quick
+from theseus.registry import JOBS, resolve_job
+from theseus.store import Node
+
+
+def _job_class(name: str) -> type[BasicJob]:
+    cls = resolve_job(name)
+    if not (isinstance(cls, type) and issubclass(cls, BasicJob)):
+        raise ConfigError(
+            f"{name!r} is registered to {cls!r}, which is not a job (a theseus.job.BasicJob "
+            "subclass); it cannot be configured or run."
+        )
+    return cls
+
+
+def _summary(cls: type) -> str:
+    doc = (cls.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else "(no description)"
+
+
+@main.command("jobs")
+@click.argument("prefix", required=False, default="")
+@common_options
+def jobs_command(prefix: str) -> None:
+    """List the registered jobs (whose names start with PREFIX) and what they do."""
+    names = [n for n in JOBS if n.startswith(prefix)]
+    if not names:
+        where = f" starting with {prefix!r}" if prefix else ""
+        click.echo(
+            f"No jobs registered{where}. Register yours with @job(...) and --import FILE.py."
+        )
+        return
+    width = max(len(n) for n in names)
+    for name in names:
+        click.echo(f"{name.ljust(width)}  {_summary(JOBS[name])}")
+
+
+@main.command("configure")
+@click.argument("job_name", metavar="JOB")
+@click.argument("out", metavar="OUT.yaml", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+@common_options
+def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> None:
+    """Write JOB's full configuration (defaults, then KEY=VALUE overrides) to OUT.yaml."""
+    tree = _job_class(job_name).schema()
+    tree.update(parse_overrides(overrides))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    dump(tree, out)
+    click.echo(f"Wrote {len(tree)} settings of {tree.job} to {out}.")
+    missing = tree.missing()
+    if missing:
+        click.echo(f"Fill in before running (required, no default): {', '.join(missing)}.")
+
+
+@main.command("run")
+@click.argument("run_name", metavar="RUN")
+@click.argument(
+    "config_file", metavar="CONFIG.yaml", type=click.Path(dir_okay=False, path_type=Path)
+)
+@click.argument("root", metavar="ROOT", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("--project", default=None, help="Project name (default: general).")
+@click.option("--group", default=None, help="Group name (default: default).")
+@click.option(
+    "--resume",
+    "resume_node",
+    default=None,
+    metavar="NODE",
+    help="Continue this node (serialized, as `theseus-store runs` prints it).",
+)
+@click.option(
+    "--branch",
+    "branch_node",
+    default=None,
+    metavar="NODE",
+    help="Start a new lineage whose first node's parent is NODE.",
+)
+@common_options
+def run_command(
+    run_name: str,
+    config_file: Path,
+    root: Path,
+    overrides: tuple[str, ...],
+    project: str | None,
+    group: str | None,
+    resume_node: str | None,
+    branch_node: str | None,
+) -> None:
+    """Run the job CONFIG.yaml names (its top-level `job:` key) as run RUN under ROOT.
+
+    With --resume or --branch, the configuration saved at NODE's lineage wins over
+    the file; KEY=VALUE overrides win over both.
+    """
+    if resume_node and branch_node:
+        raise click.UsageError("Pass at most one of --resume NODE and --branch NODE.")
+    values = load(config_file)
+    job_name = values.get("job")
+    if not isinstance(job_name, str):
+        raise ConfigError(
+            f"{str(config_file)!r} does not name its job: expected a top-level `job: NAME` "
+            f"key, got {job_name!r}. Write the file with `theseus configure JOB {config_file}`."
+        )
+    settings = parse_overrides(overrides)
+    with quick(root) as q:
+        tree = q.build(_job_class(job_name), run_name, project=project, group=group)
+        tree.load(values)
+        base = resume_node or branch_node
+        if base is not None:
+            finder = q.find().node(Node.deserialize(base))
+            from_file = tree.flat()
+            finder.resume() if resume_node else finder.branch()
+            changed = [k for k, v in tree.flat().items() if v != from_file[k] and k not in settings]
+            if changed:
+                click.echo(
+                    f"Note: {len(changed)} setting(s) of {config_file} differ from the "
+                    f"configuration saved at {base}; the saved values are used (override "
+                    f"with KEY=VALUE): {', '.join(changed)}.",
+                    err=True,
+                )
+        tree.update(settings)
+        job = q.create()
+        job()
+        click.echo(
+            f"{tree.job}: {job.mode.value if job.mode else 'run'} run finished at node {job.node}."
+        )

@@ -1,0 +1,111 @@
+"""Hydration: ``configure(Cls)`` builds a dataclass instance from the active configuration."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import typing
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+from theseus.config._errors import ConfigError, UnknownKeyError
+from theseus.config._field import PATH_KEY
+from theseus.config._tree import Tree
+
+T = TypeVar("T")
+
+_ACTIVE: contextvars.ContextVar[Tree | None] = contextvars.ContextVar(
+    "theseus_active_configuration", default=None
+)
+
+
+def active() -> Tree | None:
+    """Return the configuration made active by :func:`using`, or ``None``."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def using(tree: Tree) -> Iterator[Tree]:
+    """Make ``tree`` the active configuration inside the ``with`` block.
+
+    Args:
+        tree: the composed configuration :func:`configure` reads from.
+
+    Yields:
+        ``tree``.
+    """
+    token = _ACTIVE.set(tree)
+    try:
+        yield tree
+    finally:
+        _ACTIVE.reset(token)
+
+
+def configure(cls: type[T], tree: Tree | None = None) -> T:
+    """Build an instance of the dataclass ``cls`` from a configuration.
+
+    Every field reads the value at its path, so two classes that declare one
+    path receive one value.
+
+    Args:
+        cls: a dataclass whose fields are declared with :func:`theseus.config.field`.
+        tree: the configuration to read; defaults to the active one (:func:`using`),
+            and without one to ``cls``'s own defaults.
+
+    Returns:
+        The hydrated instance.
+
+    Raises:
+        UnknownKeyError: ``cls`` declares a path the configuration lacks (it was
+            not composed into the job: add it to the job's ``config()``).
+        MissingValueError: a required value is unset.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> from theseus.config import field
+        >>> @dataclass
+        ... class Opt:
+        ...     lr: float = field("optimization/lr", default=3e-4)
+        >>> tree = Tree.of(Opt)
+        >>> tree["optimization.lr"] = 1e-3
+        >>> with using(tree):
+        ...     configure(Opt).lr
+        0.001
+    """
+    source = tree if tree is not None else active()
+    if source is None:
+        source = Tree.of(cls)
+    return _build(cls, source, "")
+
+
+def _build(cls: type[T], tree: Tree, prefix: str) -> T:
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ConfigError(
+            f"configure() expects a dataclass type; got {cls!r}. Declare the settings "
+            "in a @dataclass with theseus.config.field()."
+        )
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = hints.get(f.name, f.type)
+        own = f.metadata.get(PATH_KEY)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, tree, f"{prefix}{own}/" if own else prefix)
+            continue
+        if own is None:
+            raise ConfigError(
+                f"Field {cls.__qualname__}.{f.name} has no configuration path. Declare it "
+                f"with theseus.config.field('section/{f.name}', default=...)."
+            )
+        path = prefix + own
+        if path not in tree:
+            raise UnknownKeyError(
+                f"{cls.__qualname__}.{f.name} reads {path!r}, which the active configuration "
+                f"does not declare. Compose {cls.__qualname__} into the job (list it in the "
+                "job's config()) before hydrating it."
+            )
+        kwargs[f.name] = tree.value(path)
+    return cls(**kwargs)

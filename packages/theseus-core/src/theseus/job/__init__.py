@@ -1,0 +1,16 @@
+"""Jobs: ``BasicJob`` (the lifecycle), ``JobSpec`` (identity and root), host helpers."""
+
+from theseus.job._basic import BasicJob, JobError, Mode
+from theseus.job._hosts import is_primary, process_count, process_index, sync_hosts
+from theseus.job._spec import JobSpec
+
+__all__ = [
+    "BasicJob",
+    "JobError",
+    "JobSpec",
+    "Mode",
+    "is_primary",
+    "process_count",
+    "process_index",
+    "sync_hosts",
+]

@@ -1,0 +1,287 @@
+"""``BasicJob``: the lifecycle every job shares (construct, set up, run, tick, finish).
+
+Construction reads configuration only. ``setup(resume=False)`` picks the live
+node in one of three modes and records the run; ``tick()`` moves the live node
+to its successor; ``__call__`` synchronizes hosts, sets up, runs and finishes,
+and records the outcome (``job/status`` and, on failure, ``job/error``) on the
+node where the job started and on its last live node. Only host zero writes to
+the store.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import enum
+from collections.abc import Iterator
+from typing import Any, ClassVar, TypeVar
+
+from theseus.config import Tree, configure, dump, using
+from theseus.job._hosts import is_primary, sync_hosts
+from theseus.job._spec import JobSpec
+from theseus.registry import job_key
+from theseus.store import Node, Store
+
+T = TypeVar("T")
+
+
+class JobError(RuntimeError):
+    """A job used out of order (not set up, set up twice in different modes, ...)."""
+
+
+class Mode(enum.StrEnum):
+    """How ``setup()`` chose the live node."""
+
+    FRESH = "fresh"  # a new lineage at seq 0
+    BRANCH = "branch"  # a new lineage whose first node's parent is the base
+    RESUME = "resume"  # the live node is the base itself
+
+
+class BasicJob(abc.ABC):
+    """The base of every job: override :meth:`run`; name its dataclass in ``CONFIG``.
+
+    Args:
+        spec: who the run is and where it writes (:class:`JobSpec`).
+        base: a node to branch from or resume (``setup(resume=...)`` decides).
+        config: the composed configuration; ``None`` composes the defaults
+            (and, with ``base``, loads the configuration saved in its lineage).
+        store: the store to use; ``None`` opens ``Store(spec.root)`` when first needed.
+
+    Raises:
+        MissingValueError: a required setting has no value.
+        ConfigError: the configuration does not compose or hydrate.
+
+    Attributes:
+        args: ``CONFIG`` hydrated from the configuration (``None`` without ``CONFIG``).
+        configuration: the composed :class:`~theseus.config.Tree`.
+        spec, base: as given.
+    """
+
+    CONFIG: ClassVar[type | None] = None
+
+    @classmethod
+    def config(cls) -> list[type]:
+        """The configuration dataclasses this job composes, ``CONFIG`` first.
+
+        Subclasses that declare components extend it:
+        ``return [*super().config(), *cls.MODEL.gather()]``.
+        """
+        return [cls.CONFIG] if cls.CONFIG is not None else []
+
+    @classmethod
+    def schema(cls) -> Tree:
+        """A fresh tree of this job's composed configuration with its defaults."""
+        return Tree.of(*cls.config(), own=cls.CONFIG, job=job_key(cls))
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        base: Node | None = None,
+        *,
+        config: Tree | None = None,
+        store: Store | None = None,
+    ) -> None:
+        if not isinstance(spec, JobSpec):
+            raise TypeError(
+                f"{type(self).__name__} expects a JobSpec as its first argument; got "
+                f"{type(spec).__name__}. Build one with JobSpec(run_name, root=...)."
+            )
+        if base is not None and not isinstance(base, Node):
+            raise TypeError(
+                f"base= must be a theseus.store.Node (e.g. from q.find()...first()); got "
+                f"{type(base).__name__}."
+            )
+        self.spec = spec
+        self.base = base
+        self._store = store
+        if config is None:
+            tree = self.schema()
+            if base is not None:
+                saved = self.store.job_config(base)
+                if saved is not None:
+                    from theseus.config import load
+
+                    tree.load(load(saved), strict=False)
+                    tree.job = job_key(type(self))
+        else:
+            tree = config.copy()
+            tree.job = job_key(type(self))
+        tree.validate()
+        self.configuration = tree
+        self.args: Any = configure(self.CONFIG, tree) if self.CONFIG is not None else None
+        self._node: Node | None = None
+        self._start: Node | None = None
+        self._mode: Mode | None = None
+        self._record_on_tick = False
+
+    # ------------------------------------------------------------------ access
+    @property
+    def store(self) -> Store:
+        """The store under ``spec.root`` (opened on first use)."""
+        if self._store is None:
+            self._store = Store(self.spec.root)
+        return self._store
+
+    @property
+    def node(self) -> Node:
+        """The live node. Raises :class:`JobError` before ``setup()``."""
+        if self._node is None:
+            raise JobError(
+                f"{type(self).__name__} has no node yet: call job.setup() (or run the job, "
+                "or build it with q.create()) first."
+            )
+        return self._node
+
+    @property
+    def mode(self) -> Mode | None:
+        """How setup chose the node (``None`` before setup)."""
+        return self._mode
+
+    def configure(self, cls: type[T]) -> T:
+        """Hydrate a dataclass from this job's configuration (see :func:`theseus.config.configure`)."""
+        return configure(cls, self.configuration)
+
+    @contextlib.contextmanager
+    def activated(self) -> Iterator[Tree]:
+        """Make this job's configuration the active one inside a ``with`` block."""
+        with using(self.configuration) as tree:
+            yield tree
+
+    def log(self, values: dict[str, Any]) -> None:
+        """Record scalar values on the live node (host zero only)."""
+        if is_primary():
+            self.store.log(self.node, values)
+
+    # --------------------------------------------------------------- lifecycle
+    def setup(self, resume: bool = False) -> Node:
+        """Choose the live node and prepare the job; calling it again does nothing.
+
+        No base: fresh (a new lineage). Base and ``resume=False``: branch (a new
+        lineage whose first node's parent is the base). Base and ``resume=True``:
+        resume (the live node is the base). Fresh and branch record the
+        composed configuration at the new node; resume records it at the first
+        tick if it differs from the saved one.
+
+        Args:
+            resume: continue the base itself instead of branching from it.
+
+        Returns:
+            The live node.
+
+        Raises:
+            JobError: ``resume=True`` without a base, or a second call that asks
+                for a different mode.
+        """
+        wanted = Mode.FRESH if self.base is None else (Mode.RESUME if resume else Mode.BRANCH)
+        if self._mode is not None:
+            if wanted is not self._mode:
+                raise JobError(
+                    f"{type(self).__name__} is already set up in {self._mode.value} mode at "
+                    f"{self.node}; setup(resume={resume}) asks for {wanted.value}. Construct "
+                    "a new job to use another mode."
+                )
+            return self.node
+        if resume and self.base is None:
+            raise JobError(
+                f"setup(resume=True) needs a base node to resume, and {type(self).__name__} "
+                "was built without base=. Pass base=NODE (q.find()...resume() does), or "
+                "call setup() for a fresh run."
+            )
+        node = self._choose(wanted)
+        self._node = self._start = node
+        with self.activated():
+            self.on_setup(wanted)
+        self._mode = wanted
+        return node
+
+    def _choose(self, mode: Mode) -> Node:
+        spec, key, text = self.spec, job_key(type(self)), dump(self.configuration)
+        if mode is Mode.RESUME:
+            assert self.base is not None
+            node = self.base
+            if is_primary():
+                saved = self.store.job_config(node)
+                if saved is None:
+                    self.store.record_job(node, key, text)
+                self._record_on_tick = saved is not None and saved != text
+            return node
+        node = Node.new(spec.name, project=spec.project, group=spec.group, parent=self.base)
+        if is_primary():
+            self.store.touch(node)
+            self.store.record_job(node, key, text)
+        return node
+
+    def on_setup(self, mode: Mode) -> None:
+        """Hook: allocate or restore state for ``mode`` (the trainer's). Default: nothing."""
+        return None
+
+    def tick(self) -> Node:
+        """Move the live node to its successor (same lineage, ``seq + 1``) and return it.
+
+        Everything that reads ``job.node`` sees the new node.
+
+        Raises:
+            JobError: before ``setup()``.
+        """
+        node = self.node.next()
+        self._node = node
+        if is_primary():
+            self.store.touch(node)
+            if self._record_on_tick:
+                self.store.record_job(node, job_key(type(self)), dump(self.configuration))
+                self._record_on_tick = False
+        return node
+
+    @abc.abstractmethod
+    def run(self) -> Any:
+        """The job's work. Runs after setup, with the job's configuration active."""
+
+    def on_finish(self) -> None:
+        """Hook: release resources after ``run()`` (wait for checkpoints...). Default: nothing."""
+        return None
+
+    def finish(self) -> None:
+        """Run :meth:`on_finish`, then record ``job/status: finished``."""
+        with self.activated():
+            self.on_finish()
+        self._status({"job/status": "finished"})
+
+    def __call__(self, resume: bool = False) -> Any:
+        """Synchronize hosts, set up (unless already set up), run, finish.
+
+        Args:
+            resume: passed to :meth:`setup` when the job is not set up yet.
+
+        Returns:
+            Whatever :meth:`run` returns.
+
+        Raises:
+            Exception: whatever setup or run raised, after recording
+                ``job/status: failed`` and ``job/error`` on the job's nodes.
+        """
+        sync_hosts(f"theseus/job/start/{self.spec.project}.{self.spec.group}.{self.spec.name}")
+        try:
+            if self._mode is None:
+                self.setup(resume=resume)
+            self._status({"job/status": "running"})
+            with self.activated():
+                result = self.run()
+            self.finish()
+        except BaseException as exc:
+            if self._node is not None:
+                self._status({"job/status": "failed", "job/error": f"{type(exc).__name__}: {exc}"})
+            raise
+        sync_hosts(f"theseus/job/finish/{self.spec.project}.{self.spec.group}.{self.spec.name}")
+        return result
+
+    def _status(self, values: dict[str, Any]) -> None:
+        if not is_primary():
+            return
+        for node in dict.fromkeys(n for n in (self._start, self._node) if n is not None):
+            self.store.log(node, values)
+
+    def __repr__(self) -> str:
+        where = f" at {self._node}" if self._node is not None else ""
+        return (
+            f"<{type(self).__name__} {self.spec.project}.{self.spec.group}.{self.spec.name}{where}>"
+        )

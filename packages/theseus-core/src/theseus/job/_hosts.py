@@ -1,0 +1,40 @@
+"""Which host this process is, and a barrier across hosts (JAX only when it is in use)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def process_index() -> int:
+    """This process's index among the JAX processes (0 when JAX is not imported)."""
+    if "jax" not in sys.modules:
+        return 0
+    import jax
+
+    return int(jax.process_index())
+
+
+def process_count() -> int:
+    """The number of JAX processes (1 when JAX is not imported)."""
+    if "jax" not in sys.modules:
+        return 1
+    import jax
+
+    return int(jax.process_count())
+
+
+def is_primary() -> bool:
+    """Whether this process is host zero, the only one that writes to the store."""
+    return process_index() == 0
+
+
+def sync_hosts(tag: str) -> None:
+    """Wait until every JAX process reaches the barrier named ``tag`` (no-op on one host).
+
+    Args:
+        tag: a name every host passes in the same order.
+    """
+    if process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(tag)

@@ -1,0 +1,66 @@
+"""``JobSpec``: who a job is (project, group, run) and where its files go (root)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from theseus.store import Node
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """The identity of a job run and the root folder it writes under.
+
+    Args:
+        name: the run name (the last part of the node name ``project.group.run``).
+        root: the root folder (store, checkpoints, prepared data, results).
+        project: the project name; ``None`` means ``general``.
+        group: the group name; ``None`` means ``default``.
+
+    Raises:
+        theseus.store.InvalidNodeError: a name part is not letters, digits, ``_`` or ``-``.
+
+    Example:
+        >>> spec = JobSpec("inspect", root="/tmp/theseus-doc")
+        >>> spec.result("activation.pdf").as_posix()
+        '/tmp/theseus-doc/results/general/default/inspect/activation.pdf'
+    """
+
+    name: str
+    root: Path
+    project: str = "general"
+    group: str = "default"
+
+    def __init__(
+        self,
+        name: str,
+        root: str | os.PathLike[str] = ".",
+        project: str | None = None,
+        group: str | None = None,
+    ) -> None:
+        node = Node.new(name, project=project, group=group)  # validates every part
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "root", Path(root))
+        object.__setattr__(self, "project", node.project)
+        object.__setattr__(self, "group", node.group)
+
+    @property
+    def run(self) -> str:
+        """The run name (same as :attr:`name`)."""
+        return self.name
+
+    def result(self, *parts: str) -> Path:
+        """A path under ``ROOT/results/<project>/<group>/<run>/``; its folder is created.
+
+        Args:
+            *parts: path components below the run's result folder.
+
+        Returns:
+            The path (the folder itself when no parts are given).
+        """
+        folder = self.root / "results" / self.project / self.group / self.name
+        path = folder.joinpath(*parts)
+        (path if not parts else path.parent).mkdir(parents=True, exist_ok=True)
+        return path

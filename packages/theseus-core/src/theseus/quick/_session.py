@@ -1,0 +1,148 @@
+"""``quick(root)``: build, configure, select a base and create a job in a few lines."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from theseus.config import Tree, load
+from theseus.job import BasicJob, JobSpec
+from theseus.quick._find import Finder, QuickError
+from theseus.registry import resolve_job
+from theseus.store import Node, Store
+
+
+class Quick:
+    """A session over one root folder: its store, at most one job being built, a base node.
+
+    Use ``with quick(root) as q:`` or, in a notebook, ``q = init(root)`` ...
+    ``q.close()``. The order of :meth:`build` and :meth:`find` does not matter.
+
+    Args:
+        root: the root folder (created if absent).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.store = Store(self.root)
+        self._job: type[BasicJob] | None = None
+        self._spec: JobSpec | None = None
+        self._tree: Tree | None = None
+        self._base: Node | None = None
+        self._resume = False
+        self._saved: dict[str, object] | None = None
+
+    def build(
+        self,
+        job: type[BasicJob] | str,
+        run_name: str,
+        project: str | None = None,
+        group: str | None = None,
+    ) -> Tree:
+        """Choose the job to create and compose its configuration into :attr:`config`.
+
+        Args:
+            job: a job class (registered or not) or a registered job name.
+            run_name: the run name of the job's spec.
+            project: the project (default ``general``).
+            group: the group (default ``default``).
+
+        Returns:
+            :attr:`config`, the job's composed configuration.
+
+        Raises:
+            QuickError: ``job`` is not a :class:`BasicJob` subclass.
+            theseus.registry.UnknownNameError: no job has that name.
+        """
+        cls = resolve_job(job)
+        if not (isinstance(cls, type) and issubclass(cls, BasicJob)):
+            raise QuickError(
+                f"q.build() expects a job class (a subclass of theseus.job.BasicJob) or a "
+                f"registered job name; got {job!r}."
+            )
+        self._job = cls
+        self._spec = JobSpec(run_name, root=self.root, project=project, group=group)
+        self._tree = cls.schema()
+        if self._saved is not None:
+            self._tree.load(self._saved, strict=False)
+        return self._tree
+
+    @property
+    def config(self) -> Tree:
+        """The composed configuration of the built job (assign by path or attribute).
+
+        Raises:
+            QuickError: before :meth:`build`.
+        """
+        if self._tree is None:
+            raise QuickError(
+                "q.config exists once a job is chosen: call q.build(JobClass, run_name) first."
+            )
+        return self._tree
+
+    @property
+    def base(self) -> Node | None:
+        """The node selected by ``find()...resume()`` or ``...branch()``, if any."""
+        return self._base
+
+    def find(self) -> Finder:
+        """A query over the store's nodes, ending in ``.resume()``/``.branch()`` or a terminal."""
+        return Finder(self, self.store.query())
+
+    def _select(self, node: Node, resume: bool) -> Node:
+        self._base, self._resume = node, resume
+        saved = self.store.job_config(node)
+        self._saved = load(saved) if saved is not None else {}
+        if self._tree is not None:
+            self._tree.load(self._saved, strict=False)
+        return node
+
+    def create(self) -> BasicJob:
+        """Construct the job and set it up (fresh, branch or resume, as selected); do not run it.
+
+        Returns:
+            The job; call it (``job()``) to run it.
+
+        Raises:
+            QuickError: before :meth:`build`.
+            MissingValueError: a required setting has no value.
+        """
+        if self._job is None or self._spec is None:
+            raise QuickError("q.create() needs a job: call q.build(JobClass, run_name) first.")
+        job = self._job(self._spec, base=self._base, config=self.config, store=self.store)
+        job.setup(resume=self._resume)
+        return job
+
+    def close(self) -> None:
+        """Close the store."""
+        self.store.close()
+
+    def __enter__(self) -> Quick:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def init(root: str | os.PathLike[str]) -> Quick:
+    """Open a quick session (for notebooks); call ``q.close()`` when done."""
+    return Quick(root)
+
+
+@contextlib.contextmanager
+def quick(root: str | os.PathLike[str]) -> Iterator[Quick]:
+    """``with quick(root) as q:`` opens a session and closes it at the end of the block.
+
+    Example:
+        >>> import tempfile
+        >>> with quick(tempfile.mkdtemp()) as q:
+        ...     q.find().count()
+        0
+    """
+    session = Quick(root)
+    try:
+        yield session
+    finally:
+        session.close()
