@@ -1,0 +1,250 @@
+"""Built-in datasets: the offline synthetic language, FineWeb-style records, local text.
+
+Each dataset is prepared once into `ROOT/data/<NAME>/` (see `theseus.data.prepared`)
+with `theseus data prepare NAME --root ROOT [--option value ...]` or `cls.prepare(root, ...)`.
+Nothing is ever downloaded: FineWeb reads parquet or jsonl files the user points at.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from theseus.data.prepared import PreparedData, dataset_dir, write_prepared
+from theseus.data.synthetic import MarkovLanguage
+from theseus.data.tokenizer import get_tokenizer
+from theseus.registry import dataset
+
+__all__ = ["Dataset", "FineWeb", "SourceError", "Synthetic", "TextFiles"]
+
+
+class SourceError(FileNotFoundError):
+    """The files a dataset is prepared from are missing or unreadable."""
+
+
+def _as_int(name: str, value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--{name.replace('_', '-')} expects an integer, got {value!r}") from None
+
+
+def _as_float(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--{name.replace('_', '-')} expects a number, got {value!r}") from None
+
+
+def _progress(total: int, description: str) -> Any:
+    """A progress bar on a terminal; silent when output is redirected."""
+    from rich.progress import Progress
+
+    progress = Progress(disable=not sys.stderr.isatty(), transient=True)
+    task = progress.add_task(description, total=total)
+    return progress, task
+
+
+class Dataset(abc.ABC):
+    """Interface of prepared datasets: a `NAME` (its folder) and a `prepare` class method."""
+
+    NAME: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
+        """Write the prepared files under `root`; returns the dataset folder."""
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str]) -> PreparedData:
+        """Open the prepared files (raises `DataNotPreparedError` with the command to run)."""
+        return PreparedData.open(root, cls.NAME)
+
+
+def _split(docs: list[np.ndarray], val_fraction: float) -> dict[str, np.ndarray]:
+    """Hold out whole documents: every k-th document goes to validation."""
+    if not docs:
+        return {"train": np.zeros((0,), np.uint16), "val": np.zeros((0,), np.uint16)}
+    every = max(2, round(1 / val_fraction)) if val_fraction > 0 else len(docs) + 1
+    val = [d for i, d in enumerate(docs) if i % every == every - 1]
+    train = [d for i, d in enumerate(docs) if i % every != every - 1]
+    return {
+        "train": np.concatenate(train) if train else np.zeros((0,), np.uint16),
+        "val": np.concatenate(val) if val else np.zeros((0,), np.uint16),
+    }
+
+
+@dataset("synthetic")
+class Synthetic(Dataset):
+    """A Markov-chain language with a known entropy bound (see `MarkovLanguage`).
+
+    Options (all optional): `tokens` (training tokens, default 2,000,000), `val_tokens`
+    (default 100,000), `alphabet`, `order`, `concentration`, `mean_doc_len`, `seed`.
+    The language's settings are kept in the header, so `entropy_bound(root)` is exact.
+    """
+
+    NAME = "synthetic"
+
+    @classmethod
+    def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
+        known = {
+            "tokens",
+            "val_tokens",
+            "alphabet",
+            "order",
+            "concentration",
+            "mean_doc_len",
+            "seed",
+        }
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"synthetic has no options {unknown}; its options are {sorted(known)}")
+        language = MarkovLanguage(
+            alphabet=_as_int("alphabet", options.get("alphabet", 16)),
+            order=_as_int("order", options.get("order", 2)),
+            concentration=_as_float("concentration", options.get("concentration", 0.2)),
+            mean_doc_len=_as_int("mean_doc_len", options.get("mean_doc_len", 512)),
+            seed=_as_int("seed", options.get("seed", 0)),
+        )
+        tokens = _as_int("tokens", options.get("tokens", 2_000_000))
+        val_tokens = _as_int("val_tokens", options.get("val_tokens", 100_000))
+        splits = {
+            "train": language.sample_tokens(tokens, seed=1),
+            "val": language.sample_tokens(val_tokens, seed=2),
+        }
+        meta = {
+            "source": "synthetic",
+            "language": {
+                "alphabet": language.alphabet,
+                "order": language.order,
+                "concentration": language.concentration,
+                "smoothing": language.smoothing,
+                "mean_doc_len": language.mean_doc_len,
+                "seed": language.seed,
+            },
+            "entropy_bound": language.entropy_bound(),
+        }
+        return write_prepared(
+            dataset_dir(root, cls.NAME), splits, tokenizer=get_tokenizer(), meta=meta
+        )
+
+    @classmethod
+    def language(cls, root: str | os.PathLike[str]) -> MarkovLanguage:
+        """The language the prepared files were sampled from."""
+        return MarkovLanguage(**cls.open(root).header["meta"]["language"])
+
+    @classmethod
+    def entropy_bound(cls, root: str | os.PathLike[str]) -> float:
+        """The lowest loss per token (nats) any model can reach on the prepared data."""
+        return cls.language(root).entropy_bound()
+
+
+def _records(path: Path) -> Iterator[str]:
+    """The `text` field of each record of a parquet or jsonl file."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = (
+            pq.read_table(path, columns=["text"]) if "text" in pq.read_schema(path).names else None
+        )
+        if table is None:
+            raise SourceError(f"{path} has no 'text' column; FineWeb records need a text field")
+        yield from (str(text) for text in table.column("text").to_pylist() if text is not None)
+        return
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SourceError(f"{path}:{number} is not valid JSON ({error.msg})") from None
+            if not isinstance(record, dict) or "text" not in record:
+                raise SourceError(
+                    f"{path}:{number} has no 'text' field; each line needs {{\"text\": ...}}"
+                )
+            yield str(record["text"])
+
+
+def _source_files(source: Any, suffixes: tuple[str, ...], name: str) -> list[Path]:
+    if source is None:
+        raise SourceError(
+            f"{name} is prepared from local files: pass --source DIR "
+            f"(a folder of {' or '.join(suffixes)} files); nothing is downloaded"
+        )
+    folder = Path(source)
+    files = (
+        [folder]
+        if folder.is_file()
+        else sorted(p for p in folder.rglob("*") if p.suffix in suffixes)
+    )
+    if not files:
+        raise SourceError(f"no {' or '.join(suffixes)} files under {folder} to prepare {name} from")
+    return files
+
+
+def _prepare_documents(
+    cls: type[Dataset],
+    root: str | os.PathLike[str],
+    files: list[Path],
+    reader: Any,
+    val_fraction: float,
+) -> Path:
+    tokenizer = get_tokenizer()
+    docs: list[np.ndarray] = []
+    progress, task = _progress(len(files), f"tokenizing {cls.NAME}")
+    with progress:
+        for path in files:
+            docs.extend(tokenizer.encode(text, eot=True) for text in reader(path))
+            progress.advance(task)
+    meta = {"source": [str(p) for p in files], "documents": len(docs), "val_fraction": val_fraction}
+    return write_prepared(
+        dataset_dir(root, cls.NAME), _split(docs, val_fraction), tokenizer=tokenizer, meta=meta
+    )
+
+
+@dataset("fineweb")
+class FineWeb(Dataset):
+    """FineWeb-style records (parquet or jsonl with a `text` field) from a local folder.
+
+    Options: `source` (required: a folder or file), `val_fraction` (default 0.01; whole
+    documents are held out).
+    """
+
+    NAME = "fineweb"
+
+    @classmethod
+    def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
+        files = _source_files(options.get("source"), (".parquet", ".jsonl"), cls.NAME)
+        val_fraction = _as_float("val_fraction", options.get("val_fraction", 0.01))
+        return _prepare_documents(cls, root, files, _records, val_fraction)
+
+
+def _text_file(path: Path) -> Iterator[str]:
+    if path.suffix == ".jsonl":
+        yield from _records(path)
+    else:
+        yield path.read_text(encoding="utf-8", errors="replace")
+
+
+@dataset("text")
+class TextFiles(Dataset):
+    """A user's own corpus: every `.txt` file is one document, every `.jsonl` line one record.
+
+    Options: `source` (required), `val_fraction` (default 0.05).
+    """
+
+    NAME = "text"
+
+    @classmethod
+    def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
+        files = _source_files(options.get("source"), (".txt", ".jsonl"), cls.NAME)
+        val_fraction = _as_float("val_fraction", options.get("val_fraction", 0.05))
+        return _prepare_documents(cls, root, files, _text_file, val_fraction)

@@ -1,0 +1,1 @@
+"""Training: the trainer, its optimizers, schedules, data strategy and checkpoints."""

@@ -1,0 +1,1 @@
+"""Data strategies: how datasets are mixed into batches."""

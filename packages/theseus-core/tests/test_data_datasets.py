@@ -1,0 +1,108 @@
+"""Preparing the built-in datasets from generated and local files, offline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from theseus.data.datasets import FineWeb, SourceError, Synthetic, TextFiles
+from theseus.data.prepared import DataNotPreparedError, PreparedData
+from theseus.data.tokenizer import ByteTokenizer
+from theseus.registry import DATASETS
+from theseus.training.flywheel.strategy import Sampling, normalize, plan
+
+TOK = ByteTokenizer()
+
+
+def test_builtins_are_registered_for_the_command_line() -> None:
+    assert DATASETS["synthetic"] is Synthetic
+    assert DATASETS["fineweb"] is FineWeb
+    assert DATASETS["text"] is TextFiles
+
+
+def test_synthetic_prepares_the_requested_sizes_and_records_its_bound(tmp_path: Path) -> None:
+    Synthetic.prepare(tmp_path, tokens="20000", val_tokens=3000, seed=5)
+    data = Synthetic.open(tmp_path)
+    assert data.header["count"] == {"train": 20000, "val": 3000}
+    language = Synthetic.language(tmp_path)
+    assert language.seed == 5
+    assert Synthetic.entropy_bound(tmp_path) == pytest.approx(language.entropy_bound(), rel=1e-12)
+    assert data.header["meta"]["entropy_bound"] == pytest.approx(
+        language.entropy_bound(), rel=1e-12
+    )
+    np.testing.assert_array_equal(data.tokens("train"), language.sample_tokens(20000, seed=1))
+
+
+def test_synthetic_rejects_unknown_options(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no options"):
+        Synthetic.prepare(tmp_path, vocabulary=3)
+    with pytest.raises(ValueError, match="expects an integer"):
+        Synthetic.prepare(tmp_path, tokens="many")
+
+
+def test_fineweb_reads_parquet_records_the_test_wrote(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    texts = [f"document number {i}: " + "xyz" * i for i in range(40)]
+    pq.write_table(pa.table({"id": list(range(40)), "text": texts}), source / "part-0.parquet")
+    FineWeb.prepare(tmp_path / "root", source=str(source), val_fraction="0.1")
+    data = FineWeb.open(tmp_path / "root")
+    every = 10
+    val = [t for i, t in enumerate(texts) if i % every == every - 1]
+    train = [t for i, t in enumerate(texts) if i % every != every - 1]
+    np.testing.assert_array_equal(data.tokens("train"), TOK.encode_batch(train))
+    np.testing.assert_array_equal(data.tokens("val"), TOK.encode_batch(val))
+    assert data.header["meta"]["documents"] == 40
+
+
+def test_fineweb_reads_jsonl_and_reports_bad_lines(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.jsonl").write_text(
+        "\n".join(json.dumps({"text": f"t{i}"}) for i in range(4)) + "\n"
+    )
+    FineWeb.prepare(tmp_path / "root", source=source, val_fraction=0)
+    assert TOK.decode(FineWeb.open(tmp_path / "root").tokens("train")) == "t0t1t2t3"
+    (source / "b.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
+    with pytest.raises(SourceError, match=r"b\.jsonl:2 has no 'text' field"):
+        FineWeb.prepare(tmp_path / "root2", source=source)
+
+
+def test_missing_sources_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="--source DIR"):
+        FineWeb.prepare(tmp_path)
+    with pytest.raises(SourceError, match="no .parquet or .jsonl files"):
+        FineWeb.prepare(tmp_path, source=tmp_path)
+    with pytest.raises(DataNotPreparedError, match="theseus data prepare fineweb"):
+        FineWeb.open(tmp_path)
+
+
+def test_text_files_are_one_document_each(tmp_path: Path) -> None:
+    source = tmp_path / "corpus"
+    source.mkdir()
+    for i in range(4):
+        (source / f"{i}.txt").write_text(f"file {i}")
+    TextFiles.prepare(tmp_path, source=source, val_fraction=0.5)
+    data = PreparedData.open(tmp_path, "text")
+    assert TOK.decode(data.tokens("train")) == "file 0file 2"
+    assert TOK.decode(data.tokens("val")) == "file 1file 3"
+
+
+def test_sampling_declarations_normalize_and_check_rates(tmp_path: Path) -> None:
+    assert normalize(Synthetic) == [Sampling(Synthetic, 1.0, "pmd")]
+    assert normalize([]) == []
+    with pytest.raises(ValueError, match=r"sum to 1, got Synthetic=0.5, FineWeb=0.2"):
+        normalize([Sampling(Synthetic, 0.5), Sampling(FineWeb, 0.2)])
+    with pytest.raises(TypeError, match="dataset class"):
+        Sampling("synthetic", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(DataNotPreparedError, match="theseus data prepare synthetic"):
+        plan(Sampling(Synthetic, 1.0, "pmd"), tmp_path, seed=0)
+    Synthetic.prepare(tmp_path, tokens=5000, val_tokens=1000)
+    batch = plan([Sampling(Synthetic, 1.0, "padded")], tmp_path, seed=0)
+    assert batch is not None
+    assert batch.batch(0, "train", 4, 16)["x"].shape == (4, 16)
