@@ -76,7 +76,7 @@ def test_fineweb_reads_jsonl_and_reports_bad_lines(tmp_path: Path) -> None:
 def test_missing_sources_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="--source DIR"):
         FineWeb.prepare(tmp_path)
-    with pytest.raises(SourceError, match="no .parquet or .jsonl files"):
+    with pytest.raises(SourceError, match=r"no \.parquet or \.jsonl files"):
         FineWeb.prepare(tmp_path, source=tmp_path)
     with pytest.raises(DataNotPreparedError, match="theseus data prepare fineweb"):
         FineWeb.open(tmp_path)
