@@ -67,6 +67,10 @@ class BlobFolder:
         """Return the file that holds the blob ``digest``."""
         return self.dir / digest[:2] / digest
 
+    def temp_path(self, pid: int) -> Path:
+        """Return a fresh temporary file name for a writer process ``pid`` on this host."""
+        return self.tmp / f"{self._host}-{pid}-{secrets.token_hex(6)}.tmp"
+
     def write(self, content: bytes, digest: str) -> bool:
         """Store ``content`` under ``digest`` durably; return False if it was already there.
 
@@ -83,7 +87,7 @@ class BlobFolder:
         final = self.path(digest)
         if final.exists() and final.stat().st_size == len(content):
             return False
-        temp = self.tmp / f"{self._host}-{os.getpid()}-{secrets.token_hex(6)}.tmp"
+        temp = self.temp_path(os.getpid())
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:

@@ -24,7 +24,15 @@ from theseus.store._errors import (
     StorePermissionError,
 )
 
-__all__ = ["FORMAT", "PATIENCE_S", "connect", "create_schema", "retrying", "translate"]
+__all__ = [
+    "FORMAT",
+    "PATIENCE_S",
+    "check_header",
+    "connect",
+    "create_schema",
+    "retrying",
+    "translate",
+]
 
 FORMAT = 1
 PATIENCE_S = 600.0
@@ -159,3 +167,40 @@ def create_schema(conn: sqlite3.Connection) -> None:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def check_header(db: Path) -> None:
+    """Refuse a database file that is not SQLite or is shorter than its header says.
+
+    SQLite itself notices both only when a query reaches a damaged page; checking
+    the 100-byte header at open time turns a truncated file into an immediate,
+    clear error. The size check is skipped while a write-ahead log exists (its
+    frames may legitimately hold pages beyond the end of the main file).
+
+    Raises:
+        CorruptStoreError: naming the file, what was expected and what was found.
+    """
+    try:
+        with open(db, "rb") as handle:
+            header = handle.read(100)
+        size = db.stat().st_size
+    except FileNotFoundError:
+        return
+    if not header:
+        return
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+        raise CorruptStoreError(
+            f"The database file {db} is not an SQLite database (its first bytes are "
+            f"{header[:16]!r}, expected b'SQLite format 3\\x00'). Restore it from a backup."
+        )
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    valid = header[24:28] == header[92:96]
+    wal = db.with_name(db.name + "-wal")
+    if valid and size < pages * page_size and not (wal.exists() and wal.stat().st_size):
+        raise CorruptStoreError(
+            f"The database file {db} is truncated: its header says {pages} pages of "
+            f"{page_size} bytes ({pages * page_size} bytes), but the file has {size} bytes. "
+            "Restore it from a backup."
+        )

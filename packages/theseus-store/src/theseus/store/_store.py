@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from theseus.store import _lineage
 from theseus.store._blobs import BlobFolder
-from theseus.store._db import FORMAT, connect, create_schema, retrying, translate
+from theseus.store._db import FORMAT, check_header, connect, create_schema, retrying, translate
 from theseus.store._errors import (
     CheckpointNotFoundError,
     CorruptStoreError,
@@ -79,6 +79,7 @@ class Store:
                     f"{marker} marks a store but its database {self.db_path} is missing. "
                     "Restore store.sqlite from a backup."
                 )
+            check_header(self.db_path)
             self._connection()
         elif not create:
             raise NotAStoreError(

@@ -1,0 +1,190 @@
+"""The ``theseus-store`` command line: look through a store without writing Python.
+
+Commands::
+
+    theseus-store runs ROOT                     a table of lineages
+    theseus-store show ROOT NODE                values, checkpoints, artifacts of a node
+    theseus-store get ROOT NODE NAME [-o FILE]  the exact bytes of an artifact
+    theseus-store lineage ROOT NODE             ancestors, children and job of a node
+    theseus-store fsck ROOT [--repair]          check every blob; remove leftovers
+
+NODE is a serialized node (``project.group.run~nonce~seq``, as ``runs`` and
+``show`` print it), or ``project.group.run~nonce`` for the last node of that lineage.
+Exit status: 0 on success, 1 when ``fsck`` finds problems, 2 on an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
+from theseus.store._node import Node
+from theseus.store._store import Store
+
+__all__ = ["main"]
+
+
+def _when(stamp: float) -> str:
+    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def _node(store: Store, text: str) -> Node:
+    if text.count("~") == 1:
+        name, nonce = text.split("~")
+        nodes = store.query().name(name).nonce(nonce).all()
+        if not nodes:
+            raise UnknownNodeError(
+                f"The store has no lineage {text}. List them with "
+                f"`theseus-store runs {store.root}`."
+            )
+        return max(nodes, key=lambda node: node.seq)
+    return Node.deserialize(text)
+
+
+def _runs(store: Store, args: argparse.Namespace) -> int:
+    rows = [
+        (
+            f"{r['name']}~{r['nonce']}",
+            r["nodes"],
+            r["last_seq"],
+            r["checkpoints"],
+            r["artifacts"],
+            _when(r["last_write"]),
+        )
+        for r in store.runs()
+    ]
+    header = ("lineage", "nodes", "last seq", "checkpoints", "artifacts", "last write")
+    print(_table(header, rows) if rows else f"{store.root}: no runs yet")
+    return 0
+
+
+def _show(store: Store, args: argparse.Namespace) -> int:
+    node = _node(store, args.node)
+    values = store.values(node)
+    print(f"node {node.serialize()}")
+    print(f"job  {store.job_of(node) or '-'}")
+    print(f"\nvalues ({len(values)})")
+    for key, value in values.items():
+        print(f"  {key} = {value!r}")
+    checkpoints = store.checkpoints(node)
+    print(f"\ncheckpoints ({len(checkpoints)})")
+    for entry in checkpoints:
+        print(f"  step {entry.step}  {entry.path}  {_when(entry.created)}")
+    artifacts = store.get(node)
+    print(f"\nartifacts ({len(artifacts)})")
+    if artifacts:
+        rows = [
+            (a.name, a.filename, a.size, a.version, a.hash[:12], _when(a.created))
+            for a in artifacts.values()
+        ]
+        print(
+            _table(
+                ("  name", "filename", "bytes", "version", "sha256", "created"),
+                [("  " + r[0], *r[1:]) for r in rows],
+            )
+        )
+    return 0
+
+
+def _get(store: Store, args: argparse.Namespace) -> int:
+    node = _node(store, args.node)
+    artifacts = store.get(node)
+    if args.name not in artifacts:
+        names = ", ".join(artifacts) or "none"
+        raise UnknownNodeError(
+            f"Node {node.serialize()} has no artifact {args.name!r} (it has: {names})."
+        )
+    content = artifacts[args.name].content
+    if args.output:
+        with open(args.output, "wb") as handle:
+            handle.write(content)
+    else:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(content)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def _lineage(store: Store, args: argparse.Namespace) -> int:
+    node = _node(store, args.node)
+    print(f"node      {node.serialize()}")
+    print(f"job       {store.job_of(node) or '-'}")
+    ancestors = store.ancestors(node)
+    print(f"ancestors ({len(ancestors)}, nearest first)")
+    for ancestor in ancestors:
+        print(f"  {ancestor.serialize()}")
+    children = store.children(node)
+    print(f"children  ({len(children)})")
+    for child in children:
+        print(f"  {child.serialize()}")
+    return 0
+
+
+def _fsck(store: Store, args: argparse.Namespace) -> int:
+    report = store.fsck(repair=args.repair)
+    print(report.render())
+    return 0 if report.clean else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="theseus-store", description="Look through a theseus-store root."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    runs = sub.add_parser("runs", help="list lineages")
+    runs.set_defaults(fn=_runs)
+    show = sub.add_parser("show", help="values, checkpoints and artifacts of a node")
+    show.set_defaults(fn=_show)
+    get = sub.add_parser("get", help="write an artifact's exact bytes")
+    get.set_defaults(fn=_get)
+    lineage = sub.add_parser("lineage", help="ancestors and children of a node")
+    lineage.set_defaults(fn=_lineage)
+    fsck = sub.add_parser("fsck", help="check every blob against its hash")
+    fsck.set_defaults(fn=_fsck)
+    for command in (runs, show, get, lineage, fsck):
+        command.add_argument("root", help="the store's root folder")
+    for command in (show, get, lineage):
+        command.add_argument("node", help="project.group.run~nonce~seq (or ...~nonce: last node)")
+    get.add_argument("name", help="the artifact's name")
+    get.add_argument("-o", "--output", help="write to this file instead of standard output")
+    fsck.add_argument(
+        "--repair", action="store_true", help="remove orphan temporary files and unreferenced blobs"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 success, 1 fsck found problems, 2 error.
+    """
+    args = _parser().parse_args(argv)
+    try:
+        with Store(args.root, create=False) as store:
+            return int(args.fn(store, args))
+    except (StoreError, InvalidNodeError) as err:
+        print(f"theseus-store: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"theseus-store: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

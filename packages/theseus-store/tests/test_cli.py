@@ -1,0 +1,142 @@
+"""The command line, in-process through main() and once as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from theseus.store import Node, Store
+from theseus.store.cli import main
+
+
+@pytest.fixture
+def filled(store: Store) -> tuple[Store, Node, Node]:
+    """A store with one lineage of three nodes and a branch."""
+    node = Node.new("train-gpt", project="lm", group="base")
+    store.record_job(node, "gpt/train/pretrain", "lr: 0.1\n")
+    store.log(node, {"train/loss": 2.5, "done": False})
+    mid = node.next()
+    store.put(mid, "activations", "activations.pdf", b"%PDF v1")
+    store.put(mid, "activations", "activations.pdf", b"%PDF v2 \x00\xff")
+    ckpt = store.root / "ckpt" / "1"
+    ckpt.mkdir(parents=True)
+    store.checkpoint(mid, ckpt)
+    store.touch(mid.next())
+    branch = Node.new("inspect", project="lm", group="base", parent=mid)
+    store.touch(branch)
+    return store, mid, branch
+
+
+def test_runs_table(filled: tuple[Store, Node, Node], capsys: pytest.CaptureFixture[str]) -> None:
+    store, mid, branch = filled
+    assert main(["runs", str(store.root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == [
+        "lineage",
+        "nodes",
+        "last",
+        "seq",
+        "checkpoints",
+        "artifacts",
+        "last",
+        "write",
+    ]
+    first = lines[1].split()
+    assert first[:5] == [f"{mid.name}~{mid.nonce}", "3", "2", "1", "2"]
+    assert lines[2].split()[:5] == [f"{branch.name}~{branch.nonce}", "1", "0", "0", "0"]
+
+
+def test_show(filled: tuple[Store, Node, Node], capsys: pytest.CaptureFixture[str]) -> None:
+    store, mid, _ = filled
+    assert main(["show", str(store.root), mid.parent.serialize()]) == 0  # type: ignore[union-attr]
+    out = capsys.readouterr().out
+    assert "train/loss = 2.5" in out and "done = False" in out
+    assert "job  gpt/train/pretrain" in out
+    assert main(["show", str(store.root), mid.serialize()]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoints (1)" in out and str(store.root / "ckpt" / "1") in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("activations "))
+    assert row.split()[:4] == ["activations", "activations.pdf", "10", "2"]
+
+
+def test_get_stdout_and_file(
+    filled: tuple[Store, Node, Node], capsysbinary: pytest.CaptureFixture[bytes], tmp_path: Path
+) -> None:
+    store, mid, _ = filled
+    assert main(["get", str(store.root), mid.serialize(), "activations"]) == 0
+    assert capsysbinary.readouterr().out == b"%PDF v2 \x00\xff"
+    target = tmp_path / "out.pdf"
+    assert main(["get", str(store.root), mid.serialize(), "activations", "-o", str(target)]) == 0
+    assert target.read_bytes() == b"%PDF v2 \x00\xff"
+
+
+def test_lineage_and_short_node(
+    filled: tuple[Store, Node, Node], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, mid, branch = filled
+    assert main(["lineage", str(store.root), f"{branch.name}~{branch.nonce}"]) == 0
+    out = capsys.readouterr().out
+    assert f"node      {branch.serialize()}" in out
+    assert out.index(mid.serialize()) < out.index(mid.parent.serialize())  # type: ignore[union-attr]
+    assert "job       gpt/train/pretrain" in out  # inherited through the branch edge
+    assert main(["lineage", str(store.root), mid.serialize()]) == 0
+    out = capsys.readouterr().out
+    assert "children  (2)" in out and branch.serialize() in out
+
+
+def test_errors_exit_2_with_message(
+    filled: tuple[Store, Node, Node], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    store, mid, _ = filled
+    assert main(["get", str(store.root), mid.serialize(), "nope"]) == 2
+    assert "has no artifact 'nope' (it has: activations)" in capsys.readouterr().err
+    assert main(["show", str(store.root), "not-a-node"]) == 2
+    assert "project.group.run~nonce~seq" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    assert main(["runs", str(empty)]) == 2
+    assert f"{empty} is not a theseus-store root" in capsys.readouterr().err
+    assert not empty.exists()  # the command line never creates a store
+
+
+def test_fsck_reports_and_repairs(
+    filled: tuple[Store, Node, Node], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, _, _ = filled
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = store.blobs.temp_path(gone.pid)  # a temporary file whose writer has exited
+    orphan.write_bytes(b"partial")
+    live = store.blobs.temp_path(os.getpid())  # one whose writer is alive: left alone
+    live.write_bytes(b"being written")
+    assert main(["fsck", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert f"orphan temporary file (interrupted write, safe to remove): {orphan}" in out
+    assert f"in progress (a live writer's temporary file): {live}" in out
+    assert out.splitlines()[-1] == "clean" and orphan.exists()
+    assert main(["fsck", str(store.root), "--repair"]) == 0
+    assert f"removed: {orphan}" in capsys.readouterr().out
+    assert not orphan.exists() and live.exists()
+    blob = next(path for _, path in store.blobs.stored())
+    os.chmod(blob, 0o644)
+    blob.write_bytes(b"tampered")
+    assert main(["fsck", str(store.root)]) == 1
+    out = capsys.readouterr().out
+    assert f"PROBLEM The blob file {blob} is corrupt" in out and "NOT CLEAN: 1 problem(s)" in out
+
+
+def test_console_script_in_a_subprocess(filled: tuple[Store, Node, Node]) -> None:
+    store, mid, _ = filled
+    script = Path(sys.executable).with_name("theseus-store")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "theseus.store.cli"]
+    done = subprocess.run(
+        [*command, "get", str(store.root), mid.serialize(), "activations"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"%PDF v2 \x00\xff"
