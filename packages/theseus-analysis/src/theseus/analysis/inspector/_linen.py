@@ -1,0 +1,100 @@
+"""Recording Flax linen modules by method interception.
+
+Linen modules are not pytrees: their parameters live in ``variables`` and their
+submodules are created while ``apply`` runs. ``flax.linen.intercept_methods``
+sees every module method call with the bound module, whose ``path`` names it
+(``("blocks_0", "attn")``); the interceptor reports ``__call__`` of every module
+below the root to a :class:`~._tap.Tap`, under ``blocks_0.attn.__call__``. The
+interception happens while tracing, so it works when ``apply`` is called inside
+``jax.jit``, ``jax.grad``, ``jax.vmap`` or through ``nn.scan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+from jax.tree_util import GetAttrKey
+
+from ._paths import PATH_SEP, ModulePath
+from ._tap import Tap
+
+__all__ = ["LinenTail", "is_linen_module"]
+
+
+def is_linen_module(model: Any) -> bool:
+    """Whether ``model`` is a Flax linen module (bound or not)."""
+    return isinstance(model, nn.Module)
+
+
+def _module_path(module: nn.Module) -> ModulePath:
+    return ModulePath(tuple(GetAttrKey(name) for name in module.path))
+
+
+class LinenTail:
+    """A linen module whose ``apply`` records its submodules' calls.
+
+    Args:
+        module: the root module.
+        tap: where the calls are reported.
+        filter_: ``filter_(path, module) -> bool``; default: every submodule.
+        is_leaf: ``is_leaf(path, module) -> bool``; a module for which it holds
+            is not recorded, nor is anything below it.
+
+    Everything but ``apply`` falls through to the module (``init``, attributes).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        tap: Tap,
+        filter_: Callable[[ModulePath, Any], bool] | None = None,
+        is_leaf: Callable[[ModulePath, Any], bool] | None = None,
+    ) -> None:
+        self.module = module
+        self.tap = tap
+        self.filter_ = filter_
+        self.is_leaf = is_leaf
+        self.seen: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        """Attributes of the module (``init``, ``tabulate``, fields)."""
+        if name.startswith("__") or name == "module":
+            raise AttributeError(name)
+        return getattr(self.module, name)
+
+    def _inside_leaf(self, module: nn.Module) -> bool:
+        assert self.is_leaf is not None
+        parent: Any = module
+        while isinstance(parent, nn.Module) and parent.path:
+            if self.is_leaf(_module_path(parent), parent):
+                return True
+            parent = parent.parent
+        return False
+
+    def intercept(
+        self,
+        next_fun: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        context: Any,
+    ) -> Any:
+        """The interceptor handed to ``flax.linen.intercept_methods``."""
+        module = context.module
+        if context.method_name != "__call__" or not module.path:
+            return next_fun(*args, **kwargs)
+        path = _module_path(module)
+        key = path + PATH_SEP + context.method_name
+        if key not in self.seen:
+            self.seen.append(key)
+        if self.filter_ is not None and not self.filter_(path, module):
+            return next_fun(*args, **kwargs)
+        if self.is_leaf is not None and self._inside_leaf(module):
+            return next_fun(*args, **kwargs)
+        return self.tap.call(key, next_fun, args, kwargs, signature_of=context.orig_method)
+
+    def apply(self, variables: Any, *args: Any, **kwargs: Any) -> Any:
+        """``module.apply(variables, *args, **kwargs)``, recording the calls inside."""
+        with nn.intercept_methods(self.intercept):
+            return self.module.apply(variables, *args, **kwargs)

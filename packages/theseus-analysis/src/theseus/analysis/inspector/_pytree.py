@@ -1,0 +1,154 @@
+"""Recording JAX pytree models (registered dataclasses, Equinox, Flax NNX) by wrapping.
+
+Every callable node of the model's pytree is replaced by a wrapper that calls it
+and reports the call to a :class:`~._tap.Tap`; the wrapper is itself a pytree
+(the wrapped node is its only child), so the wrapped model goes through ``jit``,
+``grad``, ``vmap`` and ``scan`` like the original. Bare function leaves (an
+activation in a ``Sequential``) are wrapped by a leaf-less node that keeps the
+function as static data. Attribute access falls through to the wrapped node.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import register_dataclass
+
+from ._paths import PATH_SEP, ModulePath
+from ._tap import Tap
+
+__all__ = ["default_filter", "default_is_leaf", "unwrap", "wrap_model"]
+
+
+def _key(path: ModulePath, method: str) -> str:
+    return (path + PATH_SEP if path else "") + method
+
+
+@partial(register_dataclass, data_fields=["_model"], meta_fields=["path", "tap"])
+@dataclass(frozen=True)
+class _NodeWrapper:
+    """A callable pytree node, recorded under ``path.__call__``."""
+
+    _model: Any
+    path: ModulePath
+    tap: Tap
+
+    def __getattr__(self, name: str) -> Any:
+        """Attributes of the wrapped node (``self.attn.num_heads`` keeps working)."""
+        if name.startswith("__") or name in ("_model", "path", "tap"):
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapped node and record the call."""
+        return self.tap.call(_key(self.path, "__call__"), self._model, args, kwargs)
+
+
+@partial(register_dataclass, data_fields=[], meta_fields=["function", "path", "tap"])
+@dataclass(frozen=True)
+class _FunctionWrapper:
+    """A bare function leaf, kept static, recorded under ``path.__call__``."""
+
+    function: Callable[..., Any]
+    path: ModulePath
+    tap: Tap
+
+    def __getattr__(self, name: str) -> Any:
+        """Attributes of the wrapped function."""
+        if name.startswith("__") or name in ("function", "path", "tap"):
+            raise AttributeError(name)
+        return getattr(self.function, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the function and record the call."""
+        return self.tap.call(_key(self.path, "__call__"), self.function, args, kwargs)
+
+
+def default_filter(path: ModulePath, node: Any) -> bool:
+    """Record every callable node (classes, e.g. a dtype leaf, excepted)."""
+    return callable(node) and not isinstance(node, type)
+
+
+def default_is_leaf(path: ModulePath, node: Any) -> bool:
+    """Do not descend into arrays, nor into Flax NNX variables (parameters)."""
+    if isinstance(node, (jax.Array, np.ndarray)):
+        return True
+    if "flax.nnx" in sys.modules:
+        from flax import nnx
+
+        return isinstance(node, nnx.Variable)
+    return False
+
+
+def _is_pytree_leaf(node: Any) -> bool:
+    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(node)) and node is not None
+
+
+def wrap_model(
+    model: Any,
+    tap: Tap,
+    filter_: Callable[[ModulePath, Any], bool] | None = None,
+    is_leaf: Callable[[ModulePath, Any], bool] | None = None,
+) -> tuple[Any, list[str]]:
+    """Wrap the callable nodes of ``model`` below its root.
+
+    Args:
+        model: a pytree whose callable nodes are modules.
+        tap: where the wrappers report.
+        filter_: ``filter_(path, node) -> bool``, which nodes to record
+            (default: every callable node).
+        is_leaf: ``is_leaf(path, node) -> bool``, where to stop descending
+            (default: at arrays).
+
+    Returns:
+        The wrapped model (the root itself is not wrapped, as in the documented
+        tool) and the paths of every callable node seen, for messages.
+    """
+    keep = filter_ or default_filter
+    stop = is_leaf or default_is_leaf
+    seen: list[str] = []
+
+    def visit(node: Any, path: ModulePath) -> Any:
+        if isinstance(node, _NodeWrapper):
+            return replace(node, _model=visit(node._model, path))
+        if isinstance(node, _FunctionWrapper):
+            return _FunctionWrapper(node, path, tap) if keep(path, node) else node
+        if stop(path, node):
+            return node
+        if _is_pytree_leaf(node):
+            if callable(node) and not isinstance(node, type):
+                seen.append(_key(path, "__call__"))
+                if keep(path, node):
+                    return _FunctionWrapper(node, path, tap)
+            return node
+        children, treedef = jax.tree_util.tree_flatten_with_path(
+            node, is_leaf=lambda child: child is not node
+        )
+        node = jax.tree_util.tree_unflatten(
+            treedef, [visit(child, path.child(keys[0])) for keys, child in children]
+        )
+        if path and callable(node):
+            seen.append(_key(path, "__call__"))
+        if path and keep(path, node):
+            return _NodeWrapper(node, path, tap)
+        return node
+
+    return visit(model, ModulePath(())), seen
+
+
+def unwrap(model: Any) -> Any:
+    """Remove every wrapper from ``model`` (the inverse of :func:`wrap_model`)."""
+    if isinstance(model, _NodeWrapper):
+        return unwrap(model._model)
+    if isinstance(model, _FunctionWrapper):
+        return unwrap(model.function)
+    if _is_pytree_leaf(model) or model is None:
+        return model
+    children, treedef = jax.tree_util.tree_flatten(model, is_leaf=lambda c: c is not model)
+    return jax.tree_util.tree_unflatten(treedef, [unwrap(c) for c in children])
