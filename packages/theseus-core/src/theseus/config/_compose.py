@@ -7,7 +7,7 @@ import typing
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from theseus.config._errors import ConfigError, ConfigTypeError, ConflictError
+from theseus.config._errors import ConfigError, ConfigTypeError, ConflictError, class_name
 from theseus.config._field import HELP_KEY, PATH_KEY
 from theseus.config._types import check_supported, coerce, describe
 
@@ -86,7 +86,7 @@ def walk(cls: type, prefix: str = "") -> Iterator[Leaf | tuple[str, dataclasses.
         hints = typing.get_type_hints(cls)
     except Exception as exc:  # a forward reference that does not resolve
         raise ConfigTypeError(
-            f"Cannot resolve the annotations of {cls.__qualname__}: {exc}. Import every "
+            f"Cannot resolve the annotations of {class_name(cls)}: {exc}. Import every "
             "type its fields name in its module."
         ) from exc
     for f in dataclasses.fields(cls):
@@ -101,13 +101,13 @@ def walk(cls: type, prefix: str = "") -> Iterator[Leaf | tuple[str, dataclasses.
             continue
         if own is None:
             raise ConfigError(
-                f"Field {cls.__qualname__}.{f.name} has no configuration path. Declare it "
+                f"Field {class_name(cls)}.{f.name} has no configuration path. Declare it "
                 f"with theseus.config.field('section/{f.name}', default=...)."
             )
         reason = check_supported(tp)
         if reason:
             raise ConfigTypeError(
-                f"Field {cls.__qualname__}.{f.name} at {prefix + own!r} has type "
+                f"Field {class_name(cls)}.{f.name} at {prefix + own!r} has type "
                 f"{describe(tp)}: {reason}. Use bool, int, float, str, Literal, list, "
                 "tuple, dict[str, ...] or an optional of these."
             )
@@ -166,8 +166,8 @@ def _merge(entries: dict[str, Entry], leaf: Leaf, is_own: bool) -> None:
     if entry.type != leaf.type:
         raise ConflictError(
             f"Path {leaf.path!r} is declared as {describe(entry.type)} by "
-            f"{entry.declarers[0].__qualname__} and as {describe(leaf.type)} by "
-            f"{declarer.__qualname__}. A path is one setting: give both fields the same "
+            f"{class_name(entry.declarers[0])} and as {describe(leaf.type)} by "
+            f"{class_name(declarer)}. A path is one setting: give both fields the same "
             "type, or move one of them to another path."
         )
     if not entry.help and leaf.field.metadata.get(HELP_KEY):
@@ -185,7 +185,7 @@ def _merge(entries: dict[str, Entry], leaf: Leaf, is_own: bool) -> None:
     assert entry.default_from is not None
     raise ConflictError(
         f"Path {leaf.path!r} has default {entry.default!r} in "
-        f"{entry.default_from.__qualname__} and {default!r} in {declarer.__qualname__}. "
+        f"{class_name(entry.default_from)} and {default!r} in {class_name(declarer)}. "
         "Set the default once in the job's CONFIG (its default wins over the "
         "components'), or make the components agree."
     )
@@ -199,7 +199,7 @@ def _check_sections(entries: dict[str, Entry]) -> None:
             if prefix in entries:
                 a, b = entries[prefix], entries[path]
                 raise ConflictError(
-                    f"Path {prefix!r} is a setting in {a.declarers[0].__qualname__} and a "
-                    f"section (it contains {path!r}) in {b.declarers[0].__qualname__}. "
+                    f"Path {prefix!r} is a setting in {class_name(a.declarers[0])} and a "
+                    f"section (it contains {path!r}) in {class_name(b.declarers[0])}. "
                     "Rename one of them."
                 )

@@ -52,3 +52,8 @@ def suggest(key: str, known: Iterable[str], n: int = 3) -> str:
     if not close:
         return ""
     return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+def class_name(cls: type) -> str:
+    """A class's readable name for messages (its qualified name, without ``<locals>``)."""
+    return cls.__qualname__.rsplit("<locals>.", 1)[-1]

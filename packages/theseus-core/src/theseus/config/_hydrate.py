@@ -9,7 +9,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-from theseus.config._errors import ConfigError, UnknownKeyError
+from theseus.config._errors import ConfigError, UnknownKeyError, class_name
 from theseus.config._field import PATH_KEY
 from theseus.config._tree import Tree
 
@@ -97,14 +97,14 @@ def _build(cls: type[T], tree: Tree, prefix: str) -> T:
             continue
         if own is None:
             raise ConfigError(
-                f"Field {cls.__qualname__}.{f.name} has no configuration path. Declare it "
+                f"Field {class_name(cls)}.{f.name} has no configuration path. Declare it "
                 f"with theseus.config.field('section/{f.name}', default=...)."
             )
         path = prefix + own
         if path not in tree:
             raise UnknownKeyError(
-                f"{cls.__qualname__}.{f.name} reads {path!r}, which the active configuration "
-                f"does not declare. Compose {cls.__qualname__} into the job (list it in the "
+                f"{class_name(cls)}.{f.name} reads {path!r}, which the active configuration "
+                f"does not declare. Compose {class_name(cls)} into the job (list it in the "
                 "job's config()) before hydrating it."
             )
         kwargs[f.name] = tree.value(path)

@@ -7,7 +7,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from theseus.config._compose import MISSING, Entry, compose
-from theseus.config._errors import ConfigError, MissingValueError, UnknownKeyError, suggest
+from theseus.config._errors import (
+    ConfigError,
+    MissingValueError,
+    UnknownKeyError,
+    class_name,
+    suggest,
+)
 from theseus.config._field import normalize_path
 from theseus.config._types import coerce, describe
 
@@ -187,7 +193,7 @@ class Tree:
             path = normalize_path(str(key))
             if path in self._entries:
                 flat[path] = value
-            elif isinstance(value, Mapping) and self._is_section(path):
+            elif isinstance(value, Mapping) and value and (self._is_section(path) or not strict):
                 nested = self._flatten(
                     {f"{path}/{k}": v for k, v in value.items()}, strict, skipped
                 )
@@ -311,7 +317,7 @@ class Section:
 def _missing_message(entries: Iterable[Entry]) -> str:
     entries = list(entries)
     lines = ", ".join(
-        f"{e.path} ({describe(e.type)}, declared by {e.declarers[0].__qualname__})" for e in entries
+        f"{e.path} ({describe(e.type)}, declared by {class_name(e.declarers[0])})" for e in entries
     )
     example = entries[0].path
     return (

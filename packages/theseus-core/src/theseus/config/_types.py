@@ -51,9 +51,15 @@ def check_supported(tp: Any) -> str | None:
 
 def _parse(value: str) -> Any:
     try:
-        return yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
     except yaml.YAMLError:
         return value
+    if isinstance(parsed, str):  # YAML 1.1 reads "1e-3" as a string; Python does not
+        try:
+            return float(parsed)
+        except ValueError:
+            return parsed
+    return parsed
 
 
 def _fail(path: str, tp: Any, value: Any, hint: str = "") -> ConfigTypeError:
@@ -149,7 +155,7 @@ def _coerce_exact(value: Any, tp: Any, path: str, convert: bool = False) -> Any:
         if len(args) != len(value):
             raise _fail(path, tp, value, f" It needs exactly {len(args)} items.")
         return tuple(
-            coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(args, value, strict=True))
+            coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
         )
     if origin is dict or tp is dict:
         if not isinstance(value, dict):

@@ -51,22 +51,29 @@ def dump(tree: Tree, file: str | Path | None = None) -> str:
     lines: list[str] = []
     if tree.job is not None:
         lines.append(f"job: {_scalar(tree.job)}")
-    opened: list[str] = []
-    for path, entry in tree.entries.items():
+    nested: dict[str, Any] = {}  # sections in order of first appearance
+    for path in tree.entries:
         *parents, leaf = path.split("/")
-        common = 0
-        while common < min(len(opened), len(parents)) and opened[common] == parents[common]:
-            common += 1
-        opened = opened[:common]
-        for part in parents[common:]:
-            lines.append("  " * len(opened) + f"{part}:")
-            opened.append(part)
-        value = tree.flat()[path]
-        unset = entry.required and tree._lookup(path) is MISSING
-        comment = f"{'REQUIRED ' if unset else ''}{describe(entry.type)}"
-        if entry.help:
-            comment += f": {entry.help}"
-        lines.append("  " * len(opened) + f"{leaf}: {_scalar(value)}  # {comment}")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = path
+    flat, entries = tree.flat(), tree.entries
+
+    def emit(node: dict[str, Any], depth: int) -> None:
+        for key, child in node.items():
+            if isinstance(child, dict):
+                lines.append("  " * depth + f"{key}:")
+                emit(child, depth + 1)
+                continue
+            entry = entries[child]
+            unset = entry.required and tree.get(child, MISSING) is MISSING
+            comment = f"{'REQUIRED ' if unset else ''}{describe(entry.type)}"
+            if entry.help:
+                comment += f": {entry.help}"
+            lines.append("  " * depth + f"{key}: {_scalar(flat[child])}  # {comment}")
+
+    emit(nested, 0)
     text = "\n".join(lines) + "\n"
     if file is not None:
         Path(file).write_text(text)

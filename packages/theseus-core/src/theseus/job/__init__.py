@@ -2,7 +2,7 @@
 
 from theseus.job._basic import BasicJob, JobError, Mode
 from theseus.job._hosts import is_primary, process_count, process_index, sync_hosts
-from theseus.job._spec import JobSpec
+from theseus.job._spec import JobSpec, store_root
 
 __all__ = [
     "BasicJob",
@@ -12,5 +12,6 @@ __all__ = [
     "is_primary",
     "process_count",
     "process_index",
+    "store_root",
     "sync_hosts",
 ]

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 
 from theseus.config import Tree, configure, dump, using
 from theseus.job._hosts import is_primary, sync_hosts
-from theseus.job._spec import JobSpec
+from theseus.job._spec import JobSpec, store_root
 from theseus.registry import job_key
 from theseus.store import Node, Store
 
@@ -45,7 +45,7 @@ class BasicJob(abc.ABC):
         base: a node to branch from or resume (``setup(resume=...)`` decides).
         config: the composed configuration; ``None`` composes the defaults
             (and, with ``base``, loads the configuration saved in its lineage).
-        store: the store to use; ``None`` opens ``Store(spec.root)`` when first needed.
+        store: the store to use; ``None`` opens ``Store(ROOT/store)`` when first needed.
 
     Raises:
         MissingValueError: a required setting has no value.
@@ -117,9 +117,9 @@ class BasicJob(abc.ABC):
     # ------------------------------------------------------------------ access
     @property
     def store(self) -> Store:
-        """The store under ``spec.root`` (opened on first use)."""
+        """The store at ``ROOT/store`` (opened on first use)."""
         if self._store is None:
-            self._store = Store(self.spec.root)
+            self._store = Store(store_root(self.spec.root))
         return self._store
 
     @property

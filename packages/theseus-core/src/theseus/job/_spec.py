@@ -8,6 +8,18 @@ from pathlib import Path
 
 from theseus.store import Node
 
+STORE_DIR = "store"
+
+
+def store_root(root: str | os.PathLike[str]) -> Path:
+    """The folder of the theseus-store under a Theseus root: ``ROOT/store``.
+
+    A root holds everything of its runs: ``store/`` (the lineage database),
+    ``data/`` (prepared datasets), ``results/`` (files written by jobs) and
+    ``checkpoints/``.
+    """
+    return Path(root) / STORE_DIR
+
 
 @dataclasses.dataclass(frozen=True)
 class JobSpec:

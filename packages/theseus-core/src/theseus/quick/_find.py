@@ -50,8 +50,8 @@ class Finder:
         if not nodes:
             raise QuickError(
                 f"{verb}() selected no node: {self.describe()} matched nothing in the store "
-                f"at {str(self._session.root)!r}. Check the run name and filters (list runs "
-                f"with `theseus-store runs {self._session.root}`)."
+                f"at {str(self._session.store.root)!r}. Check the run name and filters (list "
+                f"runs with `theseus-store runs {self._session.store.root}`)."
             )
         if len(nodes) > 1:
             raise QuickError(

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from theseus.config import Tree, load
-from theseus.job import BasicJob, JobSpec
+from theseus.job import BasicJob, JobSpec, store_root
 from theseus.quick._find import Finder, QuickError
 from theseus.registry import resolve_job
 from theseus.store import Node, Store
@@ -21,12 +21,12 @@ class Quick:
     ``q.close()``. The order of :meth:`build` and :meth:`find` does not matter.
 
     Args:
-        root: the root folder (created if absent).
+        root: the root folder (created if absent); its store is ``ROOT/store``.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self.store = Store(self.root)
+        self.store = Store(store_root(self.root))
         self._job: type[BasicJob] | None = None
         self._spec: JobSpec | None = None
         self._tree: Tree | None = None
