@@ -72,6 +72,10 @@ def _report(ctx: click.Context, exc: BaseException) -> None:
     ctx.exit(1)
 
 
+class PluginError(RuntimeError):
+    """A plug-in verb from the ``theseus.cli`` entry-point group that cannot be used."""
+
+
 class TheseusGroup(click.Group):
     """A click group that prints errors as a paragraph and loads plug-in verbs lazily."""
 
@@ -81,26 +85,48 @@ class TheseusGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self._plugins()))
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        command = super().get_command(ctx, cmd_name)
-        if command is not None:
-            return command
-        ep = self._plugins().get(cmd_name)
+    def _load(self, name: str) -> click.Command | None:
+        ep = self._plugins().get(name)
         if ep is None:
             return None
         try:
             loaded = ep.load()
         except Exception as exc:
-            _report(ctx, type(exc)(f"Could not load the '{cmd_name}' command ({ep.value}): {exc}"))
+            raise PluginError(
+                f"Could not load the '{name}' command ({ep.value}, entry-point group "
+                f"{ENTRY_POINT_GROUP!r}): {type(exc).__name__}: {exc}. Reinstall the package "
+                "that provides it."
+            ) from exc
         if not isinstance(loaded, click.Command):
-            _report(
-                ctx,
-                TypeError(
-                    f"Entry point {cmd_name} = {ep.value} in group {ENTRY_POINT_GROUP!r} must be "
-                    f"a click command or group; got {type(loaded).__name__}."
-                ),
+            raise PluginError(
+                f"Entry point {name} = {ep.value} in group {ENTRY_POINT_GROUP!r} must be "
+                f"a click command or group; got {type(loaded).__name__}."
             )
         return loaded
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        try:
+            return self._load(cmd_name)
+        except PluginError as exc:
+            _report(ctx, exc)
+            return None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            try:
+                command = super().get_command(ctx, name) or self._load(name)
+            except PluginError as exc:
+                rows.append((name, f"(cannot load: {exc})"))
+                continue
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(formatter.width - 6 - len(name))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -1,0 +1,338 @@
+"""The theseus command line: jobs, configure, run (fresh/resume/branch), data prepare, plug-ins."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from theseus.cli import main
+from theseus.config import load
+from theseus.registry import DATASETS, dataset
+from theseus.store import Node, Store
+
+JOBS_FILE = str(Path(__file__).with_name("core_jobs.py"))
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=True)
+
+
+def ok(*args: str) -> Result:
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def fail(*args: str) -> str:
+    """Run a command that must fail; return its one-paragraph error."""
+    result = invoke(*args)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error (") and lines[0].endswith(
+        "(Run with --debug for the traceback.)"
+    )
+    return lines[0]
+
+
+def configured(tmp_path: Path, *overrides: str) -> Path:
+    out = tmp_path / "counter.yaml"
+    ok("configure", "tests/counter", str(out), "--import", JOBS_FILE, *overrides)
+    return out
+
+
+def store_of(root: Path) -> Store:
+    return Store(root / "store")
+
+
+def test_jobs_lists_registered_jobs_with_their_summary() -> None:
+    result = ok("--import", JOBS_FILE, "jobs", "tests/")
+    lines = result.output.splitlines()
+    assert lines == [
+        "tests/counter  Doubles a value every tick and checkpoints it.",
+        "tests/inspect  Reads the counter's value at its node and stores it as an artifact.",
+    ]
+    assert ok("jobs", "tests/c", "--import", JOBS_FILE).output.splitlines() == lines[:1]
+    assert "No jobs registered starting with 'zzz'" in ok("jobs", "zzz").output
+
+
+def test_configure_writes_the_full_configuration(tmp_path: Path) -> None:
+    out = configured(tmp_path, "counter.steps=4", "counter/start=0.5")
+    text = out.read_text()
+    assert text.splitlines()[0] == "job: tests/counter"
+    assert load(out) == {
+        "job": "tests/counter",
+        "counter": {"steps": 4, "start": 0.5, "fail_at": -1},
+    }
+    assert "# int: ticks to run" in text
+
+
+def test_configure_notes_required_values(tmp_path: Path) -> None:
+    (tmp_path / "needs.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from theseus.config import field\n"
+        "from theseus.job import BasicJob\n"
+        "from theseus.registry import job\n"
+        "@dataclass\n"
+        "class C:\n"
+        "    seed: int = field('data/seed')\n"
+        "@job('tests/cli/needs')\n"
+        "class Needs(BasicJob):\n"
+        "    CONFIG = C\n"
+        "    def run(self):\n"
+        "        return self.args.seed\n"
+    )
+    out = tmp_path / "needs.yaml"
+    result = ok("configure", "tests/cli/needs", str(out), "--import", str(tmp_path / "needs.py"))
+    assert "Fill in before running (required, no default): data/seed." in result.output
+    assert "seed: null  # REQUIRED int" in out.read_text()
+    message = fail(
+        "run", "r", str(out), str(tmp_path / "root"), "--import", str(tmp_path / "needs.py")
+    )
+    assert (
+        "MissingValueError" in message and "data/seed" in message and "data.seed=VALUE" in message
+    )
+    result = ok(
+        "run",
+        "r",
+        str(out),
+        str(tmp_path / "root"),
+        "data.seed=7",
+        "--import",
+        str(tmp_path / "needs.py"),
+    )
+    assert "fresh run finished" in result.output
+
+
+def test_run_fresh_resume_and_branch(tmp_path: Path) -> None:
+    config = configured(tmp_path, "counter.steps=2")
+    root = tmp_path / "root"
+    fresh = ok(
+        "run",
+        "train",
+        str(config),
+        str(root),
+        "--import",
+        JOBS_FILE,
+        "--project",
+        "p",
+        "--group",
+        "g",
+    )
+    store = store_of(root)
+    end = store.query().spec(project="p", group="g", run="train").latest().first()
+    assert end is not None and end.seq == 2
+    assert f"tests/counter: fresh run finished at node {end}." in fresh.output
+    assert store.values(end) == {"counter/value": 4.0, "job/status": "finished"}
+
+    resumed = ok(
+        "run", "train", str(config), str(root), "--resume", str(end), "--import", JOBS_FILE
+    )
+    assert "resume run finished" in resumed.output
+    last = store.query().nonce(end.nonce).latest().first()
+    assert last is not None and last.seq == 4
+    assert store.values(last)["counter/value"] == 16.0
+
+    branched = ok(
+        "run",
+        "side",
+        str(config),
+        str(root),
+        "counter.steps=1",
+        "--branch",
+        str(end),
+        "--import",
+        JOBS_FILE,
+    )
+    assert "branch run finished" in branched.output
+    side = store.query().spec(run="side").latest().first()
+    assert side is not None and side.seq == 1 and side.nonce != end.nonce
+    first = store.query().spec(run="side").seq(0).first()
+    assert first is not None and store.parents(first) == [end]
+    assert store.values(side)["counter/value"] == 8.0
+    saved = yaml.safe_load(store.job_config(side) or "")
+    assert saved["counter"]["steps"] == 1
+    store.close()
+
+
+def test_run_notes_file_values_that_the_saved_configuration_overrides(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    ok(
+        "run",
+        "train",
+        str(configured(tmp_path, "counter.steps=1")),
+        str(root),
+        "--import",
+        JOBS_FILE,
+    )
+    end = store_of(root).query().latest().first()
+    assert end is not None
+    other = configured(tmp_path, "counter.steps=1", "counter.start=5")
+    result = ok("run", "train", str(other), str(root), "--resume", str(end), "--import", JOBS_FILE)
+    assert (
+        "differ from the configuration saved" in result.stderr and "counter/start" in result.stderr
+    )
+    last = store_of(root).query().latest().first()
+    assert (
+        last is not None and store_of(root).values(last)["counter/value"] == 4.0
+    )  # start stayed 1.0
+
+
+def test_run_errors_are_one_paragraph(tmp_path: Path) -> None:
+    config = configured(tmp_path)
+    root = str(tmp_path / "root")
+    message = fail("run", "r", str(config), root, "counter.stepz=2", "--import", JOBS_FILE)
+    assert "UnknownKeyError" in message and "Did you mean 'counter/steps'" in message
+    message = fail("run", "r", str(config), root, "counter.steps=two", "--import", JOBS_FILE)
+    assert "'counter/steps' must be int; got 'two'" in message
+    message = fail("run", "r", str(config), root, "counter.steps", "--import", JOBS_FILE)
+    assert "key=value" in message
+    unnamed = tmp_path / "unnamed.yaml"
+    unnamed.write_text("counter: {steps: 1}\n")
+    message = fail("run", "r", str(unnamed), root, "--import", JOBS_FILE)
+    assert "top-level `job: NAME`" in message and "theseus configure JOB" in message
+    message = fail(
+        "run", "r", str(config), root, "--resume", "general.default.r~abc~0", "--import", JOBS_FILE
+    )
+    assert "selected no node" in message
+    message = fail("run", "r", str(config), root, "--resume", "not-a-node", "--import", JOBS_FILE)
+    assert "InvalidNodeError" in message
+    message = fail("configure", "tests/countr", str(tmp_path / "x.yaml"), "--import", JOBS_FILE)
+    assert "Did you mean 'tests/counter'" in message
+    message = fail("--import", str(tmp_path / "absent.py"), "jobs")
+    assert "ImportFailedError" in message and "no such file" in message
+    result = invoke("run", "r", str(config), root, "--resume", "a", "--branch", "b")
+    assert result.exit_code == 2 and "at most one of --resume" in result.output
+
+
+def test_debug_shows_the_exception(tmp_path: Path) -> None:
+    config = configured(tmp_path)
+    result = invoke(
+        "--debug", "run", "r", str(config), str(tmp_path), "counter.x=1", "--import", JOBS_FILE
+    )
+    assert result.exit_code == 1
+    assert type(result.exception).__name__ == "UnknownKeyError"
+    assert "Run with --debug" not in result.output
+
+
+@pytest.fixture
+def tiny_dataset() -> Iterator[list[tuple[Path, dict[str, object]]]]:
+    calls: list[tuple[Path, dict[str, object]]] = []
+
+    @dataset("tests-cli-tiny")
+    class Tiny:
+        @classmethod
+        def prepare(cls, root: Path, **options: object) -> None:
+            calls.append((root, options))
+
+    yield calls
+    DATASETS.unregister("tests-cli-tiny")
+
+
+def test_data_prepare_passes_options(
+    tmp_path: Path, tiny_dataset: list[tuple[Path, dict[str, object]]]
+) -> None:
+    result = ok(
+        "data",
+        "prepare",
+        "tests-cli-tiny",
+        "--root",
+        str(tmp_path),
+        "--source",
+        "dir",
+        "--force",
+        "--n=3",
+    )
+    assert tiny_dataset == [(tmp_path, {"source": "dir", "force": True, "n": "3"})]
+    assert "Prepared tests-cli-tiny" in result.output
+
+
+def test_data_prepare_unknown_dataset_lists_known_ones(
+    tiny_dataset: object, tmp_path: Path
+) -> None:
+    message = fail("data", "prepare", "tests-cli-tiyn", "--root", str(tmp_path))
+    assert "No dataset is registered as 'tests-cli-tiyn'" in message
+    assert "Did you mean 'tests-cli-tiny'" in message
+    assert "tests-cli-tiny" in message.split("Registered:")[1]
+    message = fail("data", "prepare", "tests-cli-tiny", "--root", str(tmp_path), "stray")
+    assert "--name VALUE" in message
+
+
+def test_plugin_commands_load_from_entry_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "theseus_plugin_demo.py").write_text(
+        "import click\n"
+        "@click.command()\n"
+        "@click.argument('who')\n"
+        "def hello(who):\n"
+        "    '''Say hello.'''\n"
+        "    click.echo(f'hello {who}')\n"
+        "not_a_command = 3\n"
+    )
+    info = tmp_path / "theseus_plugin_demo-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: theseus-plugin-demo\nVersion: 0.1\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[theseus.cli]\nhello = theseus_plugin_demo:hello\nbroken = theseus_plugin_demo:not_a_command\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    listing = ok("--help").output
+    assert "hello" in listing and "Say hello." in listing
+    assert "broken" in listing and "(cannot load:" in listing
+    assert ok("hello", "world").output == "hello world\n"
+    message = fail("broken")
+    assert "must be a click command or group; got int" in message
+    monkeypatch.delitem(sys.modules, "theseus_plugin_demo", raising=False)
+
+
+def test_a_real_subprocess_runs_the_console_script(tmp_path: Path) -> None:
+    config = configured(tmp_path, "counter.steps=1")
+    exe = Path(sys.executable).with_name("theseus")
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    done = subprocess.run(
+        [str(exe), "run", "sub", str(config), str(tmp_path / "root"), "--import", JOBS_FILE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    end = Node.deserialize(done.stdout.strip().rsplit(" ", 1)[-1].rstrip("."))
+    assert store_of(tmp_path / "root").values(end) == {
+        "counter/value": 2.0,
+        "job/status": "finished",
+    }
+    crashed = subprocess.run(
+        [
+            str(exe),
+            "--debug",
+            "run",
+            "sub",
+            str(config),
+            str(tmp_path / "root"),
+            "counter.fail_at=0",
+            "--import",
+            JOBS_FILE,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert crashed.returncode == 1
+    assert "Traceback" in crashed.stderr and "planned failure at step 0" in crashed.stderr
+    failed = store_of(tmp_path / "root").query().where("job/status", "=", "failed").all()
+    assert len(failed) == 1 and failed[0].seq == 0
