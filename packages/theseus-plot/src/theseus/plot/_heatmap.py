@@ -8,6 +8,7 @@ unless ``cmap`` says otherwise.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,28 +81,34 @@ def heatmap(
     check_matrix(data, "heatmap")
     with theme():
         target = target_axes(ax, figsize, "heatmap")
-        sns.heatmap(
-            data,
-            vmin=vmin,
-            vmax=vmax,
-            cmap=cmap,
-            center=center,
-            robust=robust,
-            annot=to_host(annot),
-            fmt=fmt,
-            annot_kws=annot_kws,
-            linewidths=linewidths,
-            linecolor=linecolor,
-            cbar=cbar,
-            cbar_kws=cbar_kws,
-            cbar_ax=cbar_ax,
-            square=square,
-            xticklabels=xticklabels,
-            yticklabels=yticklabels,
-            mask=to_host(mask),
-            ax=target,
-            **kwargs,
-        )
+        with warnings.catch_warnings():
+            # seaborn 0.13 calls Colormap.set_bad when center= is given; matplotlib
+            # >= 3.11 flags that as pending deprecation. The caller cannot act on it.
+            warnings.filterwarnings(
+                "ignore", message="The set_bad function", category=PendingDeprecationWarning
+            )
+            sns.heatmap(
+                data,
+                vmin=vmin,
+                vmax=vmax,
+                cmap=cmap,
+                center=center,
+                robust=robust,
+                annot=to_host(annot),
+                fmt=fmt,
+                annot_kws=annot_kws,
+                linewidths=linewidths,
+                linecolor=linecolor,
+                cbar=cbar,
+                cbar_kws=cbar_kws,
+                cbar_ax=cbar_ax,
+                square=square,
+                xticklabels=xticklabels,
+                yticklabels=yticklabels,
+                mask=to_host(mask),
+                ax=target,
+                **kwargs,
+            )
         target.grid(False)
         # seaborn stands row labels on end; read them level (declutter thins them).
         for label in target.get_yticklabels():

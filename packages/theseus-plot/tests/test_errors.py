@@ -1,0 +1,113 @@
+"""Bad input gets a package error that says what was expected, what arrived and what to do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+import theseus.plot as tp
+
+
+def test_error_types_subclass_builtins():
+    assert issubclass(tp.PlotValueError, ValueError) and issubclass(tp.PlotValueError, tp.PlotError)
+    assert issubclass(tp.PlotTypeError, TypeError) and issubclass(tp.PlotTypeError, tp.PlotError)
+
+
+@pytest.mark.parametrize(
+    ("data", "pattern"),
+    [
+        (
+            np.zeros((2, 3, 4)),
+            r"2-D array \[rows, columns\], got 3-D data of shape \(2, 3, 4\); index it",
+        ),
+        (np.zeros(5), r"got 1-D data of shape \(5,\); reshape it"),
+        (np.float64(1.0), r"got 0-D data"),
+        (np.zeros((0, 4)), r"empty array of shape \(0, 4\)"),
+        (np.full((3, 3), np.nan), r"shape \(3, 3\) whose values are all NaN"),
+        (pd.DataFrame(np.full((2, 2), np.nan)), r"all NaN"),
+        (None, r"got None"),
+    ],
+    ids=["3d", "1d", "0d", "empty", "nan", "nan-frame", "none"],
+)
+def test_heatmap_rejects(data, pattern):
+    with pytest.raises(tp.PlotValueError, match=pattern):
+        tp.heatmap(data)
+
+
+def test_heatmap_rejects_text():
+    with pytest.raises(tp.PlotTypeError, match="needs numbers for data"):
+        tp.heatmap([["a", "b"], ["c", "d"]])
+
+
+def test_heatmap_with_some_nan_is_fine():
+    values = np.array([[np.nan, 1.0], [2.0, 3.0]])
+    mesh = tp.heatmap(values).axes[0].collections[0]
+    assert np.ma.getmaskarray(mesh.get_array()).reshape(2, 2)[0, 0]
+
+
+@pytest.mark.parametrize("helper", [tp.line, tp.scatter, tp.bar])
+def test_mismatched_lengths(helper):
+    with pytest.raises(tp.PlotValueError, match=r"x has 3, y has 4\. Align them"):
+        helper(x=[0, 1, 2], y=[1.0, 2.0, 3.0, 4.0])
+
+
+def test_mismatched_hue_length():
+    with pytest.raises(tp.PlotValueError, match=r"x has 2, y has 2, hue has 3"):
+        tp.scatter(x=[0, 1], y=[1.0, 2.0], hue=["a", "b", "c"])
+
+
+def test_mismatched_columns_of_a_dict():
+    with pytest.raises(tp.PlotValueError, match=r"x has 2, y has 3"):
+        tp.line({"step": [0, 1], "loss": [1.0, 2.0, 3.0]}, x="step", y="loss")
+
+
+@pytest.mark.parametrize("helper", [tp.line, tp.scatter, tp.bar])
+def test_empty_vectors(helper):
+    with pytest.raises(tp.PlotValueError, match=r"empty x \(length 0\)"):
+        helper(x=[], y=[])
+
+
+@pytest.mark.parametrize("helper", [tp.line, tp.scatter, tp.bar])
+def test_empty_data(helper):
+    with pytest.raises(tp.PlotValueError, match="empty data"):
+        helper(np.zeros((0, 3)))
+
+
+def test_empty_dataframe_with_keys():
+    with pytest.raises(tp.PlotValueError, match="empty data"):
+        tp.line(pd.DataFrame({"step": [], "loss": []}), x="step", y="loss")
+
+
+@pytest.mark.parametrize("helper", [tp.line, tp.scatter, tp.bar])
+def test_nan_only_y(helper):
+    with pytest.raises(tp.PlotValueError, match=r"y whose 3 values are all NaN"):
+        helper(x=[0, 1, 2], y=[np.nan, np.nan, np.nan])
+
+
+def test_nan_only_wide_data():
+    with pytest.raises(tp.PlotValueError, match=r"data whose 4 values are all NaN"):
+        tp.line(np.full((2, 2), np.nan))
+
+
+def test_nothing_to_plot():
+    with pytest.raises(tp.PlotValueError, match="nothing to plot"):
+        tp.scatter()
+
+
+def test_ax_and_figsize_conflict():
+    ax = Figure().add_subplot()
+    with pytest.raises(tp.PlotValueError, match="both ax= and figsize="):
+        tp.line(x=[0, 1], y=[0.0, 1.0], ax=ax, figsize=(3, 2))
+
+
+@pytest.mark.parametrize("figsize", [(3,), (0, 2), ("3", 2), (True, 2)])
+def test_bad_figsize(figsize):
+    with pytest.raises(tp.PlotValueError, match=r"figsize=\(width, height\)"):
+        tp.line(x=[0, 1], y=[0.0, 1.0], figsize=figsize)
+
+
+def test_ax_that_is_not_an_axes():
+    with pytest.raises(tp.PlotTypeError, match="ax= to be a matplotlib Axes or None, got Figure"):
+        tp.scatter(x=[0, 1], y=[0.0, 1.0], ax=Figure())

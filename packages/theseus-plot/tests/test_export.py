@@ -1,0 +1,107 @@
+"""Exports: identical bytes for identical figures, TrueType fonts, no warnings, suffix dispatch."""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+import theseus.plot as tp
+
+
+def _figure() -> Figure:
+    values = np.linspace(-1.0, 1.0, 24).reshape(4, 6)
+    return tp.heatmap(
+        values, title="Attention \N{MINUS SIGN} logits", xlabel="Feature", ylabel="Token"
+    )
+
+
+def test_to_pdf_twice_gives_the_same_bytes():
+    fig = _figure()
+    first = tp.to_pdf(fig)
+    assert first.startswith(b"%PDF-")
+    assert tp.to_pdf(fig) == first
+
+
+def test_two_identically_built_figures_give_the_same_bytes():
+    assert tp.to_pdf(_figure()) == tp.to_pdf(_figure())
+    assert tp.to_png(_figure()) == tp.to_png(_figure())
+
+
+def test_pdf_has_no_timestamp():
+    pdf = tp.to_pdf(_figure())
+    assert b"/CreationDate" not in pdf and b"/ModDate" not in pdf
+
+
+def test_pdf_fonts_are_embedded_truetype():
+    pdf = tp.to_pdf(_figure())
+    assert b"/FontFile2" in pdf  # embedded TrueType program (Type 42)
+    assert b"/Subtype /Type3" not in pdf
+    assert b"/Subtype /Type1" not in pdf
+    names = set(re.findall(rb"/BaseFont /(?:[A-Z]{6}\+)?([\w-]+)", pdf))
+    assert names and all(name.startswith(b"STIX") for name in names), names
+
+
+def test_png_is_a_200_dpi_png():
+    png = tp.to_png(Figure(figsize=(2, 1)))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (400, 200)
+
+
+def test_saving_emits_no_warnings_or_font_logs(caplog: pytest.LogCaptureFixture):
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG - 9):
+        warnings.simplefilter("always")
+        fig = _figure()
+        tp.to_pdf(fig)
+        tp.to_png(fig)
+    assert caught == []
+    noisy = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING or "findfont: Font family" in r.getMessage()
+    ]
+    assert noisy == []
+
+
+@pytest.mark.parametrize(
+    ("suffix", "magic"), [(".pdf", b"%PDF-"), (".png", b"\x89PNG"), (".SVG", b"<?xml")]
+)
+def test_save_picks_format_from_suffix(tmp_path: Path, suffix: str, magic: bytes):
+    fig = _figure()
+    path = tp.save(fig, tmp_path / f"figure{suffix}")
+    assert path == tmp_path / f"figure{suffix}"
+    assert path.read_bytes().startswith(magic)
+    assert tp.save(_figure(), tmp_path / f"again{suffix}").read_bytes() == path.read_bytes()
+
+
+def test_save_pdf_matches_to_pdf(tmp_path: Path):
+    fig = _figure()
+    assert tp.save(fig, tmp_path / "f.pdf").read_bytes() == tp.to_pdf(fig)
+
+
+@pytest.mark.parametrize("name", ["figure.jpeg", "figure", "figure.pdf.bak"])
+def test_save_unknown_suffix(tmp_path: Path, name: str):
+    with pytest.raises(
+        tp.PlotValueError, match=r"from its suffix .*use one of \.pdf, \.png, \.svg"
+    ):
+        tp.save(_figure(), tmp_path / name)
+    assert not (tmp_path / name).exists()
+
+
+def test_export_rejects_non_figures():
+    with pytest.raises(tp.PlotTypeError, match=r"expected a matplotlib\.figure\.Figure"):
+        tp.to_pdf(Figure().add_subplot())  # an Axes, a common slip
+
+
+def test_export_does_not_restyle_a_plain_figure():
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [0, 1])
+    assert tp.to_png(fig) == tp.to_png(fig)
+    # Saving under the export settings must not have themed the figure's Axes.
+    assert fig.axes[0].spines["top"].get_visible()
