@@ -1,0 +1,1 @@
+"""Experiments per model family."""

@@ -1,0 +1,524 @@
+"""`BaseTrainer`: declare a model, data, optimizer and schedule; train, validate, checkpoint.
+
+A trainer is a job (`BasicJob`) whose declarations (`MODEL`, `CONFIG`, `DATASET`,
+`OPTIMIZER`, `SCHEDULE`, `EVALUATION`, `ANALYSIS`) contribute their settings to one
+composed configuration. Its overridable pieces are `batch`, `forward`, `train_step`,
+`val_step` and `trace`; everything else is the fixed lifecycle:
+
+    each step: batch -> train_step -> report (every `logging/report_interval`)
+               -> validation, evaluations, tandem analyses (every `logging/validation_interval`)
+               -> checkpoint (every `logging/checkpoint_interval`, and at the end) -> tick
+
+"Every N steps" means after steps N, 2N, ... The node at seq `n` holds the metrics and
+checkpoint of the update that consumed its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax.training.train_state import TrainState
+
+from theseus.config import field
+from theseus.data.batches import Batch, MixturePlan
+from theseus.data.datasets import Synthetic
+from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
+from theseus.model.models import GPT
+from theseus.training import checkpoints as ckpt
+from theseus.training.evaluation import Evaluation, TandemAnalysis, TandemView
+from theseus.training.flywheel.strategy import DatasetDeclaration, plan
+from theseus.training.optimizers import AdamW, Optimizer
+from theseus.training.reporting import Reporter
+from theseus.training.schedules import Schedule, constant
+from theseus.training.sharding import ParameterShardingContext
+
+__all__ = ["BaseTrainer", "BaseTrainerConfig", "TrainerError"]
+
+
+class TrainerError(ValueError):
+    """A trainer configuration or setup that cannot work, with the fix in the message."""
+
+
+@dataclass
+class BaseTrainerConfig:
+    """Settings every trainer reads (extend it with your own `field(...)`s)."""
+
+    batch_size: int = field("training/batch_size", default=16, help="global batch, in sequences")
+    per_device_batch_size: int = field(
+        "training/per_device_batch_size",
+        default=0,
+        help="sequences per device per micro-step; gradient accumulation fills the rest (0: no accumulation)",
+    )
+    tokens: int = field("training/tokens", default=1_048_576, help="total training tokens")
+    analyze: bool = field("training/analyze", default=True, help="run ANALYSIS in tandem")
+    validation_steps: int = field("training/validation_steps", default=4, help="validation batches")
+    seed: int = field("training/seed", default=0, help="parameter init and dropout seed")
+    shard: int = field("training/shard", default=1, help="devices each parameter is split over")
+    lr: float = field("optimization/lr", default=1e-3, help="peak learning rate")
+    report_interval: int = field("logging/report_interval", default=10, help="steps per report")
+    checkpoint_interval: int = field(
+        "logging/checkpoint_interval", default=1000, help="steps per checkpoint (and the last step)"
+    )
+    validation_interval: int = field(
+        "logging/validation_interval", default=100, help="steps per validation"
+    )
+    data_seed: int = field("data/seed", default=0, help="seed of the batch plan")
+
+
+class BaseTrainer(BasicJob):
+    """Trains `MODEL` on `DATASET` with `OPTIMIZER` and `SCHEDULE` (see the module docstring).
+
+    Attributes (after setup):
+        state: a `flax.training.train_state.TrainState` (params, opt_state, step).
+        sharding: the `ParameterShardingContext` (mesh and logical-axis rules).
+        node, spec, store, args: from `BasicJob`.
+    """
+
+    CONFIG: ClassVar[type | None] = BaseTrainerConfig
+    MODEL: ClassVar[Any] = GPT
+    DATASET: ClassVar[DatasetDeclaration] = Synthetic
+    OPTIMIZER: ClassVar[Optimizer[Any]] = AdamW
+    SCHEDULE: ClassVar[Schedule[Any] | None] = None
+    EVALUATION: ClassVar[list[type[Evaluation]]] = []
+    ANALYSIS: ClassVar[list[Any]] = []
+
+    # ---------------------------------------------------------------- configuration
+    @classmethod
+    def config(cls) -> list[type]:
+        """`CONFIG`, the model's schemas, then optimizer, schedule, evaluations and analyses."""
+        classes: list[type] = [*super().config(), *cls.MODEL.gather(), cls.OPTIMIZER.config]
+        if cls.SCHEDULE is not None:
+            classes.append(cls.SCHEDULE.config)
+        classes += [e.CONFIG for e in cls.EVALUATION if e.CONFIG is not None]
+        classes += [a.CONFIG for a in cls.ANALYSIS if getattr(a, "CONFIG", None) is not None]
+        return list(dict.fromkeys(classes))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        with self.activated():
+            self.model = self.MODEL.build()
+        self.state: Any = None
+        self._sharding: ParameterShardingContext | None = None
+        self._plan: MixturePlan | None = None
+        self._cursor_offset = 0
+        self._consumed = False
+        self._batches: dict[tuple[Any, ...], Batch] = {}
+        self._val_index = 0
+        self._compiled: dict[str, Any] = {}
+        self._keeper: ckpt.CheckpointKeeper | None = None
+        self._views: list[TandemView] = []
+
+    # ------------------------------------------------------------------- geometry
+    @property
+    def sharding(self) -> ParameterShardingContext:
+        """The mesh and logical-axis rules (created on first use)."""
+        if self._sharding is None:
+            self._sharding = ParameterShardingContext.create(self.args.shard)
+        return self._sharding
+
+    @property
+    def block_size(self) -> int:
+        """Sequence length of a batch row (`architecture/block_size`)."""
+        return int(self.configuration["architecture/block_size"])
+
+    @property
+    def total_steps(self) -> int:
+        """`training/tokens / (batch_size * block_size)` optimizer steps."""
+        return max(1, self.args.tokens // (self.args.batch_size * self.block_size))
+
+    @property
+    def accumulate_steps(self) -> int:
+        """Micro-steps per optimizer step (gradient accumulation)."""
+        per_device = self.args.per_device_batch_size
+        parallel = self.sharding.data_parallel
+        if self.args.batch_size % parallel:
+            raise TrainerError(
+                f"training/batch_size = {self.args.batch_size} must be divisible by the "
+                f"{parallel} data-parallel devices; use a multiple of {parallel}"
+            )
+        if per_device <= 0:
+            return 1
+        micro = per_device * parallel
+        if self.args.batch_size % micro:
+            raise TrainerError(
+                f"training/batch_size = {self.args.batch_size} is not divisible by "
+                f"training/per_device_batch_size ({per_device}) x {parallel} devices = {micro}; "
+                f"choose a batch size that is a multiple of {micro}"
+            )
+        return self.args.batch_size // micro
+
+    def batch_geometry(self) -> dict[str, int]:
+        """Arguments of `MixturePlan.batch` for this process: rows, block size, host split."""
+        return {
+            "rows": self.args.batch_size,
+            "block_size": self.block_size,
+            "host": process_index(),
+            "n_hosts": process_count(),
+        }
+
+    @property
+    def cursor(self) -> int:
+        """Position of the live node's batch in the data plan (survives resume and branch)."""
+        return self.node.seq + self._cursor_offset
+
+    # ------------------------------------------------------------ override points
+    def batch(self, slice: str = "train") -> Batch:
+        """Host arrays `x`, `y`, `padding_mask` `[rows_on_this_host, block_size]` for the live node.
+
+        Cached per node: calling it again at the same node returns the same batch;
+        ticking advances the cursor. During validation, `batch("val")` returns the
+        current validation batch.
+        """
+        key = (self.node, slice, self._val_index if slice == "val" else 0)
+        if key not in self._batches:
+            if self._plan is None:
+                raise TrainerError(
+                    f"{type(self).__name__} declares DATASET = [] (custom batching) and must "
+                    "override batch(slice)"
+                )
+            step = self.cursor if slice == "train" else self._val_index
+            self._batches = {k: v for k, v in self._batches.items() if k[0] == self.node}
+            self._batches[key] = self._plan.batch(step, slice, **self.batch_geometry())  # type: ignore[arg-type]
+        return self._batches[key]
+
+    @staticmethod
+    def forward(
+        state: Any,
+        params: Any,
+        batch: dict[str, Any],
+        key: jax.Array | None = None,
+        deterministic: bool = False,
+        intermediates: bool = False,
+    ) -> tuple[jax.Array, jax.Array, dict[str, Any]]:
+        """Run the model on a batch: `(logits [B, T, V], loss, metadata)`.
+
+        Dropout is active when `deterministic` is false and a `key` is given.
+        With `intermediates`, values sown under `intermediates` are in the metadata.
+        """
+        rngs = {"dropout": key} if key is not None and not deterministic else {}
+        mutable = ["intermediates"] if intermediates else False
+        out = state.apply_fn(
+            {"params": params},
+            batch["x"],
+            batch["y"],
+            batch["padding_mask"],
+            deterministic=deterministic or key is None,
+            rngs=rngs,
+            mutable=mutable,
+        )
+        (logits, loss), extra = out if intermediates else (out, {})
+        meta = {"intermediates": extra["intermediates"]} if intermediates else {}
+        return logits, loss, meta
+
+    @classmethod
+    def train_step(
+        cls,
+        state: Any,
+        batch: dict[str, Any],
+        key: jax.Array,
+        accumulate_steps: int,
+        *,
+        sharding: ParameterShardingContext,
+    ) -> tuple[Any, jax.Array, dict[str, Any], jax.Array]:
+        """One optimizer update over `accumulate_steps` micro-batches: `(state, loss, meta, grad_norm)`."""
+
+        def loss_fn(params: Any, micro: dict[str, Any], micro_key: jax.Array) -> Any:
+            _, loss, meta = cls.forward(state, params, micro, key=micro_key)
+            return loss, meta
+
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        with sharding.rules():
+            if accumulate_steps == 1:
+                (loss, meta), grads = grad_fn(state.params, batch, key)
+            else:
+                micro = jax.tree_util.tree_map(
+                    lambda a: a.reshape(
+                        a.shape[0] // accumulate_steps, accumulate_steps, *a.shape[1:]
+                    ).swapaxes(0, 1),
+                    batch,
+                )
+
+                def body(carry: Any, inputs: Any) -> Any:
+                    grads_sum, loss_sum = carry
+                    piece, index = inputs
+                    (loss, meta), grads = grad_fn(
+                        state.params, piece, jax.random.fold_in(key, index)
+                    )
+                    grads_sum = jax.tree_util.tree_map(jnp.add, grads_sum, grads)
+                    return (grads_sum, loss_sum + loss), meta
+
+                zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+                (grads, loss), metas = jax.lax.scan(
+                    body, (zeros, jnp.zeros((), jnp.float32)), (micro, jnp.arange(accumulate_steps))
+                )
+                grads = jax.tree_util.tree_map(lambda g: g / accumulate_steps, grads)
+                loss = loss / accumulate_steps
+                meta = jax.tree_util.tree_map(lambda m: m.mean(0), metas)
+            grad_norm = optax.global_norm(grads)
+            state = state.apply_gradients(grads=grads)
+        return state, loss, meta, grad_norm
+
+    @classmethod
+    def val_step(
+        cls, state: Any, batch: dict[str, Any], *, sharding: ParameterShardingContext
+    ) -> tuple[jax.Array, jax.Array, dict[str, Any]]:
+        """Loss summed over counted targets, how many were counted, and metadata."""
+        with sharding.rules():
+            _, loss, meta = cls.forward(state, state.params, batch, deterministic=True)
+        count = jnp.sum((batch["y"] >= 0) & batch["padding_mask"].astype(bool))
+        return loss * count, count, meta
+
+    @classmethod
+    def trace(
+        cls,
+        state: Any,
+        batch: dict[str, Any],
+        key: jax.Array,
+        *,
+        sharding: ParameterShardingContext,
+    ) -> Any:
+        """The pure model call used by debugging and analysis (default: `forward`)."""
+        with jax.sharding.use_abstract_mesh(sharding.mesh.abstract_mesh), sharding.rules():
+            return cls.forward(state, state.params, batch, key=key)
+
+    # -------------------------------------------------------------------- setup
+    def _abstract_state(self) -> tuple[Any, Any]:
+        """`(abstract_state, shardings)`: shapes of the train state and where each part lives."""
+        tx = self._optimizer()
+        example = jnp.zeros((1, self.block_size), jnp.int32)
+
+        def init(key: jax.Array) -> TrainState:
+            with self.sharding.rules():
+                variables = self.model.init(key, example)
+            return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=tx)
+
+        boxed = jax.eval_shape(init, jax.random.key(0))
+        shardings = self.sharding.shardings_of(boxed)
+        abstract = jax.tree_util.tree_map(
+            lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+            nn.unbox(boxed),
+            shardings,
+        )
+        self._tx = tx
+        self._init = lambda key: nn.unbox(init(key))
+        return abstract, shardings
+
+    def _optimizer(self) -> optax.GradientTransformation:
+        with self.activated():
+            settings = self.configure(self.OPTIMIZER.config)
+            if self.SCHEDULE is None:
+                lr: Any = constant(self.args.lr)
+            else:
+                lr = self.SCHEDULE.build(
+                    self.configure(self.SCHEDULE.config), self.args.lr, self.total_steps
+                )
+        self._lr = lr
+        return self.OPTIMIZER.build(settings, lr)
+
+    def _check_vocabulary(self) -> None:
+        if self._plan is None:
+            return
+        vocab = int(self.configuration["architecture/vocab_size"])
+        for source in self._plan.sources:
+            needed = source.tokenizer.vocab_size
+            if vocab < needed:
+                raise TrainerError(
+                    f"architecture/vocab_size = {vocab} is smaller than the {source.tokenizer.name} "
+                    f"tokenizer's {needed} ids used by dataset {source.name!r}; set "
+                    f"architecture/vocab_size={needed} or larger"
+                )
+
+    def on_setup(self, mode: Mode) -> None:
+        """Open the data, then initialize (fresh) or restore (resume, branch) the state."""
+        self._plan = plan(self.DATASET, self.spec.root, self.args.data_seed)
+        self._check_vocabulary()
+        self.accumulate_steps  # validate the batch geometry before any work  # noqa: B018
+        abstract, shardings = self._abstract_state()
+        self._state_shardings = shardings
+        if mode is Mode.FRESH:
+            init = jax.jit(self._init, out_shardings=nn.unbox(shardings))
+            self.state = init(jax.random.key(self.args.seed))
+            self._cursor_offset, self._consumed = 0, False
+            return
+        assert self.base is not None
+        saved = self.store.checkpoints(self.base)
+        if not saved:
+            raise TrainerError(
+                f"node {self.base} has no checkpoint to {mode.value} from; select one that does, "
+                "e.g. q.find().spec(run=...).checkpoint().latest()"
+            )
+        surgery = getattr(self, "surgery", None)
+        restored, meta = ckpt.restore(saved[-1].path, _only_arrays(abstract), surgery)
+        self.state = TrainState(
+            step=restored["step"],
+            apply_fn=self.model.apply,
+            params=restored["params"],
+            tx=self._tx,
+            opt_state=restored["opt_state"],
+        )
+        cursor = int(meta["cursor"])
+        if mode is Mode.RESUME:
+            self._cursor_offset, self._consumed = cursor - self.node.seq, True
+        else:
+            self._cursor_offset, self._consumed = cursor + 1, False
+
+    # --------------------------------------------------------------------- loop
+    def step_key(self) -> jax.Array:
+        """The RNG key of the live node's update: a pure function of seed and cursor."""
+        return jax.random.fold_in(jax.random.key(self.args.seed), self.cursor)
+
+    def _compiled_train(self) -> Any:
+        if "train" not in self._compiled:
+            accumulate, sharding, cls = self.accumulate_steps, self.sharding, type(self)
+            out = (nn.unbox(self._state_shardings), None, None, None)
+            self._compiled["train"] = jax.jit(
+                lambda state, batch, key: cls.train_step(
+                    state, batch, key, accumulate, sharding=sharding
+                ),
+                out_shardings=out,
+                donate_argnums=0,
+            )
+        return self._compiled["train"]
+
+    def _compiled_val(self) -> Any:
+        if "val" not in self._compiled:
+            sharding, cls = self.sharding, type(self)
+            self._compiled["val"] = jax.jit(
+                lambda state, batch: cls.val_step(state, batch, sharding=sharding)
+            )
+        return self._compiled["val"]
+
+    def evaluate_batch(self, rows: Batch) -> tuple[float, int]:
+        """`(loss_sum, count)` of `val_step` on host rows (used by evaluations)."""
+        loss_sum, count, _ = self._compiled_val()(self.state, self.sharding.place_batch(rows))
+        return float(loss_sum), int(count)
+
+    def validate(self) -> dict[str, float]:
+        """Validation loss (and `val_step` metadata) over `training/validation_steps` batches."""
+        total, count, metas = 0.0, 0, []
+        for index in range(self.args.validation_steps):
+            self._val_index = index
+            try:
+                placed = self.sharding.place_batch(self.batch("val"))
+            finally:
+                self._val_index = 0
+            loss_sum, n, meta = self._compiled_val()(self.state, placed)
+            total, count = total + float(loss_sum), count + int(n)
+            metas.append(meta)
+        values = {"val/loss": total / max(count, 1)}
+        for key in _scalar_keys(metas[0] if metas else {}):
+            values[f"val/{key}"] = float(np.mean([float(m[key]) for m in metas]))
+        return values
+
+    def run(self) -> Any:
+        """Train until `training/tokens` are consumed; returns the final state."""
+        total, step = self.total_steps, int(self.state.step)
+        tokens_per_step = self.args.batch_size * self.block_size
+        reporter = Reporter(total, step, tokens_per_step, self.node.name)
+        train = self._compiled_train()
+        try:
+            while step < total:
+                if self._consumed:
+                    self.tick()
+                placed = self.sharding.place_batch(self.batch("train"))
+                self.state, loss, meta, grad_norm = train(self.state, placed, self.step_key())
+                self._consumed = True
+                step += 1
+                self._after_step(step, total, loss, meta, grad_norm, reporter)
+        finally:
+            reporter.close()
+        return self.state
+
+    def _after_step(
+        self,
+        step: int,
+        total: int,
+        loss: Any,
+        meta: dict[str, Any],
+        grad_norm: Any,
+        reporter: Reporter,
+    ) -> None:
+        cfg = self.args
+        if step % cfg.report_interval == 0 or step == total:
+            loss_value = float(loss)
+            rate = reporter.throughput(step)
+            values = {
+                "train/loss": loss_value,
+                "train/step": step,
+                "train/tokens": step * cfg.batch_size * self.block_size,
+                "train/lr": float(self._lr(step - 1)),
+                "train/grad_norm": float(grad_norm),
+                "train/tokens_per_second": rate,
+            }
+            values.update({f"train/{k}": float(meta[k]) for k in _scalar_keys(meta)})
+            self.log(values)
+            reporter.report(step, loss_value, rate)
+        else:
+            reporter.advance(step)
+        if step % cfg.validation_interval == 0 or step == total:
+            self.log(self.validate())
+            self._evaluate()
+            self._analyze()
+        if step % cfg.checkpoint_interval == 0 or step == total:
+            self.save_checkpoint()
+        if self._keeper is not None:
+            self._keeper.poll()
+
+    def _evaluate(self) -> None:
+        for evaluation in self.EVALUATION:
+            result = evaluation().evaluate(self)
+            if isinstance(result, dict):
+                self.log({f"eval/{evaluation.NAME}/{k}": float(v) for k, v in result.items()})
+            else:
+                self.log({f"eval/{evaluation.NAME}": float(result)})
+
+    def _analyze(self) -> None:
+        if not self.args.analyze or not self.ANALYSIS:
+            return
+        if not self._views:
+            for analysis in self.ANALYSIS:
+                if not isinstance(analysis, TandemAnalysis):
+                    raise TrainerError(
+                        f"ANALYSIS entry {analysis!r} is not an analysis class (it needs NAME "
+                        "and from_trainer()); subclass theseus.analysis.AnalysisBase"
+                    )
+                self._views.append(analysis.from_trainer(self))
+        for view in self._views:
+            view.run()
+
+    def save_checkpoint(self) -> None:
+        """Start an asynchronous checkpoint of the live node (registered once committed)."""
+        if self._keeper is None:
+            directory = ckpt.checkpoint_dir(self.spec.root, self.node)
+            self._keeper = ckpt.CheckpointKeeper(directory, self.store if is_primary() else None)
+        step = int(self.state.step)
+        meta = {
+            "cursor": self.cursor,
+            "step": step,
+            "seed": self.args.seed,
+            "node": self.node.serialize(),
+        }
+        self._keeper.save(step, self.node, _only_arrays(self.state), meta)
+
+    def on_finish(self) -> None:
+        """Wait for checkpoints to commit and register them."""
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
+
+
+def _only_arrays(state: Any) -> dict[str, Any]:
+    """The parts of a train state that a checkpoint holds."""
+    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+
+
+def _scalar_keys(meta: dict[str, Any]) -> list[str]:
+    return [
+        k for k, v in meta.items() if getattr(v, "ndim", None) == 0 or isinstance(v, int | float)
+    ]
