@@ -73,7 +73,8 @@ def as_numpy(value: Any) -> tuple[str, np.ndarray]:
             f"cannot store an array of dtype {name!r} in safetensors; expected one of "
             f"{sorted(_CODES)}. Cast it first (e.g. with the `transform` option of tail)."
         )
-    array = np.ascontiguousarray(array)
+    if not array.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d arrays 1-d)
+        array = array.copy(order="C")
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return _CODES[name], array
