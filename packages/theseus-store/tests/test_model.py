@@ -145,3 +145,20 @@ def test_job_bookkeeping_follows_lineage_and_branch(store: Store) -> None:
     assert store.job_of(Node.new("never")) is None
     with pytest.raises(ValueTypeError):
         store.record_job(a0, "", "x")
+
+
+def test_batch_commits_together_or_not_at_all(store: Store) -> None:
+    node = Node.new("run")
+    with store.batch():
+        store.log(node, {"a": 1})
+        store.put(node, "x", "x.txt", b"x")
+        with store.batch():  # nested: joins the outer transaction
+            store.log(node.next(), {"a": 2})
+        assert store.values(node) == {"a": 1}  # the batch reads its own writes
+    assert store.query().count() == 2
+    with pytest.raises(ZeroDivisionError), store.batch():
+        store.log(node, {"a": 99})
+        store.log(Node.new("lost"), {"b": 1})
+        _ = 1 / 0
+    assert store.values(node) == {"a": 1}  # rolled back as a whole
+    assert store.query().spec(run="lost").count() == 0

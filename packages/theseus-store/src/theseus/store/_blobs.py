@@ -58,8 +58,14 @@ class BlobFolder:
         self._host = socket.gethostname().replace("-", "_") or "host"
 
     def create(self) -> None:
-        """Create the folders (idempotent) and flush their entries."""
+        """Create the folders (idempotent) and flush their entries.
+
+        All 256 fan-out folders are made up front, so that a write never pays
+        for a ``mkdir`` and an extra directory fsync.
+        """
         self.tmp.mkdir(parents=True, exist_ok=True)
+        for prefix in range(256):
+            (self.dir / f"{prefix:02x}").mkdir(exist_ok=True)
         fsync_dir(self.dir)
         fsync_dir(self.dir.parent)
 
@@ -71,12 +77,15 @@ class BlobFolder:
         """Return a fresh temporary file name for a writer process ``pid`` on this host."""
         return self.tmp / f"{self._host}-{pid}-{secrets.token_hex(6)}.tmp"
 
-    def write(self, content: bytes, digest: str) -> bool:
+    def write(self, content: bytes, digest: str, defer: set[Path] | None = None) -> bool:
         """Store ``content`` under ``digest`` durably; return False if it was already there.
 
         Args:
             content: the bytes.
             digest: their SHA-256 in hex (the caller computed it).
+            defer: if given, the renamed file's directory is added to this set instead
+                of being fsynced now; the caller must fsync those directories before it
+                commits a row that names the blob (a batch does so once per directory).
 
         Returns:
             True if a new blob file was written.
@@ -102,7 +111,10 @@ class BlobFolder:
                 final.parent.mkdir(exist_ok=True)
                 fsync_dir(self.dir)
             os.replace(temp, final)
-            fsync_dir(final.parent)
+            if defer is None:
+                fsync_dir(final.parent)
+            else:
+                defer.add(final.parent)
         except PermissionError as err:
             raise StorePermissionError(
                 f"Cannot write the blob file {err.filename or temp}: {err.strerror}. "
