@@ -28,6 +28,15 @@ def test_to_pdf_twice_gives_the_same_bytes():
     assert tp.to_pdf(fig) == first
 
 
+def test_bytes_do_not_depend_on_what_was_rendered_before():
+    fig = _figure()
+    first = tp.to_pdf(fig)
+    tp.to_png(fig)  # a raster draw at another resolution in between
+    fig.draw_without_rendering()
+    assert tp.to_pdf(fig) == first
+    assert tp.to_pdf(_figure()) == first
+
+
 def test_two_identically_built_figures_give_the_same_bytes():
     assert tp.to_pdf(_figure()) == tp.to_pdf(_figure())
     assert tp.to_png(_figure()) == tp.to_png(_figure())

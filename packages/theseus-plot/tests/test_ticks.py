@@ -85,6 +85,8 @@ def test_hundreds_of_categories_are_thinned():
     fig = tp.bar(x=names, y=np.ones(300), errorbar=None)
     labels = _assert_no_overlap(fig, fig.axes[0].xaxis)
     assert 1 < len(labels) < 300
+    marks = [t for t in fig.axes[0].xaxis.get_major_ticks() if t.tick1line.get_visible()]
+    assert [t.label1 for t in marks] == labels  # a hidden label takes its tick mark with it
 
 
 def test_many_categories_on_the_y_axis_are_thinned():

@@ -37,8 +37,14 @@ def _render(fig: Figure, fmt: str) -> bytes:
             f"expected a matplotlib.figure.Figure (what heatmap/bar/line/scatter return), "
             f"got {type(fig).__name__}. For seaborn Axes pass ax.figure."
         )
-    buffer = io.BytesIO()
     with mpl.rc_context(EXPORT_RC):
+        # Constrained layout starts from the positions of the previous draw, and text
+        # extents differ slightly between backends and resolutions, so with
+        # matplotlib < 3.11 a figure's first PDF differs from its later ones by a few
+        # thousandths of a point. A discarded draw in the same format first makes the
+        # bytes independent of what was drawn before.
+        fig.savefig(io.BytesIO(), format=fmt, metadata=_METADATA[fmt])
+        buffer = io.BytesIO()
         fig.savefig(buffer, format=fmt, metadata=_METADATA[fmt])
     return buffer.getvalue()
 

@@ -3,11 +3,12 @@
 After a helper has drawn, :func:`declutter` lays the figure out and measures
 the tick labels in display space. A numeric axis whose labels collide gets
 fewer ticks (its locator's ``nbins`` shrinks). A categorical axis (fixed tick
-positions: bars, heatmap cells) keeps every tick mark. Numeric labels there (a
+positions: bars, heatmap cells) keeps its tick positions. Numeric labels there (a
 heatmap's row and column indices) stay level and only every k-th is shown, the
 smallest k that separates them; names on the x axis are turned 45 degrees, or
 90 degrees (thinned if even that is too tight), because dropping a name loses
-information. Names on the y axis can only be thinned.
+information. Names on the y axis can only be thinned. A tick whose label is
+hidden loses its mark too, so a thinned axis does not become a comb.
 """
 
 from __future__ import annotations
@@ -107,8 +108,10 @@ def _spread_categorical(fig: Figure, axis: Axis, along_x: bool) -> None:
             label.set_horizontalalignment("right")
             label.set_verticalalignment("center")
     if step > 1:
+        marks = {id(tick.label1): tick.tick1line for tick in axis.get_major_ticks()}
         for index, label in enumerate(labels):
             label.set_visible(index % step == 0)
+            marks[id(label)].set_visible(index % step == 0)  # no mark without a label
     fig.draw_without_rendering()
 
 
