@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theseus.config import field
-from theseus.job import BasicJob, Mode
+from theseus.job import BasicJob, Mode, is_primary
 from theseus.registry import analysis, job
 
 
@@ -43,10 +43,11 @@ class Counter(BasicJob):
             self.tick()
             self.value *= 2.0
             self.log({"counter/value": self.value})
-            folder = self.spec.result(f"ckpt-{self.node.nonce}-{self.node.seq}")
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "value.json").write_text(json.dumps(self.value))
-            self.store.checkpoint(self.node, str(folder))
+            if is_primary():  # only host zero writes
+                folder = self.spec.result(f"ckpt-{self.node.nonce}-{self.node.seq}")
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "value.json").write_text(json.dumps(self.value))
+                self.store.checkpoint(self.node, str(folder))
         return self.value
 
 

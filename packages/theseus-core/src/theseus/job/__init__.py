@@ -1,7 +1,7 @@
 """Jobs: ``BasicJob`` (the lifecycle), ``JobSpec`` (identity and root), host helpers."""
 
 from theseus.job._basic import BasicJob, JobError, Mode
-from theseus.job._hosts import is_primary, process_count, process_index, sync_hosts
+from theseus.job._hosts import agree_on_nonce, is_primary, process_count, process_index, sync_hosts
 from theseus.job._spec import JobSpec, store_root
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "JobError",
     "JobSpec",
     "Mode",
+    "agree_on_nonce",
     "is_primary",
     "process_count",
     "process_index",

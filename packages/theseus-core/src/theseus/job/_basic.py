@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
 from theseus.config import Tree, configure, dump, using
-from theseus.job._hosts import is_primary, sync_hosts
+from theseus.job._hosts import agree_on_nonce, is_primary, sync_hosts
 from theseus.job._spec import JobSpec, store_root
 from theseus.registry import job_key
 from theseus.store import Node, Store
@@ -205,7 +205,8 @@ class BasicJob(abc.ABC):
                     self.store.record_job(node, key, text)
                 self._record_on_tick = saved is not None and saved != text
             return node
-        node = Node.new(spec.name, project=spec.project, group=spec.group, parent=self.base)
+        drawn = Node.new(spec.name, project=spec.project, group=spec.group, parent=self.base)
+        node = Node(drawn.name, agree_on_nonce(drawn.nonce), 0, parent=self.base)
         if is_primary():
             self.store.touch(node)
             self.store.record_job(node, key, text)

@@ -38,3 +38,27 @@ def sync_hosts(tag: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(tag)
+
+
+_NONCE_BYTES = 64
+
+
+def agree_on_nonce(nonce: str) -> str:
+    """Return host zero's ``nonce`` on every host (``Node.new`` draws a random one per host).
+
+    Args:
+        nonce: this host's candidate (lowercase letters and digits, at most 64 characters).
+
+    Returns:
+        Host zero's nonce; ``nonce`` itself on one host.
+    """
+    if process_count() == 1:
+        return nonce
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    raw = np.zeros(_NONCE_BYTES, dtype=np.uint8)
+    encoded = nonce.encode("ascii")[:_NONCE_BYTES]
+    raw[: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
+    agreed = np.asarray(multihost_utils.broadcast_one_to_all(raw))
+    return bytes(agreed.astype(np.uint8)).rstrip(b"\0").decode("ascii")

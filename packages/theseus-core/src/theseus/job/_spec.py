@@ -35,9 +35,11 @@ class JobSpec:
         theseus.store.InvalidNodeError: a name part is not letters, digits, ``_`` or ``-``.
 
     Example:
-        >>> spec = JobSpec("inspect", root="/tmp/theseus-doc")
-        >>> spec.result("activation.pdf").as_posix()
-        '/tmp/theseus-doc/results/general/default/inspect/activation.pdf'
+        >>> import tempfile
+        >>> root = tempfile.mkdtemp()
+        >>> spec = JobSpec("inspect", root=root)
+        >>> spec.result("activation.pdf").relative_to(root).as_posix()
+        'results/general/default/inspect/activation.pdf'
     """
 
     name: str
