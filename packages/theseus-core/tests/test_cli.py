@@ -131,7 +131,11 @@ def test_run_fresh_resume_and_branch(tmp_path: Path) -> None:
     end = store.query().spec(project="p", group="g", run="train").latest().first()
     assert end is not None and end.seq == 2
     assert f"tests/counter: fresh run finished at node {end}." in fresh.output
-    assert store.values(end) == {"counter/value": 4.0, "job/status": "finished"}
+    assert store.values(end) == {
+        "counter/value": 4.0,
+        "job/status": "finished",
+        "job/name": "tests/counter",
+    }
 
     resumed = ok(
         "run", "train", str(config), str(root), "--resume", str(end), "--import", JOBS_FILE
@@ -313,6 +317,7 @@ def test_a_real_subprocess_runs_the_console_script(tmp_path: Path) -> None:
     assert store_of(tmp_path / "root").values(end) == {
         "counter/value": 2.0,
         "job/status": "finished",
+        "job/name": "tests/counter",
     }
     crashed = subprocess.run(
         [

@@ -244,6 +244,8 @@ def test_base_without_config_loads_the_saved_configuration(tmp_path: Path) -> No
     assert analysis.configuration.job == "tests/inspect"
     assert analysis(resume=True) == 2.0
     assert analysis.node == first.node
+    assert values(analysis.store, first.node)["job/name"] == "tests/inspect"
+    assert analysis.store.job_of(first.node) == "tests/counter"  # resume records no new job
     artifact = analysis.store.query().node(first.node).artifact().select()
     assert [a["content"] for a in artifact] == [b'{"target": "blocks_0/attn", "value": 2.0}']
     assert spec.result("activation.json").read_bytes() == artifact[0]["content"]

@@ -71,5 +71,9 @@ def test_two_hosts_share_one_lineage_and_host_zero_writes(tmp_path: Path) -> Non
     assert store.query().nonce(end.nonce).count() == 4
     assert store.query().count() == 4  # host one created no lineage of its own
     assert store.query().checkpoint().count() == 3
-    assert store.values(end) == {"counter/value": 8.0, "job/status": "finished"}
+    assert store.values(end) == {
+        "counter/value": 8.0,
+        "job/status": "finished",
+        "job/name": "tests/counter",
+    }
     store.close()

@@ -42,6 +42,7 @@ def test_seed_000_snippet_runs_verbatim(tmp_path: Path, monkeypatch: pytest.Monk
     # ---
     assert analysis_job.node == trained  # resume: results attach to the checkpoint's node
     assert analysis_job.mode is Mode.RESUME
+    assert analysis_job.args.steps == 2  # the checkpoint's saved configuration (default 3)
     with quick("./results") as q:
         rows = q.store.query().node(trained).artifact().select()
     assert [json.loads(r["content"]) for r in rows] == [{"target": "blocks_0/attn", "value": 6.0}]

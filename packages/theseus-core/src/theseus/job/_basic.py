@@ -3,8 +3,9 @@
 Construction reads configuration only. ``setup(resume=False)`` picks the live
 node in one of three modes and records the run; ``tick()`` moves the live node
 to its successor; ``__call__`` synchronizes hosts, sets up, runs and finishes,
-and records the outcome (``job/status`` and, on failure, ``job/error``) on the
-node where the job started and on its last live node. Only host zero writes to
+and records the outcome (``job/name``, ``job/status`` and, on failure,
+``job/error``, in one record) on the node where the job started and on its last
+live node. Only host zero writes to
 the store.
 """
 
@@ -278,8 +279,9 @@ class BasicJob(abc.ABC):
     def _status(self, values: dict[str, Any]) -> None:
         if not is_primary():
             return
+        record = {"job/name": job_key(type(self)), **values}  # whose status it is
         for node in dict.fromkeys(n for n in (self._start, self._node) if n is not None):
-            self.store.log(node, values)
+            self.store.log(node, record)
 
     def __repr__(self) -> str:
         where = f" at {self._node}" if self._node is not None else ""
