@@ -75,7 +75,9 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
 
     A string is parsed as YAML when the type is not ``str`` (``"8"`` to ``8``,
     ``"true"`` to ``True``, ``"[1, 2]"`` to a list); an ``int`` becomes a
-    ``float`` for a ``float`` field. Everything else must already match.
+    ``float`` for a ``float`` field. Everything else must already match. In a
+    union, a member that matches without parsing wins (``"8"`` stays a string
+    in ``int | str``).
 
     Args:
         value: the value to check.
@@ -88,45 +90,34 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
     Raises:
         ConfigTypeError: the value does not fit ``tp``.
     """
+    return _coerce(value, tp, path, parse=True)
+
+
+def _coerce(value: Any, tp: Any, path: str, parse: bool) -> Any:
     if tp is Any:
         return value
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        for member in args:  # exact matches first, so "8" stays a str in `int | str`
-            try:
-                return _coerce_exact(value, member, path)
-            except ConfigTypeError:
-                continue
-        for member in args:
-            try:
-                return coerce(value, member, path)
-            except ConfigTypeError:
-                continue
+        for parse_text in (False, True) if parse else (False,):
+            for member in args:
+                try:
+                    return _coerce(value, member, path, parse_text)
+                except ConfigTypeError:
+                    continue
         raise _fail(path, tp, value)
-    if isinstance(value, str) and tp is not str and origin is not typing.Literal:
+    if parse and isinstance(value, str) and tp is not str:
         parsed = _parse(value)
-        if parsed is not value and not isinstance(parsed, str):
-            return coerce(parsed, tp, path)
+        if not isinstance(parsed, str):
+            return _coerce(parsed, tp, path, parse=False)
     if origin is typing.Literal:
         for choice in args:
             if value == choice and type(value) is type(choice):
-                return value
-            if isinstance(value, str) and not isinstance(choice, str) and _parse(value) == choice:
                 return choice
         raise _fail(path, tp, value, f" Choose one of {list(args)!r}.")
-    return _coerce_exact(value, tp, path, convert=True)
-
-
-def _coerce_exact(value: Any, tp: Any, path: str, convert: bool = False) -> Any:
-    if tp is Any:
-        return value
     if tp is type(None):
         if value is None:
             return None
         raise _fail(path, tp, value)
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is not None and not convert:
-        return coerce(value, tp, path) if _shape_matches(value, origin) else _raise(path, tp, value)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -144,40 +135,34 @@ def _coerce_exact(value: Any, tp: Any, path: str, convert: bool = False) -> Any:
             return value
         raise _fail(path, tp, value, " Quote it to make it a string.")
     if origin in (list, tuple) or tp in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise _fail(path, tp, value)
-        if not args:
-            return list(value) if (origin or tp) is list else tuple(value)
-        if origin is list:
-            return [coerce(v, args[0], f"{path}[{i}]") for i, v in enumerate(value)]
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(coerce(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
-        if len(args) != len(value):
-            raise _fail(path, tp, value, f" It needs exactly {len(args)} items.")
-        return tuple(
-            coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
-        )
+        return _sequence(value, tp, origin or tp, args, path, parse)
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise _fail(path, tp, value)
         if not args:
             return dict(value)
         return {
-            coerce(k, args[0], path): coerce(v, args[1], f"{path}[{k!r}]") for k, v in value.items()
+            _coerce(k, args[0], path, parse): _coerce(v, args[1], f"{path}[{k!r}]", parse)
+            for k, v in value.items()
         }
     raise _fail(path, tp, value)
 
 
-def _shape_matches(value: Any, origin: Any) -> bool:
-    if origin in (list, tuple):
-        return isinstance(value, (list, tuple))
-    if origin is dict:
-        return isinstance(value, dict)
-    return True
-
-
-def _raise(path: str, tp: Any, value: Any) -> Any:
-    raise _fail(path, tp, value)
+def _sequence(
+    value: Any, tp: Any, kind: type, args: tuple[Any, ...], path: str, parse: bool
+) -> Any:
+    if not isinstance(value, (list, tuple)):
+        raise _fail(path, tp, value)
+    if not args:
+        return list(value) if kind is list else tuple(value)
+    if kind is list:
+        return [_coerce(v, args[0], f"{path}[{i}]", parse) for i, v in enumerate(value)]
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_coerce(v, args[0], f"{path}[{i}]", parse) for i, v in enumerate(value))
+    if len(args) != len(value):
+        raise _fail(path, tp, value, f" It needs exactly {len(args)} items.")
+    pairs = enumerate(zip(value, args, strict=True))
+    return tuple(_coerce(v, a, f"{path}[{i}]", parse) for i, (v, a) in pairs)
 
 
 def plain(value: Any) -> Any:
