@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,12 @@ def _filled(root: Path, nodes: int = 200) -> list[Node]:
             store.log(node, {"train/loss": float(i), "text": "x" * 200})
             made.append(node)
             node = node.next()
-        store.put(made[0], "a", "a.bin", b"payload")
+        store.put(made[0], "a", "a.bin", b"payload")  # small: inline in the database
+        store.put(made[0], "big", "big.bin", BIG)  # large: a file in the blob folder
     return made
+
+
+BIG = bytes(range(256)) * 400  # 100 KiB, above the inline limit
 
 
 def test_garbage_database_file(tmp_path: Path) -> None:
@@ -72,10 +77,10 @@ def test_missing_blob(tmp_path: Path) -> None:
     root = tmp_path / "store"
     made = _filled(root, 1)
     with Store(root) as store:
-        artifact = store.get(made[0])["a"]
+        artifact = store.get(made[0])["big"]
         blob = store.blobs.path(artifact.hash)
         os.remove(blob)
-        fresh = store.get(made[0])["a"]
+        fresh = store.get(made[0])["big"]
         with pytest.raises(MissingBlobError, match=f"{blob} is missing") as info:
             _ = fresh.content
         assert isinstance(info.value, FileNotFoundError)
@@ -85,17 +90,37 @@ def test_missing_blob(tmp_path: Path) -> None:
         assert not report.clean and len(report.problems) == 1 and str(blob) in report.problems[0]
 
 
+def test_missing_inline_blob(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    made = _filled(root, 1)
+    with sqlite3.connect(root / "store.sqlite") as conn:
+        conn.execute("DELETE FROM inline")
+    with Store(root) as store:
+        db = root / "store.sqlite"
+        with pytest.raises(MissingBlobError, match=f"inline blob .* in {db} is missing"):
+            _ = store.get(made[0])["a"].content
+        assert store.get(made[0])["big"].content == BIG  # the other artifact is intact
+        report = store.fsck()
+        assert len(report.problems) == 1 and "is missing (expected 7 bytes)" in report.problems[0]
+
+
 def test_blob_with_wrong_hash(tmp_path: Path) -> None:
     root = tmp_path / "store"
     made = _filled(root, 1)
     with Store(root) as store:
-        artifact = store.get(made[0])["a"]
+        artifact = store.get(made[0])["big"]
         blob = store.blobs.path(artifact.hash)
         os.chmod(blob, 0o644)
-        blob.write_bytes(b"payloaD")  # same size, different bytes
+        blob.write_bytes(BIG[:-1] + b"!")  # same size, different bytes
         with pytest.raises(BlobHashError, match=f"{blob} is corrupt.*recorded {artifact.hash}"):
+            _ = store.get(made[0])["big"].content
+        assert len(store.fsck().problems) == 1
+    with sqlite3.connect(root / "store.sqlite") as conn:
+        conn.execute("UPDATE inline SET content = ?", (b"payloaD",))
+    with Store(root) as store:
+        with pytest.raises(BlobHashError, match=f"in {root / 'store.sqlite'} is corrupt"):
             _ = store.get(made[0])["a"].content
-        assert not store.fsck().clean
+        assert len(store.fsck().problems) == 2
 
 
 def test_root_that_is_not_a_store(tmp_path: Path) -> None:
@@ -153,8 +178,8 @@ def test_cli_names_the_damaged_file(tmp_path: Path, capsys: pytest.CaptureFixtur
     root = tmp_path / "store"
     made = _filled(root, 1)
     with Store(root) as store:
-        os.remove(store.blobs.path(store.get(made[0])["a"].hash))
-    assert main(["get", str(root), made[0].serialize(), "a"]) == 2
+        os.remove(store.blobs.path(store.get(made[0])["big"].hash))
+    assert main(["get", str(root), made[0].serialize(), "big"]) == 2
     err = capsys.readouterr().err
     assert "theseus-store: error: The blob file" in err and str(root / "blobs") in err
     with Store(root) as store, pytest.raises(UnknownNodeError):

@@ -120,7 +120,8 @@ def test_fsck_reports_and_repairs(
     assert main(["fsck", str(store.root), "--repair"]) == 0
     assert f"removed: {orphan}" in capsys.readouterr().out
     assert not orphan.exists() and live.exists()
-    blob = next(path for _, path in store.blobs.stored())
+    big = store.put(Node.new("large"), "weights", "w.bin", bytes(100_000))
+    blob = store.blobs.path(big.hash)
     os.chmod(blob, 0o644)
     blob.write_bytes(b"tampered")
     assert main(["fsck", str(store.root)]) == 1

@@ -10,6 +10,7 @@ import pytest
 
 from theseus.store import (
     CheckpointNotFoundError,
+    InvalidNodeError,
     Node,
     Store,
     UnknownNodeError,
@@ -54,7 +55,9 @@ def test_artifacts_version_and_dedupe(store: Store) -> None:
     assert [a.content for a in store.history(node, "plot")] == [b"v1", b"v2 longer"]
     assert first.version == 1 and second.version == 2
     assert second.created >= first.created
-    assert len(list(store.blobs.stored())) == 2
+    # Small artifacts live in the database's inline table, once per distinct content.
+    inline = store.read(lambda conn: conn.execute("SELECT COUNT(*) FROM inline").fetchone()[0])
+    assert inline == 2 and list(store.blobs.stored()) == []
 
 
 def test_empty_and_large_artifacts_are_exact(store: Store) -> None:
@@ -65,6 +68,16 @@ def test_empty_and_large_artifacts_are_exact(store: Store) -> None:
     got = store.get(node)
     assert got["big"].content == payload and got["big"].size == len(payload)
     assert got["empty"].content == b""
+    # Above the inline limit the bytes go to the blob folder, named by their hash.
+    assert store.blobs.path(got["big"].hash).read_bytes() == payload
+    assert [d for d, _ in store.blobs.stored()] == [hashlib.sha256(payload).hexdigest()]
+    edge = b"e" * store.inline_max
+    store.put(node, "edge", "edge.bin", edge)
+    store.put(node, "over", "over.bin", edge + b"!")
+    assert (
+        store.get(node)["edge"].content == edge and store.get(node)["over"].content == edge + b"!"
+    )
+    assert len(list(store.blobs.stored())) == 2
 
 
 @pytest.mark.parametrize(
@@ -162,3 +175,37 @@ def test_batch_commits_together_or_not_at_all(store: Store) -> None:
         _ = 1 / 0
     assert store.values(node) == {"a": 1}  # rolled back as a whole
     assert store.query().spec(run="lost").count() == 0
+
+
+def test_lineage_cycles_are_refused(store: Store) -> None:
+    a0 = Node.new("run")
+    store.touch(a0.next())
+    a2 = a0.next().next()
+    store.touch(a2)
+    with pytest.raises(InvalidNodeError, match="cycle"):
+        store.touch(Node(a0.name, a0.nonce, 0, parent=a2))  # a0's parent would be its grandchild
+    with pytest.raises(InvalidNodeError, match="cycle"):
+        store.touch(Node(a2.name, a2.nonce, 2, parent=a2))
+    assert store.parents(a0) == [] and store.ancestors(a2) == [a2.parent, a0]
+
+
+def test_store_is_thread_safe(store: Store) -> None:
+    import threading
+
+    def work(k: int) -> None:
+        node = Node.new(f"t{k}")
+        for i in range(20):
+            store.log(node, {"i": i})
+            store.put(node, "x", "x.bin", f"{k}-{i}".encode())
+            node = node.next()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.query().has("i").count() == 80
+    rows = store.query().artifact("x").select(keys=["node", "content"])
+    assert sorted(r["content"] for r in rows) == sorted(
+        f"{k}-{i}".encode() for k in range(4) for i in range(20)
+    )

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from theseus.store._errors import BlobHashError, MissingBlobError, StorePermissionError
 
-__all__ = ["BlobFolder", "TempFile"]
+__all__ = ["BlobFolder", "TempFile", "fsync_dir", "verified"]
 
 _FOREIGN_HOST_GRACE_S = 24 * 3600.0
 
@@ -141,14 +141,7 @@ class BlobFolder:
                 f"{digest}). Restore it from a backup; `theseus-store fsck ROOT` lists "
                 "every missing blob."
             ) from err
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != digest:
-            raise BlobHashError(
-                f"The blob file {path} is corrupt: its bytes ({len(data)}) hash to "
-                f"{actual}, but the store recorded {digest} ({size} bytes). Restore it "
-                "from a backup; `theseus-store fsck ROOT` lists every damaged blob."
-            )
-        return data
+        return verified(data, digest, size, f"The blob file {path}")
 
     def check(self, digest: str, size: int) -> str | None:
         """Return a description of what is wrong with blob ``digest``, or None if it is sound."""
@@ -191,6 +184,28 @@ class BlobFolder:
                 orphan = time.time() - path.stat().st_mtime > _FOREIGN_HOST_GRACE_S
             found.append(TempFile(path, host, pid, orphan))
         return found
+
+
+def verified(data: bytes, digest: str, size: int, where: str) -> bytes:
+    """Return ``data`` if it hashes to ``digest``.
+
+    Args:
+        data: the bytes read.
+        digest: the SHA-256 the store recorded.
+        size: the size the store recorded.
+        where: what was read (``The blob file PATH``), for the message.
+
+    Raises:
+        BlobHashError: if the bytes do not match.
+    """
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != digest:
+        raise BlobHashError(
+            f"{where} is corrupt: its bytes ({len(data)}) hash to {actual}, but the store "
+            f"recorded {digest} ({size} bytes). Restore it from a backup; "
+            "`theseus-store fsck ROOT` lists every damaged blob."
+        )
+    return data
 
 
 def _alive(pid: int) -> bool:

@@ -4,7 +4,9 @@ Findings come in two classes:
 
 * **problems** (the store may give a wrong or no answer): SQLite's
   ``integrity_check`` fails; a row names a blob that is missing; a blob's bytes
-  do not hash to its name; a row points at a node that does not exist.
+  do not hash to its name; a row points at a node that does not exist. Blobs
+  are checked wherever they live: small ones in the database's ``inline``
+  table, larger ones in the blob folder.
 * **leftovers** (harmless, the residue of an interrupted write): *orphan
   temporary files* in ``blobs/tmp`` whose writer process is gone, and
   *unreferenced blobs*, complete blob files that no row names (the writer died
@@ -19,6 +21,7 @@ touches rows or referenced blobs.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -111,10 +114,27 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
                     f"{store.db_path}: {count} row(s) of table {table} point at missing nodes"
                 )
         (report.artifacts,) = conn.execute("SELECT COUNT(*) FROM artifacts").fetchone()
-        return dict(conn.execute("SELECT hash, MAX(size) FROM artifacts GROUP BY hash"))
+        inline = conn.execute(
+            "SELECT a.hash, a.size, i.content FROM (SELECT hash, MAX(size) AS size FROM "
+            "artifacts WHERE size <= ? GROUP BY hash) a LEFT JOIN inline i ON i.hash = a.hash",
+            (store.inline_max,),
+        )
+        for digest, size, content in inline:
+            report.blobs += 1
+            where = f"The inline blob {digest} in {store.db_path}"
+            if content is None:
+                report.problems.append(f"{where} is missing (expected {size} bytes)")
+            elif hashlib.sha256(content).hexdigest() != digest:
+                report.problems.append(f"{where} is corrupt: its bytes do not hash to {digest}")
+        return dict(
+            conn.execute(
+                "SELECT hash, MAX(size) FROM artifacts WHERE size > ? GROUP BY hash",
+                (store.inline_max,),
+            )
+        )
 
     referenced = store.read(inspect)
-    report.blobs = len(referenced)
+    report.blobs += len(referenced)
     for digest, size in referenced.items():
         trouble = store.blobs.check(digest, size)
         if trouble is not None:

@@ -10,7 +10,7 @@ import difflib
 import sqlite3
 from typing import Any
 
-from theseus.store._errors import UnknownNodeError
+from theseus.store._errors import InvalidNodeError, UnknownNodeError
 from theseus.store._node import Node
 from theseus.store._records import Scalar, decode_value
 
@@ -52,8 +52,26 @@ def node_id(conn: sqlite3.Connection, node: Node, now: float) -> int:
         nid = row[0]
         conn.execute("UPDATE nodes SET written = ? WHERE id = ?", (now, nid))
     if parent_id is not None:
+        if row is not None and _reaches(conn, int(nid), parent_id):
+            raise InvalidNodeError(
+                f"Node {node.serialize()} cannot have parent {node.parent.serialize()}: "  # type: ignore[union-attr]
+                "the parent is the node itself or one of its descendants, and the lineage "
+                "would become a cycle. Branch with Node.new(run, parent=...) instead."
+            )
         conn.execute("INSERT OR IGNORE INTO edges(child, parent) VALUES (?, ?)", (nid, parent_id))
     return int(nid)
+
+
+def _reaches(conn: sqlite3.Connection, start: int, target: int) -> bool:
+    """Return whether ``target`` is ``start`` or one of its descendants."""
+    if start == target:
+        return True
+    row = conn.execute(
+        "WITH RECURSIVE down(id) AS (SELECT ? UNION SELECT e.child FROM edges e "
+        "JOIN down ON e.parent = down.id) SELECT 1 FROM down WHERE id = ? LIMIT 1",
+        (start, target),
+    ).fetchone()
+    return row is not None
 
 
 def lookup(conn: sqlite3.Connection, node: Node) -> int:

@@ -200,13 +200,17 @@ class Query:
 
     # -- terminals -------------------------------------------------------------------------
 
-    def _sql(self, columns: str, limit: int | None = None) -> tuple[str, list[Any]]:
+    def _sql(
+        self, columns: str, limit: int | None = None, ordered: bool = True
+    ) -> tuple[str, list[Any]]:
         params: list[Any] = []
         sql = f"SELECT {columns}"
         if self._where:
             sql += " WHERE " + " AND ".join(f"({w})" for w, _ in self._where)
             for _, p in self._where:
                 params.extend(p)
+        if not ordered:
+            return sql, params
         if self._latest:
             if self._checkpoint:
                 sql += " ORDER BY (SELECT MAX(c.id) FROM checkpoints c WHERE c.node = n.id) DESC"
@@ -240,8 +244,7 @@ class Query:
 
     def count(self) -> int:
         """Return how many nodes match."""
-        sql, params = self._sql("COUNT(*) FROM nodes n")
-        sql = sql.split(" ORDER BY ")[0]
+        sql, params = self._sql("COUNT(*) FROM nodes n", ordered=False)
         (total,) = self.store.read(lambda conn: conn.execute(sql, params).fetchone())
         return min(int(total), 1) if self._latest else int(total)
 
@@ -336,7 +339,11 @@ class Query:
         return self.store.read(run)
 
     def latest_checkpoint(self) -> Checkpoint | None:
-        """Return the most recently recorded checkpoint among the matching nodes, or None."""
+        """Return the most recently recorded checkpoint among the matching nodes, or None.
+
+        Equivalent to ``.checkpoint().latest().checkpoints()[-1]`` (and adds those two
+        filters to this cursor).
+        """
         self.checkpoint().latest()
         found = self.checkpoints()
         return found[-1] if found else None

@@ -23,11 +23,20 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from theseus.store import _lineage
-from theseus.store._blobs import BlobFolder, fsync_dir
-from theseus.store._db import FORMAT, check_header, connect, create_schema, retrying, translate
+from theseus.store._blobs import BlobFolder, fsync_dir, verified
+from theseus.store._db import (
+    FORMAT,
+    INLINE_MAX,
+    check_header,
+    connect,
+    create_schema,
+    retrying,
+    translate,
+)
 from theseus.store._errors import (
     CheckpointNotFoundError,
     CorruptStoreError,
+    MissingBlobError,
     NotAStoreError,
     StorePermissionError,
     ValueTypeError,
@@ -69,6 +78,7 @@ class Store:
         self._pid = os.getpid()
         self._batch = False
         self._unsynced: set[Path] = set()
+        self.inline_max = INLINE_MAX
         marker = self.root / MARKER
         if self.root.exists() and not self.root.is_dir():
             raise NotAStoreError(
@@ -147,7 +157,10 @@ class Store:
                 self._conn = connect(self.db_path)
                 self._pid = os.getpid()
                 if (self.root / MARKER).exists():
-                    self._conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+                    row = self._conn.execute(
+                        "SELECT value FROM meta WHERE key = 'inline_max'"
+                    ).fetchone()
+                    self.inline_max = int(row[0]) if row is not None else 0
         return self._conn
 
     def close(self) -> None:
@@ -340,7 +353,12 @@ class Store:
 
         def insert(conn: sqlite3.Connection) -> Artifact:
             now = time.time()
-            self.blobs.write(data, digest, self._unsynced if self._batch else None)
+            if len(data) <= self.inline_max:
+                conn.execute(
+                    "INSERT OR IGNORE INTO inline(hash, content) VALUES (?, ?)", (digest, data)
+                )
+            else:
+                self.blobs.write(data, digest, self._unsynced if self._batch else None)
             nid = _lineage.node_id(conn, node, now)
             (version,) = conn.execute(
                 "SELECT COALESCE(MAX(version), 0) + 1 FROM artifacts WHERE node = ? AND name = ?",
@@ -352,7 +370,7 @@ class Store:
                 (nid, name, filename, digest, len(data), version, now),
             )
             return Artifact(
-                node.identity(), name, filename, digest, len(data), now, version, self.blobs.read
+                node.identity(), name, filename, digest, len(data), now, version, self.load
             )
 
         return self.write(insert)
@@ -449,7 +467,32 @@ class Store:
 
     def artifact_from_row(self, node: Node, row: tuple[Any, ...]) -> Artifact:
         """Build an Artifact from ``(name, filename, hash, size, created, version)``."""
-        return Artifact(node, row[0], row[1], row[2], row[3], row[4], row[5], self.blobs.read)
+        return Artifact(node, row[0], row[1], row[2], row[3], row[4], row[5], self.load)
+
+    def load(self, digest: str, size: int) -> bytes:
+        """Return the bytes stored under ``digest``, verified against it.
+
+        Artifacts of at most ``inline_max`` bytes are in the database's ``inline``
+        table, larger ones in the blob folder.
+
+        Raises:
+            MissingBlobError: if the bytes are missing.
+            BlobHashError: if they do not hash to ``digest``.
+        """
+        if size > self.inline_max:
+            return self.blobs.read(digest, size)
+        row = self.read(
+            lambda conn: conn.execute(
+                "SELECT content FROM inline WHERE hash = ?", (digest,)
+            ).fetchone()
+        )
+        where = f"The inline blob {digest} in {self.db_path}"
+        if row is None:
+            raise MissingBlobError(
+                f"{where} is missing (expected {size} bytes). Restore {self.db_path} from "
+                "a backup; `theseus-store fsck ROOT` lists every missing blob."
+            )
+        return verified(bytes(row[0]), digest, size, where)
 
     def get(self, node: Node) -> dict[str, Artifact]:
         """Return ``node``'s current artifacts by name.
