@@ -219,6 +219,23 @@ def test_yaml_round_trip_keeps_every_value_and_type(tmp_path: Path) -> None:
     assert dump(back) == text
 
 
+def test_yaml_round_trip_of_awkward_values() -> None:
+    nested = Tree.of(Settings, job="tests/settings")
+    nested.update(
+        {
+            "data/seed": 1,
+            "misc/anything": {"text": "two\nlines", "flags": ["on", "yes", ""]},
+            "run/name": "a # b: c",
+            "optimization/lr": float("inf"),
+        }
+    )
+    round_trip = Tree.of(Settings)
+    round_trip.load(load(dump(nested)))
+    assert round_trip.flat() == nested.flat()
+    assert round_trip["misc/anything"]["text"] == "two\nlines"
+    assert round_trip["optimization/lr"] == float("inf")
+
+
 def test_dump_marks_required_unset_values_and_load_leaves_them_unset() -> None:
     t = Tree.of(Settings)
     text = dump(t)

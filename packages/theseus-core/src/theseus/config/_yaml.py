@@ -9,6 +9,7 @@ help as a comment, and a required setting that has no value as ``null`` with a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,10 @@ from theseus.config._types import describe, plain
 
 def _scalar(value: Any) -> str:
     text = yaml.safe_dump(plain(value), default_flow_style=True, width=10_000).strip()
-    return text.removesuffix("...").strip()
+    text = text.removesuffix("...").strip()
+    if "\n" in text:  # a multi-line string: JSON is YAML and stays on one line
+        text = json.dumps(plain(value))
+    return text
 
 
 def dump(tree: Tree, file: str | Path | None = None) -> str:
