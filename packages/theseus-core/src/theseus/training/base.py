@@ -260,7 +260,9 @@ class BaseTrainer(BasicJob):
                 grads = jax.tree_util.tree_map(lambda g: g / accumulate_steps, grads)
                 loss = loss / accumulate_steps
                 meta = jax.tree_util.tree_map(lambda m: m.mean(0), metas)
-            grad_norm = optax.global_norm(grads)
+            grad_norm = jnp.sqrt(
+                sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads))
+            )
             state = state.apply_gradients(grads=grads)
         return state, loss, meta, grad_norm
 

@@ -82,9 +82,25 @@ class CheckpointKeeper:
         self.manager.close()
 
 
+def _key_name(entry: Any) -> str:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(entry, attribute):
+            return str(getattr(entry, attribute))
+    return str(entry)
+
+
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """`{"params/blocks_0/attn/c_attn/kernel": shape}`; named tuples and dicts spell alike."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(path): tuple(getattr(leaf, "shape", ())) for path, leaf in flat}
+    return {
+        "/".join(_key_name(k) for k in path): tuple(getattr(leaf, "shape", ()))
+        for path, leaf in flat
+    }
+
+
+def _manager(directory: Path) -> ocp.CheckpointManager:
+    handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    return ocp.CheckpointManager(directory, item_handlers=handlers)
 
 
 def restore(
@@ -108,7 +124,7 @@ def restore(
             the first mismatching parameter path and both shapes.
     """
     step_dir = Path(path)
-    with ocp.CheckpointManager(step_dir.parent) as manager:
+    with _manager(step_dir.parent) as manager:
         step = int(step_dir.name)
         saved_meta = manager.item_metadata(step)
         saved_shapes = _shapes(saved_meta["state"])
@@ -118,6 +134,7 @@ def restore(
             for key, shape in wanted_shapes.items()
             if saved_shapes.get(key) != shape
         ] + [(key, shape, None) for key, shape in saved_shapes.items() if key not in wanted_shapes]
+        mismatch.sort(key=lambda item: not item[0].startswith("params/"))  # parameters first
         if mismatch and surgery is None:
             key, saved, wanted = mismatch[0]
             raise CheckpointMismatchError(
