@@ -81,6 +81,8 @@ def test_figsize(name: str):
         "scatter": lambda: tp.scatter(x=[0, 1], y=[1.0, 2.0], figsize=(3.5, 2.5)),
     }[name]()
     np.testing.assert_array_equal(fig.get_size_inches(), [3.5, 2.5])
+    numpy_sized = tp.scatter(x=[0, 1], y=[1.0, 2.0], figsize=np.array([3, 2]))
+    np.testing.assert_array_equal(numpy_sized.get_size_inches(), [3.0, 2.0])
     np.testing.assert_array_equal(call().get_size_inches(), [6.0, 4.0])  # theme default
 
 

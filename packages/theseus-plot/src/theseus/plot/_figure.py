@@ -9,6 +9,7 @@ the root Figure that holds it.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 from matplotlib.axes import Axes
@@ -63,7 +64,7 @@ def target_axes(ax: Axes | None, figsize: Sequence[float] | None, helper: str) -
     if figsize is not None:
         values = tuple(figsize)
         if len(values) != 2 or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values
+            isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0 for v in values
         ):
             raise PlotValueError(
                 f"{helper}() needs figsize=(width, height) in inches, two positive numbers; "

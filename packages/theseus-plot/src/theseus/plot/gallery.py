@@ -51,7 +51,7 @@ def bar_example(rng: np.random.Generator) -> Figure:
 
 
 def line_example(rng: np.random.Generator) -> Figure:
-    """Training loss over steps for three learning rates, three seeds each (95% CI band)."""
+    """Training loss over steps for three learning rates: mean and standard deviation of three seeds."""
     steps = np.arange(0, 5000, 50)
     rows: dict[str, list[object]] = {"step": [], "loss": [], "learning rate": []}
     for rate, speed in (("1e-4", 0.4), ("3e-4", 0.8), ("1e-3", 1.2)):
@@ -67,6 +67,7 @@ def line_example(rng: np.random.Generator) -> Figure:
         x="step",
         y="loss",
         hue="learning rate",
+        errorbar="sd",
         xlabel="Step",
         ylabel="Training loss",
         title="Learning-rate sweep",
