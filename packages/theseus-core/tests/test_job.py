@@ -276,6 +276,20 @@ def test_config_classmethod_composes_components_and_own_defaults_win(tmp_path: P
     assert job.store.job_of(job.node) == WithModel.__module__ + ":" + WithModel.__qualname__
 
 
+def test_close_releases_only_a_store_the_job_opened(tmp_path: Path) -> None:
+    job = counter(tmp_path)
+    job()
+    opened = job.store
+    job.close()
+    assert job.store is not opened  # reopened on the next use
+    shared = Store(tmp_path / "store")
+    borrowed = Counter(JobSpec("b", root=tmp_path), store=shared)
+    borrowed()
+    borrowed.close()
+    assert borrowed.store is shared and shared.query().spec(run="b").count() == 4
+    shared.close()
+
+
 def test_bad_constructor_arguments(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="expects a JobSpec"):
         Counter("train")

@@ -95,6 +95,7 @@ class BasicJob(abc.ABC):
         self.spec = spec
         self.base = base
         self._store = store
+        self._owns_store = store is None
         if config is None:
             tree = self.schema()
             if base is not None:
@@ -275,6 +276,12 @@ class BasicJob(abc.ABC):
             raise
         sync_hosts(f"theseus/job/finish/{self.spec.project}.{self.spec.group}.{self.spec.name}")
         return result
+
+    def close(self) -> None:
+        """Close the store if this job opened it (a store passed in stays open)."""
+        if self._owns_store and self._store is not None:
+            self._store.close()
+            self._store = None
 
     def _status(self, values: dict[str, Any]) -> None:
         if not is_primary():
