@@ -266,6 +266,7 @@ def test_data_prepare_unknown_dataset_lists_known_ones(
     assert "No dataset is registered as 'tests-cli-tiyn'" in message
     assert "Did you mean 'tests-cli-tiny'" in message
     assert "tests-cli-tiny" in message.split("Registered:")[1]
+    assert "theseus data prepare NAME --root ROOT" in message
     message = fail("data", "prepare", "tests-cli-tiny", "--root", str(tmp_path), "stray")
     assert "--name VALUE" in message
 

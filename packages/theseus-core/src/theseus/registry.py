@@ -52,10 +52,18 @@ class Registry(Mapping[str, type]):
     Args:
         kind: what it holds, for messages (``"job"``).
         builtins: modules imported (when importable) before the first lookup.
+        hint: the last sentence of an unknown-name error (how to fix it).
     """
 
-    def __init__(self, kind: str, builtins: tuple[str, ...] = BUILTIN_MODULES) -> None:
+    def __init__(
+        self,
+        kind: str,
+        builtins: tuple[str, ...] = BUILTIN_MODULES,
+        hint: str = "If it is yours, import its module first (Python: import it; "
+        "command line: --import MODULE_OR_FILE).",
+    ) -> None:
         self.kind = kind
+        self.hint = hint
         self._builtins = builtins
         self._loaded = False
         self._entries: dict[str, type] = {}
@@ -101,8 +109,7 @@ class Registry(Mapping[str, type]):
             listing = ", ".join(known) if known else "none"
             raise UnknownNameError(
                 f"No {self.kind} is registered as {name!r}.{suggest(name, known)} Registered: "
-                f"{listing}. If it is yours, import its module first (Python: import it; "
-                "command line: --import MODULE_OR_FILE)."
+                f"{listing}. {self.hint}"
             ) from None
 
     def __iter__(self) -> Iterator[str]:
@@ -131,7 +138,11 @@ class Registry(Mapping[str, type]):
 
 JOBS = Registry("job")
 ANALYSES = Registry("analysis")
-DATASETS = Registry("dataset")
+DATASETS = Registry(
+    "dataset",
+    hint="Prepare one of those (`theseus data prepare NAME --root ROOT`), or register "
+    "yours with @dataset(NAME) and load it with --import MODULE_OR_FILE.",
+)
 
 
 def _decorator(registries: tuple[Registry, ...], name: str) -> Callable[[T], T]:
