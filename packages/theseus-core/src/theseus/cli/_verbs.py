@@ -77,7 +77,7 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
     "resume_node",
     default=None,
     metavar="NODE",
-    help="Continue this node (serialized, as `theseus-store runs` prints it).",
+    help="Continue this node (serialized, as `theseus-store runs ROOT/store` prints it).",
 )
 @click.option(
     "--branch",
