@@ -95,17 +95,21 @@ def test_path_that_is_a_file_is_refused(doc_model, tmp_path):
 
 
 def test_empty_recording_warns_with_available_paths(doc_model, tmp_path):
-    with pytest.warns(EmptyRecordingWarning, match=r"sub_model\.linear\.__call__"):
-        with tail(doc_model, tmp_path, filter_=lambda p, n: "nothing" in p) as fm:
-            fm(jnp.ones((1, 2)))
+    with (
+        pytest.warns(EmptyRecordingWarning, match=r"sub_model\.linear\.__call__"),
+        tail(doc_model, tmp_path, filter_=lambda p, n: "nothing" in p) as fm,
+    ):
+        fm(jnp.ones((1, 2)))
     assert not list(tmp_path.glob("*.safetensors"))
 
 
 def test_concatenation_mismatch_says_use_separate(two_layer, tmp_path):
-    with pytest.raises(RecordingShapeError, match="stack='separate'"):
-        with tail(two_layer, tmp_path) as fm:
-            fm(jnp.ones((2, 3)))
-            fm(jnp.ones((2, 1, 3)))
+    with (
+        pytest.raises(RecordingShapeError, match="stack='separate'"),
+        tail(two_layer, tmp_path) as fm,
+    ):
+        fm(jnp.ones((2, 3)))
+        fm(jnp.ones((2, 1, 3)))
 
 
 @pytest.mark.parametrize(
@@ -120,8 +124,7 @@ def test_concatenation_mismatch_says_use_separate(two_layer, tmp_path):
 )
 def test_invalid_options(doc_model, tmp_path, options, message):
     with pytest.raises(InspectorOptionError, match=message):
-        with tail(doc_model, tmp_path, **options) as fm:
-            fm(jnp.ones((1, 2)))
+        tail(doc_model, tmp_path, **options).__enter__()
 
 
 def test_custom_pattern_and_read_options(two_layer, x, tmp_path):

@@ -279,3 +279,16 @@ def test_model_kind_detection(doc_model):
     assert not is_torch_model(doc_model)
     with pytest.raises(UnsupportedModelError, match="expected a JAX pytree model"):
         tail(jnp.ones(3))
+
+
+def test_jitted_forward_is_reused_by_the_next_recording(two_layer, x, tmp_path):
+    forward = jax.jit(lambda m, v: m(v))
+    for run in range(3):
+        with tail(two_layer, tmp_path / str(run)) as fm:
+            forward(fm, x * run)
+    assert forward._cache_size() == 1
+    for run in range(3):
+        data = read_from_safetensors(tmp_path / str(run))
+        np.testing.assert_allclose(data["first.__call__"], two_layer.first(x * run), **JIT)
+    forward(two_layer, x)  # outside a recording: nothing is delivered anywhere
+    assert forward._cache_size() == 2

@@ -150,6 +150,6 @@ def save_recording(
     import numpy as np
 
     store = RecordingStore(Path(path), filename_pattern, max_size_mb)
-    for key, value in captured.items():
-        store.add(key, np.asarray(value))
+    for site, (key, value) in enumerate(captured.items()):
+        store.add(key, np.asarray(value), site)
     return store.close()

@@ -12,7 +12,9 @@ no callback at all.
 
 from __future__ import annotations
 
+import itertools
 import threading
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -21,7 +23,11 @@ import numpy as np
 from ._errors import CaptureTraceError
 from ._store import RecordingStore
 
-__all__ = ["CaptureSink", "RecordSink", "assemble"]
+__all__ = ["CaptureSink", "RecordSink", "SinkSlot", "assemble"]
+
+_SLOTS: dict[int, RecordSink] = {}
+_SITES = itertools.count()  # call sites, numbered in program order as they are traced or run
+_SLOTS_LOCK = threading.Lock()
 
 
 def _is_tracer(value: Any) -> bool:
@@ -36,8 +42,32 @@ def _host(value: Any) -> Any:
     return np.asarray(value)
 
 
+class _Frame:
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.items: list[tuple[str, Any, int]] = []
+
+
+def _trace_state() -> Any:
+    from jax.extend.core import get_opaque_trace_state
+
+    return get_opaque_trace_state(convention="flax")
+
+
 class RecordSink:
     """Deliver a call's values to a recording's host cache.
+
+    An open sink holds the lowest free *slot* number; call sites and compiled
+    callbacks name the slot, not the sink. Two recordings open at once hold two
+    slots and never mix; a recording opened after another has closed reuses its
+    slot, so the wrapped model has the same static structure and a jitted
+    forward compiled for the first recording is reused by the next.
+
+    Traced values are batched per *frame*: the outermost recorded call of a
+    trace opens one, the calls nested in it (in the same trace) add their values
+    to it, and one callback carries them all when the outer call returns. Calls
+    inside a transformation opened within the frame (``vmap``, ``scan``) send
+    their own callback.
 
     Args:
         store: the cache of the recording.
@@ -45,40 +75,101 @@ class RecordSink:
 
     def __init__(self, store: RecordingStore) -> None:
         self.store = store
-        self.closed = False
+        self._local = threading.local()
+        with _SLOTS_LOCK:
+            self.slot = next(i for i in range(len(_SLOTS) + 1) if i not in _SLOTS)
+            _SLOTS[self.slot] = self
+
+    def close(self) -> None:
+        """Give the slot back; later deliveries to it are dropped until it is reused."""
+        with _SLOTS_LOCK:
+            if _SLOTS.get(self.slot) is self:
+                del _SLOTS[self.slot]
+
+    def _frames(self) -> list[_Frame]:
+        if not hasattr(self._local, "frames"):
+            self._local.frames = []
+        frames: list[_Frame] = self._local.frames
+        return frames
+
+    def open_call(self) -> bool:
+        """Open a frame unless one is open in the current trace; return whether it did."""
+        frames, state = self._frames(), _trace_state()
+        if frames and frames[-1].state == state:
+            return False
+        frames.append(_Frame(state))
+        return True
+
+    def close_call(self, opened: bool, failed: bool = False) -> None:
+        """Close the frame ``open_call`` opened, sending its values in one callback."""
+        if not opened:
+            return
+        frame = self._frames().pop()
+        if frame.items and not failed:
+            keys, values, sites = zip(*frame.items, strict=True)
+            _send(self.slot, keys, sites, list(values))
 
     def emit(self, pairs: list[tuple[str, Any]]) -> None:
         """Record ``pairs`` now (concrete values) or when the program runs (traced ones)."""
-        if self.closed or not pairs:
+        if not pairs:
             return
+        site = next(_SITES)
         if not any(_is_tracer(value) for _, value in pairs):
             for key, value in pairs:
-                self.store.add(key, _host(value))
+                self.store.add(key, _host(value), site)
             return
         import jax
 
-        keys = tuple(key for key, _ in pairs)
-        for key in keys:
-            self.store.declare(key)
-        values = [jax.lax.stop_gradient(value) for _, value in pairs]
-        _send(self, keys, values)
-
-    def deliver(self, keys: tuple[str, ...], *arrays: Any) -> None:
-        """Host side of the callback: add the arrays of one call."""
-        if self.closed:
+        items = [(key, jax.lax.stop_gradient(value), site) for key, value in pairs]
+        frames = self._frames()
+        if frames and frames[-1].state == _trace_state():
+            frames[-1].items += items
             return
-        for key, array in zip(keys, arrays, strict=True):
-            self.store.add(key, np.asarray(array))
+        keys, values, sites = zip(*items, strict=True)
+        _send(self.slot, keys, sites, list(values))
 
 
-def _send(sink: RecordSink, keys: tuple[str, ...], values: list[Any]) -> None:
+@dataclass(frozen=True)
+class SinkSlot:
+    """A recording's slot, as call sites hold it (static, compared by value)."""
+
+    slot: int
+
+    def emit(self, pairs: list[tuple[str, Any]]) -> None:
+        """Pass ``pairs`` to the recording that holds the slot now, if any."""
+        sink = _SLOTS.get(self.slot)
+        if sink is not None:
+            sink.emit(pairs)
+
+    def open_call(self) -> bool:
+        """See :meth:`RecordSink.open_call`."""
+        sink = _SLOTS.get(self.slot)
+        return sink.open_call() if sink is not None else False
+
+    def close_call(self, opened: bool, failed: bool = False) -> None:
+        """See :meth:`RecordSink.close_call`."""
+        sink = _SLOTS.get(self.slot)
+        if sink is not None:
+            sink.close_call(opened, failed)
+
+
+def _deliver(slot: int, keys: tuple[str, ...], sites: tuple[int, ...], *arrays: Any) -> None:
+    """Host side of the callback: add the arrays to the slot's recording."""
+    sink = _SLOTS.get(slot)
+    if sink is None:
+        return
+    for key, site, array in zip(keys, sites, arrays, strict=True):
+        sink.store.add(key, np.asarray(array), site)
+
+
+def _send(slot: int, keys: tuple[str, ...], sites: tuple[int, ...], values: list[Any]) -> None:
     import jax
     import jax.numpy as jnp
 
     @jax.custom_batching.custom_vmap
-    def send(*xs: Any) -> tuple[Any, ...]:
-        jax.debug.callback(partial(sink.deliver, keys), *xs)
-        return xs
+    def send(*xs: Any) -> Any:
+        jax.debug.callback(partial(_deliver, slot, keys, sites), *xs)
+        return jnp.zeros((), jnp.int32)
 
     @send.def_vmap
     def _batched(axis_size: int, in_batched: list[bool], *xs: Any) -> Any:
@@ -86,15 +177,9 @@ def _send(sink: RecordSink, keys: tuple[str, ...], values: list[Any]) -> None:
             x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
             for x, batched in zip(xs, in_batched, strict=True)
         )
-        return send(*xs), (True,) * len(xs)
+        return send(*xs), False
 
     send(*values)
-
-
-class _Frame:
-    def __init__(self, state: Any) -> None:
-        self.state = state
-        self.items: list[tuple[str, Any]] = []
 
 
 class CaptureSink:
@@ -116,13 +201,11 @@ class CaptureSink:
 
     def open(self) -> None:
         """Start collecting for one call of the captured model."""
-        from jax.extend.core import get_opaque_trace_state
-
-        self._frames().append(_Frame(get_opaque_trace_state(convention="flax")))
+        self._frames().append(_Frame(_trace_state()))
 
     def close(self) -> dict[str, Any]:
         """Stop collecting and return ``{key: value}`` in order of first call."""
-        return assemble(self._frames().pop().items, self.stack)
+        return assemble([(k, v) for k, v, _ in self._frames().pop().items], self.stack)
 
     def emit(self, pairs: list[tuple[str, Any]]) -> None:
         """Collect ``pairs``; they must belong to the trace the capture was opened in.
@@ -132,7 +215,6 @@ class CaptureSink:
                 opened within the captured call, or the model runs outside it.
         """
         import jax
-        from jax.extend.core import get_opaque_trace_state
 
         frames = self._frames()
         if not frames:
@@ -141,15 +223,20 @@ class CaptureSink:
                 "capture() returned (or its .apply), not the model inside it."
             )
         frame = frames[-1]
-        if any(_is_tracer(v) for _, v in pairs) and (
-            get_opaque_trace_state(convention="flax") != frame.state
-        ):
+        if any(_is_tracer(v) for _, v in pairs) and _trace_state() != frame.state:
             raise CaptureTraceError(
                 f"{pairs[0][0]} is computed inside a transformation (scan, vmap, grad) "
                 "opened within the captured call, so its value cannot be returned from it; "
                 "record it with tail() (host callbacks work there) or filter it out."
             )
-        frame.items += [(k, jax.lax.stop_gradient(v)) for k, v in pairs]
+        frame.items += [(k, jax.lax.stop_gradient(v), 0) for k, v in pairs]
+
+    def open_call(self) -> bool:
+        """Captured values need no frame per call."""
+        return False
+
+    def close_call(self, opened: bool, failed: bool = False) -> None:
+        """Nothing to close."""
 
 
 def assemble(items: list[tuple[str, Any]], stack: str) -> dict[str, Any]:

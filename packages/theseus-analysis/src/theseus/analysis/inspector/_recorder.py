@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ._emit import RecordSink
+from ._emit import RecordSink, SinkSlot
 from ._errors import EmptyRecordingWarning, UnsupportedModelError
 from ._paths import ModulePath
 from ._store import RecordingStore
@@ -106,7 +106,14 @@ class _Recorder:
         pattern, max_size_mb, stack, exist = self._options
         self.store = RecordingStore(self.path, pattern, max_size_mb, stack, exist)
         self.sink = RecordSink(self.store)
-        tap = Tap(self.sink, self.record, self.transform)
+        tap = Tap(SinkSlot(self.sink.slot), self.record, self.transform)
+        try:
+            return self._instrument(tap)
+        except BaseException:
+            self.sink.close()
+            raise
+
+    def _instrument(self, tap: Tap) -> Any:
         if self.framework == "torch":
             from ._torch import hook_model
 
@@ -132,7 +139,7 @@ class _Recorder:
             import jax
 
             jax.effects_barrier()
-        self.sink.closed = True
+        self.sink.close()
         for handle in self._handles:
             handle.remove()
         if self._linen is not None:

@@ -74,9 +74,10 @@ class RecordingStore:
         self.max_bytes = float(max_size_mb) * 2**20
         self.stack = stack
         self._lock = threading.Lock()
-        self._order: dict[str, int] = {}
-        self._cache: dict[str, list[Any]] = {}
-        self._calls: dict[str, int] = {}
+        self._rank: dict[str, int] = {}
+        self._runs: dict[str, list[list[tuple[int, Any]]]] = {}
+        self._run_sites: dict[str, set[int]] = {}
+        self._written: dict[str, int] = {}
         self._tails: dict[str, tuple[tuple[int, ...], str]] = {}
         self._bytes = 0
         self.errors: list[str] = []
@@ -95,28 +96,34 @@ class RecordingStore:
 
     @property
     def keys(self) -> list[str]:
-        """Every key declared so far, in order of first call."""
-        return list(self._order)
+        """Every key recorded so far, in order of first call."""
+        return sorted(self._rank, key=self._rank.__getitem__)
 
-    def declare(self, key: str) -> None:
-        """Fix the position of ``key`` (called when a call is traced or run)."""
-        with self._lock:
-            self._order.setdefault(key, len(self._order))
+    def add(self, key: str, array: Any, site: int) -> None:
+        """Add one call's array for ``key``; may write a file first (roll-over).
 
-    def add(self, key: str, array: Any) -> None:
-        """Append one call's array for ``key``; may write a file first (roll-over)."""
-        nbytes = int(np.prod(array.shape)) * array.dtype.itemsize
+        Args:
+            key: the record key.
+            array: the value (NumPy array or PyTorch tensor).
+            site: the call site's number, taken in program order when the call
+                was traced (or run eagerly). Keys are ordered by their smallest
+                site; the calls of one key that one program run delivers are
+                ordered by site too, whatever order the host callbacks arrive in.
+        """
+        nbytes = int(np.prod(array.shape, dtype=np.int64)) * array.dtype.itemsize
         with self._lock:
-            self._order.setdefault(key, len(self._order))
-            count = self._calls.get(key, 0)
-            self._calls[key] = count + 1
-            if self.stack == "separate":
-                key = f"{key}#{count}"
-            elif not self._consistent(key, array):
+            if self.stack == "concat" and not self._consistent(key, array):
                 return
-            if self._cache and self._bytes + nbytes > self.max_bytes:
+            self._rank[key] = min(self._rank.get(key, site), site)
+            if self._runs and self._bytes + nbytes > self.max_bytes:
                 self._write()
-            self._cache.setdefault(key, []).append(array)
+            runs = self._runs.setdefault(key, [])
+            sites = self._run_sites.setdefault(key, set())
+            if not runs or site in sites:  # a site seen again starts the next program run
+                runs.append([])
+                sites.clear()
+            runs[-1].append((site, array))
+            sites.add(site)
             self._bytes += nbytes
 
     def _consistent(self, key: str, array: Any) -> bool:
@@ -130,17 +137,22 @@ class RecordingStore:
         )
         return False
 
-    def _position(self, key: str) -> tuple[int, int]:
-        base, _, call = key.partition("#")
-        return self._order.get(base, len(self._order)), int(call or 0)
-
     def _write(self) -> None:
-        arrays = {k: _concat(self._cache[k]) for k in sorted(self._cache, key=self._position)}
+        arrays: dict[str, Any] = {}
+        for key in sorted(self._runs, key=self._rank.__getitem__):
+            calls = [a for run in self._runs[key] for _, a in sorted(run, key=lambda c: c[0])]
+            if self.stack == "concat":
+                arrays[key] = _concat(calls)
+                continue
+            done = self._written.get(key, 0)
+            arrays.update({f"{key}#{done + i}": a for i, a in enumerate(calls)})
+            self._written[key] = done + len(calls)
         self.folder.mkdir(parents=True, exist_ok=True)
         filename = self.folder / format_filename(self.pattern, len(self.files))
         write_file(filename, arrays)
         self.files.append(filename)
-        self._cache.clear()
+        self._runs.clear()
+        self._run_sites.clear()
         self._bytes = 0
 
     def stale_files(self, first: int) -> list[Path]:
@@ -159,7 +171,7 @@ class RecordingStore:
                 (their other arrays were written).
         """
         with self._lock:
-            if self._cache:
+            if self._runs:
                 self._write()
             for stale in self.stale_files(len(self.files)):
                 stale.unlink()

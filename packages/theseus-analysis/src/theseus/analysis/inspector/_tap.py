@@ -79,7 +79,8 @@ class Tap:
     """How a call site reports to its sink (hashable: it is static under ``jit``).
 
     Args:
-        sink: a ``RecordSink`` or ``CaptureSink`` (compared by identity).
+        sink: a ``SinkSlot`` (compared by value) or a ``CaptureSink`` (by identity);
+            anything with ``emit(pairs)``, ``open_call()`` and ``close_call(opened, failed)``.
         record: ``"outputs"``, ``"inputs"`` or ``"both"``.
         transform: ``transform(key, array) -> array`` applied before the value
             leaves the call (e.g. a crop), or ``None``.
@@ -115,13 +116,19 @@ class Tap:
         Returns:
             What ``function`` returned, untouched.
         """
-        if self.record != "outputs":
-            named = _named_arguments(signature_of or function, args, kwargs)
-            pairs: list[tuple[str, Any]] = []
-            for name, value in named.items():
-                pairs += leaf_items(value, key + PATH_SEP + name, python_scalars=False)
-            self._emit(pairs)
-        out = function(*args, **kwargs)
-        if self.record != "inputs":
-            self._emit(leaf_items(out, key, python_scalars=True))
+        opened = self.sink.open_call()
+        failed = True
+        try:
+            if self.record != "outputs":
+                named = _named_arguments(signature_of or function, args, kwargs)
+                pairs: list[tuple[str, Any]] = []
+                for name, value in named.items():
+                    pairs += leaf_items(value, key + PATH_SEP + name, python_scalars=False)
+                self._emit(pairs)
+            out = function(*args, **kwargs)
+            if self.record != "inputs":
+                self._emit(leaf_items(out, key, python_scalars=True))
+            failed = False
+        finally:
+            self.sink.close_call(opened, failed)
         return out

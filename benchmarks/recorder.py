@@ -1,0 +1,346 @@
+"""The forward recorder side by side: theseus vs clouseau, and capture vs a plain jit.
+
+Run: ``uv run --group bench python benchmarks/recorder.py [--repeats N]``
+
+1. An Equinox transformer (every module works on ``[seq, d_model]`` arrays, 58
+   recorded modules). Every module's output is recorded with
+   ``theseus.analysis.inspector.tail`` and with ``clouseau.inspector.tail``
+   (forward pass plus file written) on the same inputs, eagerly and under
+   ``jax.jit``; the arrays must be identical; medians of repeated runs and their
+   ratio are printed (target: theseus 2x faster).
+2. A Flax linen GPT: a plain jitted forward vs the same forward that also returns
+   one module's cropped input (``capture`` with a ``transform``, values returned
+   from the compiled program); target ratio <= 1.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import equinox as eqx
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from theseus.analysis import inspector
+
+# ---------------------------------------------------------------- Equinox transformer
+
+
+class Linear(eqx.Module):
+    weight: jax.Array  # [d_in, d_out]
+    bias: jax.Array  # [d_out]
+
+    def __init__(self, d_in: int, d_out: int, key: jax.Array) -> None:
+        self.weight = jax.random.normal(key, (d_in, d_out)) / np.sqrt(d_in)
+        self.bias = jnp.zeros(d_out)
+
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., d_in] -> [..., d_out]
+        return x @ self.weight + self.bias
+
+
+class LayerNorm(eqx.Module):
+    scale: jax.Array
+    shift: jax.Array
+
+    def __init__(self, d: int) -> None:
+        self.scale, self.shift = jnp.ones(d), jnp.zeros(d)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) / jnp.sqrt(var + 1e-5) * self.scale + self.shift
+
+
+class Attention(eqx.Module):
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    heads: int = eqx.field(static=True)
+
+    def __init__(self, d: int, heads: int, key: jax.Array) -> None:
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        self.q, self.k, self.v, self.o = (Linear(d, d, k) for k in (kq, kk, kv, ko))
+        self.heads = heads
+
+    def __call__(self, x: jax.Array) -> jax.Array:  # [seq, d]
+        seq, d = x.shape
+
+        def split(t: jax.Array) -> jax.Array:  # [heads, seq, d_head]
+            return t.reshape(seq, self.heads, d // self.heads).transpose(1, 0, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = q @ k.transpose(0, 2, 1) / np.sqrt(d // self.heads)
+        mask = jnp.tril(jnp.ones((seq, seq), bool))
+        weights = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+        return self.o((weights @ v).transpose(1, 0, 2).reshape(seq, d))
+
+
+class MLP(eqx.Module):
+    up: Linear
+    down: Linear
+
+    def __init__(self, d: int, key: jax.Array) -> None:
+        ku, kd = jax.random.split(key)
+        self.up, self.down = Linear(d, 4 * d, ku), Linear(4 * d, d, kd)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.gelu(self.up(x)))
+
+
+class Block(eqx.Module):
+    ln1: LayerNorm
+    attn: Attention
+    ln2: LayerNorm
+    mlp: MLP
+
+    def __init__(self, d: int, heads: int, key: jax.Array) -> None:
+        ka, km = jax.random.split(key)
+        self.ln1, self.attn = LayerNorm(d), Attention(d, heads, ka)
+        self.ln2, self.mlp = LayerNorm(d), MLP(d, km)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embed(eqx.Module):
+    table: jax.Array
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:  # [seq] -> [seq, d]
+        return self.table[tokens]
+
+
+class Transformer(eqx.Module):
+    embed: Embed
+    blocks: list[Block]
+    ln_f: LayerNorm
+    head: Linear
+
+    def __init__(self, vocab: int, d: int, depth: int, heads: int, key: jax.Array) -> None:
+        keys = jax.random.split(key, depth + 2)
+        self.embed = Embed(jax.random.normal(keys[0], (vocab, d)) * 0.02)
+        self.blocks = [Block(d, heads, k) for k in keys[1:-1]]
+        self.ln_f, self.head = LayerNorm(d), Linear(d, vocab, keys[-1])
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+# ------------------------------------------------------------------------ timing
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs (after one warm-up run)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Medians of several functions timed in alternation (fair under shared CPUs)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def import_clouseau() -> Any:
+    """Import ``clouseau.inspector``, which needs ``safetensors.torch`` at import time.
+
+    clouseau 0.2 imports ``safetensors.torch`` (hence torch) even to record a JAX
+    model, and this workspace never installs torch. Without torch, a stand-in
+    ``safetensors.torch`` module is registered whose ``save_file`` raises: the JAX
+    path measured here never calls it, so clouseau runs its real code throughout.
+    """
+    import importlib.util
+    import sys
+    import types
+
+    if importlib.util.find_spec("torch") is None and "safetensors.torch" not in sys.modules:
+        stand_in = types.ModuleType("safetensors.torch")
+
+        def save_file(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("torch is not installed; clouseau's torch writer is unavailable")
+
+        stand_in.save_file = save_file  # type: ignore[attr-defined]
+        sys.modules["safetensors.torch"] = stand_in
+    from clouseau import inspector as clouseau_inspector
+
+    return clouseau_inspector
+
+
+def bench_equinox(repeats: int, workdir: Path) -> None:
+    clouseau_inspector = import_clouseau()
+
+    model = Transformer(vocab=512, d=128, depth=5, heads=4, key=jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (64,), 0, 512)
+    forward = jax.jit(lambda m, t: m(t))
+
+    def theseus_eager() -> None:
+        with inspector.tail(model, workdir / "theseus-eager") as fm:
+            fm(tokens).block_until_ready()
+
+    def clouseau_eager() -> None:
+        with clouseau_inspector.tail(model, workdir / "clouseau-eager.safetensors") as fm:
+            fm(tokens).block_until_ready()
+
+    def theseus_jit() -> None:
+        with inspector.tail(model, workdir / "theseus-jit") as fm:
+            forward(fm, tokens).block_until_ready()
+
+    def clouseau_jit() -> None:
+        with clouseau_inspector.tail(model, workdir / "clouseau-jit.safetensors") as fm:
+            forward(fm, tokens).block_until_ready()
+
+    captured_forward = jax.jit(lambda m, t: m(t))
+    captured_model = inspector.capture(model)
+
+    def theseus_capture() -> None:
+        out, captured = captured_forward(captured_model, tokens)
+        inspector.save_recording(captured, workdir / "theseus-capture")
+
+    print("Equinox transformer: 5 blocks, d_model 128, 4 heads, 64 tokens, vocab 512")
+    medians = interleaved_medians(
+        {
+            "theseus eager": theseus_eager,
+            "clouseau eager": clouseau_eager,
+            "theseus jit": theseus_jit,
+            "clouseau jit": clouseau_jit,
+            "theseus capture": theseus_capture,
+        },
+        repeats,
+    )
+    ours = inspector.read_from_safetensors(workdir / "theseus-eager")
+    print(f"  recorded modules: {len(ours)}")
+    assert len(ours) >= 50, len(ours)
+    for mode in ("eager", "jit"):
+        theirs = inspector.read_from_safetensors(workdir / f"clouseau-{mode}.safetensors")
+        mine = inspector.read_from_safetensors(workdir / f"theseus-{mode}")
+        assert list(mine) == list(theirs), (list(mine)[:5], list(theirs)[:5])
+        identical = all(np.array_equal(mine[k], theirs[k]) for k in mine)
+        worst = max(float(np.max(np.abs(mine[k] - theirs[k]))) for k in mine)
+        print(f"  {mode}: same {len(mine)} keys in the same order, arrays identical: {identical}"
+              f" (max abs difference {worst:.1e})")
+        assert identical
+    captured = inspector.read_from_safetensors(workdir / "theseus-capture")
+    worst = max(float(np.max(np.abs(captured[k] - ours[k]))) for k in ours)
+    print(f"  capture vs eager recording: max abs difference {worst:.1e}")
+    for mode in ("eager", "jit"):
+        t, c = medians[f"theseus {mode}"], medians[f"clouseau {mode}"]
+        print(f"  {mode:5s}: theseus {t * 1e3:8.2f} ms   clouseau {c * 1e3:8.2f} ms   "
+              f"clouseau/theseus = {c / t:5.2f}x")
+    c = medians["clouseau jit"]
+    t = medians["theseus capture"]
+    print(f"  capture (values returned by the program): {t * 1e3:8.2f} ms   "
+          f"clouseau jit/theseus capture = {c / t:5.2f}x")
+
+
+# ------------------------------------------------------------------ Flax linen GPT
+
+
+class CausalSelfAttention(nn.Module):
+    d_model: int
+    heads: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [batch, seq, d]
+        b, s, d = x.shape
+        qkv = nn.Dense(3 * d, name="qkv")(x).reshape(b, s, 3, self.heads, d // self.heads)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d // self.heads)
+        mask = jnp.tril(jnp.ones((s, s), bool))
+        weights = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+        return nn.Dense(d, name="out")(jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, s, d))
+
+
+class GPTBlock(nn.Module):
+    d_model: int
+    heads: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + CausalSelfAttention(self.d_model, self.heads, name="attn")(nn.LayerNorm(name="ln1")(x))
+        h = nn.gelu(nn.Dense(4 * self.d_model, name="up")(nn.LayerNorm(name="ln2")(x)))
+        return x + nn.Dense(self.d_model, name="down")(h)
+
+
+class GPT(nn.Module):
+    vocab: int = 1024
+    d_model: int = 256
+    depth: int = 4
+    heads: int = 8
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:  # [batch, seq] -> [batch, seq, vocab]
+        x = nn.Embed(self.vocab, self.d_model, name="wte")(tokens)
+        for i in range(self.depth):
+            x = GPTBlock(self.d_model, self.heads, name=f"blocks_{i}")(x)
+        return nn.Dense(self.vocab, name="lm_head")(nn.LayerNorm(name="ln_f")(x))
+
+
+def bench_linen(repeats: int) -> None:
+    model = GPT()
+    tokens = jax.random.randint(jax.random.key(2), (8, 128), 0, model.vocab)
+    variables = model.init(jax.random.key(3), tokens)
+    plain = jax.jit(model.apply)
+    crop = inspector.capture(
+        model,
+        filter_=lambda path, module: path == "blocks_2.attn",
+        record="inputs",
+        transform=lambda key, x: x[:, :4, :16],
+    )
+    recorded = jax.jit(crop.apply)
+
+    def run_plain() -> None:
+        plain(variables, tokens).block_until_ready()
+
+    def run_recorded() -> None:
+        out, captured = recorded(variables, tokens)
+        jax.block_until_ready((out, captured))
+
+    out, captured = recorded(variables, tokens)
+    np.testing.assert_array_equal(out, plain(variables, tokens))
+    (key,) = captured
+    print(f"Flax linen GPT: 4 blocks, d_model 256, 8 heads, batch 8 x 128 tokens, vocab 1024;"
+          f" recording {key} cropped to {tuple(captured[key].shape)}")
+    medians = interleaved_medians({"plain": run_plain, "recorded": run_recorded}, repeats)
+    ratio = medians["recorded"] / medians["plain"]
+    print(f"  plain jit {medians['plain'] * 1e3:8.2f} ms   with the recorded crop "
+          f"{medians['recorded'] * 1e3:8.2f} ms   ratio = {ratio:5.3f}x (target <= 1.05)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20, help="timed runs per variant")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        bench_equinox(args.repeats, Path(folder))
+    bench_linen(max(args.repeats, 50))
+
+
+if __name__ == "__main__":
+    main()
