@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from theseus.config._errors import suggest
 
@@ -24,6 +24,15 @@ T = TypeVar("T", bound=type)
 
 # Modules whose import registers the built-in jobs and datasets (when they exist).
 BUILTIN_MODULES = ("theseus.experiments", "theseus.data.datasets")
+
+
+class PreparableDataset(Protocol):
+    """What ``theseus data prepare NAME`` needs of a class registered with ``@dataset``."""
+
+    @classmethod
+    def prepare(cls, root: Path, **options: Any) -> Any:
+        """Write the prepared dataset under ``root`` (options come from ``--name value``)."""
+        ...
 
 
 class RegistryError(ValueError):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 
 from theseus.cli._app import common_options, main
 from theseus.config import ConfigError
-from theseus.registry import DATASETS
+from theseus.registry import DATASETS, PreparableDataset
 
 
 def parse_options(args: list[str]) -> dict[str, Any]:
@@ -58,6 +58,12 @@ def data_group() -> None:
 def prepare_command(ctx: click.Context, dataset: str, root: Path) -> None:
     """Prepare DATASET under ROOT; other --options go to the dataset's prepare()."""
     cls = DATASETS[dataset]  # an unknown name lists the registered datasets
+    if not callable(getattr(cls, "prepare", None)):
+        raise ConfigError(
+            f"Dataset {dataset!r} ({cls.__qualname__}) has no prepare(root, **options) "
+            "classmethod, so it cannot be prepared from the command line."
+        )
     options = parse_options(list(ctx.args))
-    cls.prepare(root, **options)  # type: ignore[attr-defined]
+    preparable = cast(PreparableDataset, cls)
+    preparable.prepare(root, **options)
     click.echo(f"Prepared {dataset} under {root}.")
