@@ -111,9 +111,9 @@ class Tree:
 
     # ------------------------------------------------------------------ values
     def get(self, key: str, default: Any = None) -> Any:
-        """Return the value of ``key``, or ``default`` when it is required and unset."""
+        """Return (a copy of) the value of ``key``, or ``default`` when it is required and unset."""
         value = self._lookup(self.resolve(key))
-        return default if value is MISSING else value
+        return default if value is MISSING else copy.deepcopy(value)
 
     def _lookup(self, path: str) -> Any:
         if path in self._set:
