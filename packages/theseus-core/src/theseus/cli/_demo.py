@@ -104,6 +104,6 @@ def demo_command(root: Path, steps: int) -> None:
     click.echo(f"  theseus-store show {root / 'store'} {trainer.node.serialize()}")
     click.echo(f"  theseus-store lineage {root / 'store'} {trainer.node.serialize()}")
     click.echo(
-        '  python -c "from theseus.quick import quick; '
-        f"q = quick('{root}').__enter__(); print(q.find().spec(run='demo').checkpoint().latest().first())\""
+        '  python -c "from theseus.quick import init; '
+        f"q = init('{root}'); print(q.find().spec(run='demo').checkpoint().latest().first())\""
     )

@@ -1,0 +1,86 @@
+"""The command line drives the trainer: data prepare, run, and the demo."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from theseus.cli import main
+from theseus.data.datasets import Synthetic
+from theseus.job import store_root
+from theseus.store import Store
+
+
+def test_data_prepare_synthetic_then_train_with_theseus_run(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(
+        main,
+        [
+            "data",
+            "prepare",
+            "synthetic",
+            "--root",
+            str(tmp_path),
+            "--tokens",
+            "30000",
+            "--val-tokens",
+            "4000",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert Synthetic.open(tmp_path).header["count"] == {"train": 30000, "val": 4000}
+
+    config = tmp_path / "gpt.yaml"
+    result = runner.invoke(main, ["configure", "gpt/train/pretrain", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "architecture" in yaml.safe_load(config.read_text())
+    overrides = [
+        "architecture.n_layers=1",
+        "architecture.n_embd=32",
+        "architecture.n_head=2",
+        "architecture.block_size=32",
+        "training.batch_size=8",
+        "training.tokens=2048",
+        "logging.validation_interval=4",
+        "training.validation_steps=1",
+    ]
+    result = runner.invoke(main, ["run", "cli-run", str(config), str(tmp_path), *overrides])
+    assert result.exit_code == 0, result.output
+    with Store(store_root(tmp_path)) as store:
+        last = store.query().spec(run="cli-run").checkpoint().latest().first()
+        assert last is not None and last.seq == 7
+        assert store.values(last)["train/step"] == 8
+
+
+def test_unknown_dataset_and_unprepared_data_are_one_paragraph_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["data", "prepare", "synthetik", "--root", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "synthetic" in result.output and "Traceback" not in result.output
+    config = tmp_path / "gpt.yaml"
+    runner.invoke(main, ["configure", "gpt/train/pretrain", str(config)])
+    result = runner.invoke(main, ["run", "nodata", str(config), str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"theseus data prepare synthetic --root {tmp_path}" in result.output
+
+
+def test_demo_trains_and_prints_where_everything_is(tmp_path: Path) -> None:
+    root = tmp_path / "demo"
+    result = CliRunner().invoke(main, ["demo", str(root), "--steps", "24"])
+    assert result.exit_code == 0, result.output
+    match = re.search(r"val loss:\s+([\d.]+) -> ([\d.]+)", result.output)
+    assert match and float(match.group(2)) < float(match.group(1))
+    assert "entropy bound" in result.output
+    assert str(root / "store") in result.output
+    with Store(store_root(root)) as store:
+        node = store.query().spec(run="demo").checkpoint().latest().first()
+        assert node is not None and node.seq == 23
+        assert [c.step for c in store.checkpoints(node)] == [24]
+        assert Path(store.checkpoints(node)[0].path).is_dir()
+    # a second demo reuses the prepared data and starts a new lineage
+    again = CliRunner().invoke(main, ["demo", str(root), "--steps", "4"])
+    assert again.exit_code == 0, again.output
+    assert "already prepared" in again.output
