@@ -69,6 +69,7 @@ def demo_command(root: Path, steps: int) -> None:
         q.config["logging/validation_interval"] = max(1, steps // 4)
         q.config["logging/checkpoint_interval"] = max(1, steps // 2)
         trainer = q.create()
+        assert isinstance(trainer, PretrainGPT)
         start_loss = trainer.validate()["val/loss"]
         click.echo(
             f"Training a {DEMO_SETTINGS['architecture/n_layers']}-layer GPT for {steps} steps "
