@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from theseus.config import MissingValueError, Tree, field, load
-from theseus.job import BasicJob, JobError, JobSpec, Mode
+from theseus.job import BasicJob, JobError, JobSpec, JobTypeError, Mode
 from theseus.registry import import_module_or_file
 from theseus.store import Node, Store
 from theseus.store._errors import InvalidNodeError
@@ -291,7 +291,7 @@ def test_close_releases_only_a_store_the_job_opened(tmp_path: Path) -> None:
 
 
 def test_bad_constructor_arguments(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match="expects a JobSpec"):
+    with pytest.raises(JobTypeError, match="expects a JobSpec"):
         Counter("train")
-    with pytest.raises(TypeError, match=r"base= must be a theseus.store.Node"):
+    with pytest.raises(JobTypeError, match=r"base= must be a theseus.store.Node"):
         Counter(JobSpec("x", root=tmp_path), base="general.default.x~ab~0")

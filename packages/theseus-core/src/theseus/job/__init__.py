@@ -1,6 +1,6 @@
 """Jobs: ``BasicJob`` (the lifecycle), ``JobSpec`` (identity and root), host helpers."""
 
-from theseus.job._basic import BasicJob, JobError, Mode
+from theseus.job._basic import BasicJob, JobError, JobTypeError, Mode
 from theseus.job._hosts import agree_on_nonce, is_primary, process_count, process_index, sync_hosts
 from theseus.job._spec import JobSpec, store_root
 
@@ -8,6 +8,7 @@ __all__ = [
     "BasicJob",
     "JobError",
     "JobSpec",
+    "JobTypeError",
     "Mode",
     "agree_on_nonce",
     "is_primary",

@@ -17,7 +17,7 @@ import enum
 from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
-from theseus.config import Tree, configure, dump, using
+from theseus.config import Tree, configure, dump, load, using
 from theseus.job._hosts import agree_on_nonce, is_primary, sync_hosts
 from theseus.job._spec import JobSpec, store_root
 from theseus.registry import job_key
@@ -28,6 +28,10 @@ T = TypeVar("T")
 
 class JobError(RuntimeError):
     """A job used out of order (not set up, set up twice in different modes, ...)."""
+
+
+class JobTypeError(JobError, TypeError):
+    """A job constructed with an argument of the wrong type."""
 
 
 class Mode(enum.StrEnum):
@@ -83,12 +87,12 @@ class BasicJob(abc.ABC):
         store: Store | None = None,
     ) -> None:
         if not isinstance(spec, JobSpec):
-            raise TypeError(
+            raise JobTypeError(
                 f"{type(self).__name__} expects a JobSpec as its first argument; got "
                 f"{type(spec).__name__}. Build one with JobSpec(run_name, root=...)."
             )
         if base is not None and not isinstance(base, Node):
-            raise TypeError(
+            raise JobTypeError(
                 f"base= must be a theseus.store.Node (e.g. from q.find()...first()); got "
                 f"{type(base).__name__}."
             )
@@ -101,8 +105,6 @@ class BasicJob(abc.ABC):
             if base is not None:
                 saved = self.store.job_config(base)
                 if saved is not None:
-                    from theseus.config import load
-
                     tree.load(load(saved), strict=False)
                     tree.job = job_key(type(self))
         else:
