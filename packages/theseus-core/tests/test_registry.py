@@ -115,9 +115,12 @@ def test_builtins_are_imported_lazily_on_first_lookup(
     monkeypatch.setitem(sys.modules, "__registry_under_test__", registry)  # type: ignore[arg-type]
     monkeypatch.delitem(sys.modules, "fake_builtin_jobs", raising=False)
     assert "fake_builtin_jobs" not in sys.modules
+    registry.register("user/y", str)
+    assert registry["user/y"] is str  # already registered: the built-ins stay unimported
+    assert "fake_builtin_jobs" not in sys.modules
     assert registry["builtin/x"] is int
     assert "fake_builtin_jobs" in sys.modules
-    assert len(registry) == 1
+    assert len(registry) == 2
 
 
 def test_reimporting_a_file_does_not_register_twice(tmp_path: Path, names: list[str]) -> None:

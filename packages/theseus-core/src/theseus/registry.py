@@ -2,8 +2,9 @@
 
 ``@job("name")`` registers a job class, ``@analysis("name")`` an analysis (and,
 with it, a job of the same name), ``@dataset("name")`` a dataset for
-``theseus data prepare``. Built-in entries are registered lazily, on the first
-lookup, by importing the modules in ``BUILTIN_MODULES`` that exist. User modules
+``theseus data prepare``. Built-in entries are registered lazily, by importing
+the modules in ``BUILTIN_MODULES`` that exist, on the first lookup of a name
+that is not registered yet (or the first listing). User modules
 are loaded with :func:`import_module_or_file` (``--import`` on the command line).
 """
 
@@ -110,6 +111,8 @@ class Registry(Mapping[str, type]):
                 importlib.import_module(module)
 
     def __getitem__(self, name: str) -> type:
+        if name in self._entries:  # registered already: no need to import the built-ins
+            return self._entries[name]
         self._load_builtins()
         try:
             return self._entries[name]
@@ -205,7 +208,7 @@ def resolve_job(name_or_class: str | type) -> type:
     """
     if isinstance(name_or_class, type):
         return name_or_class
-    if name_or_class not in JOBS and ":" in name_or_class:
+    if ":" in name_or_class:
         module, _, qualname = name_or_class.partition(":")
         try:
             obj: Any = importlib.import_module(module)
