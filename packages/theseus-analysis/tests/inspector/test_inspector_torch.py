@@ -153,3 +153,28 @@ def test_torch_and_equinox_port_diff_close_then_perturbed(torch_net, batch, tmp_
     fc2_line = next(line for line in differs.output.splitlines() if line.startswith("fc2"))
     assert "DIFFERS" in fc2_line and "5/15 exceed" in fc2_line
     assert "2 close, 1 differ" in differs.output
+
+
+def test_documented_torch_example(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Linear(10, 5)
+    x = torch.randn(3, 10)
+    with tail(model, path=".clouseau/trace-torch.safetensors") as fmodel:
+        out = fmodel(x)
+    data = read_from_safetensors(".clouseau/trace-torch.safetensors", framework="torch")
+    assert list(data) == ["forward"]
+    torch.testing.assert_close(data["forward"], out.detach(), rtol=0, atol=0)
+    numpy_data = read_from_safetensors(tmp_path / ".clouseau" / "trace-torch.safetensors")
+    np.testing.assert_array_equal(numpy_data["forward"], out.detach().numpy())
+
+
+def test_torch_bfloat16_and_string_filters(torch_net, batch, tmp_path):
+    net = torch_net.to(torch.bfloat16)
+    x = torch.from_numpy(batch).to(torch.bfloat16)
+    with tail(net, tmp_path, filter_=lambda p, m: p.startswith("fc") and "1" in p) as fm:
+        fm(x)
+    data = read_from_safetensors(tmp_path, framework="torch")
+    assert list(data) == ["fc1.forward"]
+    assert data["fc1.forward"].dtype == torch.bfloat16
+    with torch.no_grad():
+        torch.testing.assert_close(data["fc1.forward"], net.fc1(x), rtol=0, atol=0)

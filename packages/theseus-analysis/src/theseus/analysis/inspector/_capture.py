@@ -99,10 +99,10 @@ def capture(
         >>> import jax, jax.numpy as jnp
         >>> from flax import nnx
         >>> from theseus.analysis.inspector import capture
-        >>> model = nnx.Sequential(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), jax.nn.relu)
+        >>> model = nnx.Sequential(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), nnx.Linear(3, 1, rngs=nnx.Rngs(1)))
         >>> out, got = jax.jit(lambda m, x: m(x))(capture(model), jnp.ones((4, 2)))
         >>> {k: v.shape for k, v in got.items()}
-        {'layers.0.__call__': (4, 3), 'layers.1.__call__': (4, 3)}
+        {'layers.0.__call__': (4, 3), 'layers.1.__call__': (4, 1)}
     """
     check_record(record)
     if stack not in STACKS:

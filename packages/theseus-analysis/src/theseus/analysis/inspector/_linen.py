@@ -4,7 +4,8 @@ Linen modules are not pytrees: their parameters live in ``variables`` and their
 submodules are created while ``apply`` runs. ``flax.linen.intercept_methods``
 sees every module method call with the bound module, whose ``path`` names it
 (``("blocks_0", "attn")``); the interceptor reports ``__call__`` of every module
-below the root to a :class:`~._tap.Tap`, under ``blocks_0.attn.__call__``. The
+below the root to a :class:`~._tap.Tap`, under ``blocks_0.attn.__call__`` (a lone
+module without submodules is recorded itself, as ``__call__``). The
 interception happens while tracing, so it works when ``apply`` is called inside
 ``jax.jit``, ``jax.grad``, ``jax.vmap`` or through ``nn.scan``.
 """
@@ -57,6 +58,7 @@ class LinenTail:
         self.filter_ = filter_
         self.is_leaf = is_leaf
         self.seen: list[str] = []
+        self._submodule_calls = 0
 
     def __getattr__(self, name: str) -> Any:
         """Attributes of the module (``init``, ``tabulate``, fields)."""
@@ -82,8 +84,11 @@ class LinenTail:
     ) -> Any:
         """The interceptor handed to ``flax.linen.intercept_methods``."""
         module = context.module
-        if context.method_name != "__call__" or not module.path:
+        if context.method_name != "__call__":
             return next_fun(*args, **kwargs)
+        if not module.path:
+            return self._root(next_fun, args, kwargs, context)
+        self._submodule_calls += 1
         path = _module_path(module)
         key = path + PATH_SEP + context.method_name
         if key not in self.seen:
@@ -93,6 +98,31 @@ class LinenTail:
         if self.is_leaf is not None and self._inside_leaf(module):
             return next_fun(*args, **kwargs)
         return self.tap.call(key, next_fun, args, kwargs, signature_of=context.orig_method)
+
+    def _root(
+        self,
+        next_fun: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        context: Any,
+    ) -> Any:
+        """Run the root; record it only when no submodule was called (a lone module)."""
+        before = self._submodule_calls
+        opened = self.tap.sink.open_call()
+        failed = True
+        try:
+            out = next_fun(*args, **kwargs)
+            root = ModulePath(())
+            lone = self._submodule_calls == before
+            if lone and (self.filter_ is None or self.filter_(root, context.module)):
+                if "__call__" not in self.seen:
+                    self.seen.append("__call__")
+                self.tap.report_inputs("__call__", context.orig_method, args, kwargs)
+                self.tap.report_output("__call__", out)
+            failed = False
+        finally:
+            self.tap.sink.close_call(opened, failed)
+        return out
 
     def apply(self, variables: Any, *args: Any, **kwargs: Any) -> Any:
         """``module.apply(variables, *args, **kwargs)``, recording the calls inside."""

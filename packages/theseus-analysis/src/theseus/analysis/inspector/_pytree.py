@@ -107,8 +107,10 @@ def wrap_model(
             (default: at arrays).
 
     Returns:
-        The wrapped model (the root itself is not wrapped, as in the documented
-        tool) and the paths of every callable node seen, for messages.
+        The wrapped model and the paths of every callable node seen, for messages.
+        The root itself is not wrapped, as in the documented tool (its output
+        is the model's output), unless it has no callable node below it: a lone
+        module is recorded as ``__call__``.
     """
     keep = filter_ or default_filter
     stop = is_leaf or default_is_leaf
@@ -139,7 +141,13 @@ def wrap_model(
             return _NodeWrapper(node, path, tap)
         return node
 
-    return visit(model, ModulePath(())), seen
+    root = ModulePath(())
+    wrapped = visit(model, root)
+    if not seen and callable(model) and keep(root, model):
+        # a lone module (an eqx.nn.Linear): record the root so that something is recorded
+        seen.append("__call__")
+        return _NodeWrapper(wrapped, root, tap), seen
+    return wrapped, seen
 
 
 def unwrap(model: Any) -> Any:

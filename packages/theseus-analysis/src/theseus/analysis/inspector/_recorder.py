@@ -217,12 +217,12 @@ def tail(
         >>> import jax, jax.numpy as jnp, tempfile
         >>> from flax import nnx
         >>> from theseus.analysis.inspector import read_from_safetensors, tail
-        >>> model = nnx.Sequential(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), jax.nn.relu)
+        >>> model = nnx.Sequential(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), nnx.Linear(3, 1, rngs=nnx.Rngs(1)))
         >>> folder = tempfile.mkdtemp()
         >>> with tail(model, folder) as fm:
         ...     _ = fm(jnp.ones((4, 2)))
         >>> {k: v.shape for k, v in read_from_safetensors(folder).items()}
-        {'layers.0.__call__': (4, 3), 'layers.1.__call__': (4, 3)}
+        {'layers.0.__call__': (4, 3), 'layers.1.__call__': (4, 1)}
     """
     return _Recorder(
         model,

@@ -119,16 +119,27 @@ class Tap:
         opened = self.sink.open_call()
         failed = True
         try:
-            if self.record != "outputs":
-                named = _named_arguments(signature_of or function, args, kwargs)
-                pairs: list[tuple[str, Any]] = []
-                for name, value in named.items():
-                    pairs += leaf_items(value, key + PATH_SEP + name, python_scalars=False)
-                self._emit(pairs)
+            self.report_inputs(key, signature_of or function, args, kwargs)
             out = function(*args, **kwargs)
-            if self.record != "inputs":
-                self._emit(leaf_items(out, key, python_scalars=True))
+            self.report_output(key, out)
             failed = False
         finally:
             self.sink.close_call(opened, failed)
         return out
+
+    def report_inputs(
+        self, key: str, signature_of: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Report a call's arguments by name as ``key.name`` (unless only outputs are kept)."""
+        if self.record == "outputs":
+            return
+        named = _named_arguments(signature_of, args, kwargs)
+        pairs: list[tuple[str, Any]] = []
+        for name, value in named.items():
+            pairs += leaf_items(value, key + PATH_SEP + name, python_scalars=False)
+        self._emit(pairs)
+
+    def report_output(self, key: str, out: Any) -> None:
+        """Report a call's output leaves under ``key`` (unless only inputs are kept)."""
+        if self.record != "inputs":
+            self._emit(leaf_items(out, key, python_scalars=True))

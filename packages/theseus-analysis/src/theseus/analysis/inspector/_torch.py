@@ -58,11 +58,13 @@ def hook_model(
 
         return hook
 
+    lone = next(iter(model.children()), None) is None
+
     def visit(path: ModulePath, node: Any) -> None:
         if node is None or (is_leaf is not None and is_leaf(path, node)):
             return
-        if path:
-            key = path + PATH_SEP + "forward"
+        if path or lone:
+            key = (path + PATH_SEP if path else "") + "forward"
             seen.append(key)
             if filter_(path, node) if filter_ else isinstance(node, nn.Module):
                 if tap.record != "outputs":
