@@ -47,8 +47,11 @@ def show(file: str, key_pattern: str, meta: bool) -> None:
     if meta:
         for part in recording_files(file):
             click.echo(f"# {part}")
-            for index, key in read_metadata(part).items():
-                click.echo(f"#   {index}: {key}")
+            metadata = read_metadata(part)
+            for index in sorted(
+                metadata, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k)
+            ):
+                click.echo(f"#   {index}: {metadata[index]}")
     width = max([len(k) for k in data] + [3])
     click.echo(
         f"{'key':<{width}}  {'shape':<18} {'dtype':<9} {'mean':>10} {'std':>10} "
@@ -75,7 +78,7 @@ def _line(result: KeyComparison, width: int) -> str:
             f"max abs {_number(result.max_abs)}  max rel {_number(result.max_rel)}  "
             f"{result.exceed}/{result.total} exceed"
         )
-    label = "close" if result.status == "close" else "DIFFERS"
+    label = {"close": "close", "differs": "DIFFERS", "shape": "SHAPE"}.get(result.status, "MISSING")
     return f"{result.key:<{width}}  {label:<7}  {detail}"
 
 
@@ -121,5 +124,10 @@ def diff(
         f"mismatches, {counts['only-file']} only in FILE, {counts['only-ref']} only in REF "
         f"(rtol={rtol:g}, atol={atol:g})"
     )
+    if results and counts["only-file"] + counts["only-ref"] == len(results):
+        click.echo(
+            "no key in common: rename FILE's keys with --key-map PATTERN REPLACEMENT "
+            "(e.g. --key-map '\\.forward$' '.__call__' for PyTorch against JAX)."
+        )
     if counts["close"] != len(results):
         raise SystemExit(1)
