@@ -165,6 +165,11 @@ def test_cadence_values_and_checkpoints_land_on_the_right_nodes(root: Path) -> N
         n.seq: [c.step for c in store.checkpoints(n)] for n in nodes if store.checkpoints(n)
     }
     assert checkpointed == {3: [4], 7: [8]}
+    meta = store.checkpoints(nodes[7])[0].meta
+    assert meta["cursor"] == 7 and meta["step"] == 8 and meta["node"] == nodes[7].serialize()
+    assert "architecture:" in meta["config"] and "n_embd: 32" in meta["config"]
+    key = jax.random.fold_in(jax.random.key(trainer.args.seed), 7)
+    assert meta["rng"] == np.asarray(jax.random.key_data(key)).tolist()
     latest = store.query().nonce(trainer.node.nonce).checkpoint().latest().first()
     assert latest.seq == 7
 

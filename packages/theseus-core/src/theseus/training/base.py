@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from flax.training.train_state import TrainState
 
-from theseus.config import field
+from theseus.config import dump, field
 from theseus.data.batches import Batch, MixturePlan
 from theseus.data.datasets import Synthetic
 from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
@@ -504,7 +504,9 @@ class BaseTrainer(BasicJob):
             "cursor": self.cursor,
             "step": step,
             "seed": self.args.seed,
+            "rng": np.asarray(jax.random.key_data(self.step_key())).tolist(),
             "node": self.node.serialize(),
+            "config": dump(self.configuration),
         }
         self._keeper.save(step, self.node, _only_arrays(self.state), meta)
 
