@@ -1,4 +1,3 @@
-# ruff: noqa: RUF009  (theseus.config.field is a dataclass field specifier, like dataclasses.field)
 """Composition rules of theseus.config: paths, declarers, defaults, conflicts, nesting."""
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# ruff: noqa: RUF009  (theseus.config.field is a dataclass field specifier, like dataclasses.field)
 """Values in a configuration tree: coercion, access, overrides, YAML, hydration."""
 
 from __future__ import annotations
