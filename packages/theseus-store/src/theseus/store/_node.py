@@ -125,6 +125,16 @@ class Node:
         )
         return cls(name, secrets.token_hex(4), 0, parent=parent)
 
+    @classmethod
+    def trusted(cls, name: str, nonce: str, seq: int, parent: Node | None = None) -> Node:
+        """Build a node from fields the store validated when it recorded them (no checks)."""
+        node = object.__new__(cls)
+        object.__setattr__(node, "name", name)
+        object.__setattr__(node, "nonce", nonce)
+        object.__setattr__(node, "seq", seq)
+        object.__setattr__(node, "parent", parent)
+        return node
+
     def next(self) -> Node:
         """Return the successor: same name and nonce, ``seq + 1``, parent = this node.
 

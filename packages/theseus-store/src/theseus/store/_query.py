@@ -229,8 +229,8 @@ class Query:
         sql, params = self._sql(_NODE_COLUMNS, limit)
         found = []
         for nid, name, nonce, seq, pname, pnonce, pseq in conn.execute(sql, params):
-            parent = None if pname is None else Node(pname, pnonce, pseq)
-            found.append((nid, Node(name, nonce, seq, parent=parent)))
+            parent = None if pname is None else Node.trusted(pname, pnonce, pseq)
+            found.append((nid, Node.trusted(name, nonce, seq, parent)))
         return found
 
     def all(self) -> list[Node]:
@@ -298,14 +298,16 @@ class Query:
         def run(conn: sqlite3.Connection) -> list[Artifact]:
             found = []
             for nid, node in self._nodes(conn):
+                # Inline bytes come in the same snapshot; they are verified on access.
                 sql = (
-                    "SELECT a.name, a.filename, a.hash, a.size, a.created, a.version "
-                    "FROM artifacts a WHERE a.node = ? AND NOT EXISTS (SELECT 1 FROM artifacts b "
+                    "SELECT a.name, a.filename, a.hash, a.size, a.created, a.version, i.content "
+                    "FROM artifacts a LEFT JOIN inline i ON a.size <= ? AND i.hash = a.hash "
+                    "WHERE a.node = ? AND NOT EXISTS (SELECT 1 FROM artifacts b "
                     "WHERE b.node = a.node AND b.name = a.name AND b.id > a.id)"
                 )
-                params: tuple[Any, ...] = (nid,)
+                params: tuple[Any, ...] = (self.store.inline_max, nid)
                 if name is not None:
-                    sql, params = sql + " AND a.name = ?", (nid, name)
+                    sql, params = sql + " AND a.name = ?", (*params, name)
                 for row in conn.execute(sql + " ORDER BY a.name", params):
                     found.append(self.store.artifact_from_row(node.identity(), row))
             return found

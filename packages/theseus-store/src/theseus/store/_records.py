@@ -134,7 +134,8 @@ class Artifact:
     size: int
     created: float
     version: int
-    _load: Callable[[str, int], bytes] = dataclasses.field(repr=False, compare=False)
+    _load: Callable[[str, int, bytes | None], bytes] = dataclasses.field(repr=False, compare=False)
+    _inline: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @functools.cached_property
     def content(self) -> bytes:
@@ -144,4 +145,4 @@ class Artifact:
             MissingBlobError: if the blob file is gone.
             BlobHashError: if the blob's bytes do not match the recorded hash.
         """
-        return self._load(self.hash, self.size)
+        return self._load(self.hash, self.size, self._inline)

@@ -466,14 +466,20 @@ class Store:
         return Query(self)
 
     def artifact_from_row(self, node: Node, row: tuple[Any, ...]) -> Artifact:
-        """Build an Artifact from ``(name, filename, hash, size, created, version)``."""
-        return Artifact(node, row[0], row[1], row[2], row[3], row[4], row[5], self.load)
+        """Build an Artifact from ``(name, filename, hash, size, created, version[, inline])``."""
+        inline = None if len(row) < 7 or row[6] is None else bytes(row[6])
+        return Artifact(node, row[0], row[1], row[2], row[3], row[4], row[5], self.load, inline)
 
-    def load(self, digest: str, size: int) -> bytes:
+    def load(self, digest: str, size: int, fetched: bytes | None = None) -> bytes:
         """Return the bytes stored under ``digest``, verified against it.
 
         Artifacts of at most ``inline_max`` bytes are in the database's ``inline``
         table, larger ones in the blob folder.
+
+        Args:
+            digest: the SHA-256 the store recorded.
+            size: the size the store recorded.
+            fetched: inline bytes a query already read (verified here all the same).
 
         Raises:
             MissingBlobError: if the bytes are missing.
@@ -481,12 +487,14 @@ class Store:
         """
         if size > self.inline_max:
             return self.blobs.read(digest, size)
+        where = f"The inline blob {digest} in {self.db_path}"
+        if fetched is not None:
+            return verified(fetched, digest, size, where)
         row = self.read(
             lambda conn: conn.execute(
                 "SELECT content FROM inline WHERE hash = ?", (digest,)
             ).fetchone()
         )
-        where = f"The inline blob {digest} in {self.db_path}"
         if row is None:
             raise MissingBlobError(
                 f"{where} is missing (expected {size} bytes). Restore {self.db_path} from "
