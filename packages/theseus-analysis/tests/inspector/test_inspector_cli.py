@@ -110,3 +110,11 @@ def test_python_dash_m(recording):
     )
     assert done.returncode == 0, done.stderr
     assert "2 close, 0 differ" in done.stdout
+
+
+def test_unreadable_input_exits_2(tmp_path):
+    (tmp_path / "empty").mkdir()
+    missing = CliRunner().invoke(inspect, ["show", str(tmp_path / "missing")])
+    assert missing.exit_code == 2
+    empty = CliRunner().invoke(inspect, ["diff", str(tmp_path / "empty"), str(tmp_path / "empty")])
+    assert empty.exit_code == 2 and "holds no .safetensors file" in empty.output
