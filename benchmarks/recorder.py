@@ -220,7 +220,7 @@ def bench_equinox(repeats: int, workdir: Path) -> None:
     captured_model = inspector.capture(model)
 
     def theseus_capture() -> None:
-        out, captured = captured_forward(captured_model, tokens)
+        _, captured = captured_forward(captured_model, tokens)
         inspector.save_recording(captured, workdir / "theseus-capture")
 
     print("Equinox transformer: 5 blocks, d_model 128, 4 heads, 64 tokens, vocab 512")
@@ -243,20 +243,26 @@ def bench_equinox(repeats: int, workdir: Path) -> None:
         assert list(mine) == list(theirs), (list(mine)[:5], list(theirs)[:5])
         identical = all(np.array_equal(mine[k], theirs[k]) for k in mine)
         worst = max(float(np.max(np.abs(mine[k] - theirs[k]))) for k in mine)
-        print(f"  {mode}: same {len(mine)} keys in the same order, arrays identical: {identical}"
-              f" (max abs difference {worst:.1e})")
+        print(
+            f"  {mode}: same {len(mine)} keys in the same order, arrays identical: {identical}"
+            f" (max abs difference {worst:.1e})"
+        )
         assert identical
     captured = inspector.read_from_safetensors(workdir / "theseus-capture")
     worst = max(float(np.max(np.abs(captured[k] - ours[k]))) for k in ours)
     print(f"  capture vs eager recording: max abs difference {worst:.1e}")
     for mode in ("eager", "jit"):
         t, c = medians[f"theseus {mode}"], medians[f"clouseau {mode}"]
-        print(f"  {mode:5s}: theseus {t * 1e3:8.2f} ms   clouseau {c * 1e3:8.2f} ms   "
-              f"clouseau/theseus = {c / t:5.2f}x")
+        print(
+            f"  {mode:5s}: theseus {t * 1e3:8.2f} ms   clouseau {c * 1e3:8.2f} ms   "
+            f"clouseau/theseus = {c / t:5.2f}x"
+        )
     c = medians["clouseau jit"]
     t = medians["theseus capture"]
-    print(f"  capture (values returned by the program): {t * 1e3:8.2f} ms   "
-          f"clouseau jit/theseus capture = {c / t:5.2f}x")
+    print(
+        f"  capture (values returned by the program): {t * 1e3:8.2f} ms   "
+        f"clouseau jit/theseus capture = {c / t:5.2f}x"
+    )
 
 
 # ------------------------------------------------------------------ Flax linen GPT
@@ -283,7 +289,9 @@ class GPTBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + CausalSelfAttention(self.d_model, self.heads, name="attn")(nn.LayerNorm(name="ln1")(x))
+        x = x + CausalSelfAttention(self.d_model, self.heads, name="attn")(
+            nn.LayerNorm(name="ln1")(x)
+        )
         h = nn.gelu(nn.Dense(4 * self.d_model, name="up")(nn.LayerNorm(name="ln2")(x)))
         return x + nn.Dense(self.d_model, name="down")(h)
 
@@ -325,12 +333,16 @@ def bench_linen(repeats: int) -> None:
     out, captured = recorded(variables, tokens)
     np.testing.assert_array_equal(out, plain(variables, tokens))
     (key,) = captured
-    print(f"Flax linen GPT: 4 blocks, d_model 256, 8 heads, batch 8 x 128 tokens, vocab 1024;"
-          f" recording {key} cropped to {tuple(captured[key].shape)}")
+    print(
+        f"Flax linen GPT: 4 blocks, d_model 256, 8 heads, batch 8 x 128 tokens, vocab 1024;"
+        f" recording {key} cropped to {tuple(captured[key].shape)}"
+    )
     medians = interleaved_medians({"plain": run_plain, "recorded": run_recorded}, repeats)
     ratio = medians["recorded"] / medians["plain"]
-    print(f"  plain jit {medians['plain'] * 1e3:8.2f} ms   with the recorded crop "
-          f"{medians['recorded'] * 1e3:8.2f} ms   ratio = {ratio:5.3f}x (target <= 1.05)")
+    print(
+        f"  plain jit {medians['plain'] * 1e3:8.2f} ms   with the recorded crop "
+        f"{medians['recorded'] * 1e3:8.2f} ms   ratio = {ratio:5.3f}x (target <= 1.05)"
+    )
 
 
 def main() -> None:

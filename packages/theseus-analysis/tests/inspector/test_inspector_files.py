@@ -87,6 +87,14 @@ def test_second_recording_leaves_no_stale_files(two_layer, tmp_path):
         tail(two_layer, tmp_path, exist="error").__enter__()
 
 
+def test_folder_with_files_of_another_pattern_is_refused(two_layer, x, tmp_path):
+    with tail(two_layer, tmp_path) as fm:
+        fm(x)
+    with pytest.raises(RecordingExistsError, match=r"activations-000\.safetensors"):
+        tail(two_layer, tmp_path, filename_pattern="part-{idx}.safetensors").__enter__()
+    assert [p.name for p in tmp_path.iterdir()] == ["activations-000.safetensors"]
+
+
 def test_path_that_is_a_file_is_refused(doc_model, tmp_path):
     target = tmp_path / "trace.safetensors"
     target.write_bytes(b"x")

@@ -48,8 +48,8 @@ class RecordingStore:
 
     Raises:
         InspectorOptionError: invalid ``max_size_mb``, ``stack``, ``exist`` or pattern.
-        RecordingExistsError: ``folder`` is a file, or holds a recording and
-            ``exist="error"``.
+        RecordingExistsError: ``folder`` is a file, holds ``.safetensors`` files
+            the pattern does not name, or holds a recording and ``exist="error"``.
     """
 
     def __init__(
@@ -87,6 +87,17 @@ class RecordingStore:
                 f"path {str(self.folder)!r} is a file, but tail() writes a folder of "
                 f"{filename_pattern!r} files there; remove the file or pass a folder path."
             )
+        if self.folder.is_dir():
+            regex = file_regex(filename_pattern)
+            foreign = sorted(
+                p.name for p in self.folder.glob("*.safetensors") if not regex.match(p.name)
+            )
+            if foreign:
+                raise RecordingExistsError(
+                    f"{str(self.folder)!r} holds .safetensors files that {filename_pattern!r} "
+                    f"does not name ({', '.join(foreign)}); reading the folder would merge them "
+                    "with this recording. Remove them, or record into another folder."
+                )
         if exist == "error" and self.stale_files(0):
             raise RecordingExistsError(
                 f"{str(self.folder)!r} already holds a recording "
