@@ -184,3 +184,23 @@ def test_cli_names_the_damaged_file(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "theseus-store: error: The blob file" in err and str(root / "blobs") in err
     with Store(root) as store, pytest.raises(UnknownNodeError):
         store.get(Node("general.default.run", made[0].nonce, 999))
+
+
+def test_fsck_finds_rows_that_disagree(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    made = _filled(root, 2)
+    with Store(root) as store:
+        path = root / "ckpt"
+        path.mkdir()
+        store.checkpoint(made[1], path)
+        assert store.fsck().clean
+    with sqlite3.connect(root / "store.sqlite") as conn:
+        conn.execute("UPDATE nodes SET ckpt = NULL")
+        conn.execute("INSERT INTO vals(node, key, value, kind) VALUES (999, 'k', 1, 'v')")
+    with Store(root) as store:
+        problems = store.fsck().problems
+    db = root / "store.sqlite"
+    assert problems == [
+        f"{db}: 1 row(s) of table vals point at missing nodes",
+        f"{db}: 1 node(s) whose latest-checkpoint pointer disagrees with the checkpoint table",
+    ]

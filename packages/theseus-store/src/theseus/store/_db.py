@@ -51,9 +51,11 @@ CREATE TABLE IF NOT EXISTS nodes(
     name TEXT NOT NULL, nonce TEXT NOT NULL, seq INTEGER NOT NULL,
     project TEXT NOT NULL, grp TEXT NOT NULL, run TEXT NOT NULL,
     created REAL NOT NULL, written REAL NOT NULL,
+    ckpt INTEGER,  -- id of the node's most recently recorded checkpoint (NULL: none)
     UNIQUE(name, nonce, seq));
-CREATE INDEX IF NOT EXISTS nodes_run ON nodes(run);
-CREATE INDEX IF NOT EXISTS nodes_project ON nodes(project, grp);
+CREATE INDEX IF NOT EXISTS nodes_run ON nodes(run, ckpt);
+CREATE INDEX IF NOT EXISTS nodes_project ON nodes(project, grp, ckpt);
+CREATE INDEX IF NOT EXISTS nodes_ckpt ON nodes(ckpt);
 CREATE TABLE IF NOT EXISTS edges(
     child INTEGER NOT NULL, parent INTEGER NOT NULL,
     PRIMARY KEY(child, parent)) WITHOUT ROWID;

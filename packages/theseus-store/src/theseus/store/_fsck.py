@@ -113,6 +113,15 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
                 report.problems.append(
                     f"{store.db_path}: {count} row(s) of table {table} point at missing nodes"
                 )
+        (stale,) = conn.execute(
+            "SELECT COUNT(*) FROM nodes n WHERE n.ckpt IS NOT "
+            "(SELECT MAX(c.id) FROM checkpoints c WHERE c.node = n.id)"
+        ).fetchone()
+        if stale:
+            report.problems.append(
+                f"{store.db_path}: {stale} node(s) whose latest-checkpoint pointer disagrees "
+                "with the checkpoint table"
+            )
         (report.artifacts,) = conn.execute("SELECT COUNT(*) FROM artifacts").fetchone()
         inline = conn.execute(
             "SELECT a.hash, a.size, i.content FROM (SELECT hash, MAX(size) AS size FROM "

@@ -15,10 +15,10 @@ from theseus.store._node import Node
 from theseus.store._records import Scalar, decode_value
 
 __all__ = [
+    "CURRENT_ARTIFACTS",
     "ancestors",
     "artifact_history",
     "checkpoint_rows",
-    "current_artifacts",
     "folded_values",
     "job_record",
     "lookup",
@@ -104,15 +104,14 @@ def lookup(conn: sqlite3.Connection, node: Node) -> int:
     raise UnknownNodeError(f"The store has no node {node.serialize()}. {hint}.")
 
 
-def current_artifacts(conn: sqlite3.Connection, node: Node) -> list[tuple[Any, ...]]:
-    """Return ``(name, filename, hash, size, created, version)`` of each current artifact."""
-    nid = lookup(conn, node)
-    return conn.execute(
-        "SELECT a.name, a.filename, a.hash, a.size, a.created, a.version FROM artifacts a "
-        "WHERE a.node = ? AND NOT EXISTS (SELECT 1 FROM artifacts b WHERE b.node = a.node "
-        "AND b.name = a.name AND b.id > a.id) ORDER BY a.name",
-        (nid,),
-    ).fetchall()
+# ``(name, filename, hash, size, created, version, id)`` of each current artifact of the
+# node ``(name, nonce, seq)``: with MAX(), SQLite takes the other columns from the row
+# holding the maximum, i.e. the latest version of each name.
+CURRENT_ARTIFACTS = (
+    "SELECT a.name, a.filename, a.hash, a.size, a.created, a.version, MAX(a.id) "
+    "FROM nodes n JOIN artifacts a ON a.node = n.id "
+    "WHERE n.name = ? AND n.nonce = ? AND n.seq = ? GROUP BY a.name ORDER BY a.name"
+)
 
 
 def artifact_history(conn: sqlite3.Connection, node: Node, name: str) -> list[tuple[Any, ...]]:

@@ -119,7 +119,7 @@ class Query:
     def checkpoint(self) -> Query:
         """Keep nodes with at least one checkpoint (and make ``latest()`` mean latest checkpoint)."""
         self._checkpoint = True
-        return self._add("EXISTS (SELECT 1 FROM checkpoints c WHERE c.node = n.id)")
+        return self._add("n.ckpt IS NOT NULL")
 
     def artifact(self, name: str | None = None) -> Query:
         """Keep nodes with an artifact (named ``name`` if given); ``select()`` then lists artifacts."""
@@ -213,7 +213,7 @@ class Query:
             return sql, params
         if self._latest:
             if self._checkpoint:
-                sql += " ORDER BY (SELECT MAX(c.id) FROM checkpoints c WHERE c.node = n.id) DESC"
+                sql += " ORDER BY n.ckpt DESC"
             else:
                 sql += " ORDER BY n.id DESC"
             limit = 1

@@ -137,6 +137,34 @@ class Artifact:
     _load: Callable[[str, int, bytes | None], bytes] = dataclasses.field(repr=False, compare=False)
     _inline: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
 
+    @classmethod
+    def from_row(
+        cls,
+        node: Node,
+        row: tuple[Any, ...],
+        load: Callable[[str, int, bytes | None], bytes],
+        inline: bytes | None = None,
+    ) -> Artifact:
+        """Build from a row starting ``(name, filename, hash, size, created, version)``.
+
+        The fields come from rows the store validated on write, so this skips the
+        frozen dataclass's per-field ``__setattr__`` (``get()`` builds many of these).
+        ``inline`` is the bytes if the query already fetched them (verified on access).
+        """
+        artifact = object.__new__(cls)
+        artifact.__dict__.update(
+            node=node,
+            name=row[0],
+            filename=row[1],
+            hash=row[2],
+            size=row[3],
+            created=row[4],
+            version=row[5],
+            _load=load,
+            _inline=inline,
+        )
+        return artifact
+
     @functools.cached_property
     def content(self) -> bytes:
         """The exact bytes (read once, verified against the hash).

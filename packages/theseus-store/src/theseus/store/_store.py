@@ -209,6 +209,12 @@ class Store:
                 return fn(self._connection())
             return retrying(self.db_path, attempt)
 
+    def read_one(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Run one SELECT statement (a statement is its own consistent snapshot)."""
+        with self._lock, translate(self.db_path):
+            conn = self._connection()
+            return retrying(self.db_path, lambda: conn.execute(sql, params).fetchall())
+
     @contextlib.contextmanager
     def batch(self) -> Iterator[Store]:
         """Group writes into one transaction: all of them become durable together, or none.
@@ -422,11 +428,12 @@ class Store:
         def insert(conn: sqlite3.Connection) -> Checkpoint:
             now = time.time()
             nid = _lineage.node_id(conn, node, now)
-            conn.execute(
+            cid = conn.execute(
                 "INSERT INTO checkpoints(node, path, relative, step, meta, created) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (nid, stored, relative, step, meta_text, now),
-            )
+            ).lastrowid
+            conn.execute("UPDATE nodes SET ckpt = ? WHERE id = ?", (cid, nid))
             return Checkpoint(node.identity(), str(full), step, json.loads(meta_text), now)
 
         return self.write(insert)
@@ -467,8 +474,8 @@ class Store:
 
     def artifact_from_row(self, node: Node, row: tuple[Any, ...]) -> Artifact:
         """Build an Artifact from ``(name, filename, hash, size, created, version[, inline])``."""
-        inline = None if len(row) < 7 or row[6] is None else bytes(row[6])
-        return Artifact(node, row[0], row[1], row[2], row[3], row[4], row[5], self.load, inline)
+        inline = row[6] if len(row) > 6 and isinstance(row[6], bytes) else None
+        return Artifact.from_row(node, row, self.load, inline)
 
     def load(self, digest: str, size: int, fetched: bytes | None = None) -> bytes:
         """Return the bytes stored under ``digest``, verified against it.
@@ -508,8 +515,11 @@ class Store:
         Raises:
             UnknownNodeError: if the store never recorded ``node``.
         """
-        rows = self.read(lambda conn: _lineage.current_artifacts(conn, node))
-        return {row[0]: self.artifact_from_row(node.identity(), row) for row in rows}
+        rows = self.read_one(_lineage.CURRENT_ARTIFACTS, (node.name, node.nonce, node.seq))
+        if not rows:  # no artifacts, or no such node: tell the two apart
+            self.read(lambda conn: _lineage.lookup(conn, node))
+        me = node.identity()
+        return {row[0]: Artifact.from_row(me, row, self.load) for row in rows}
 
     def history(self, node: Node, name: str) -> list[Artifact]:
         """Return every version of artifact ``name`` on ``node``, oldest first."""
