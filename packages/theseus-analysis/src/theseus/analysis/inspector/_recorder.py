@@ -26,11 +26,8 @@ Filter = Callable[[ModulePath, Any], bool]
 
 def is_torch_model(model: Any) -> bool:
     """Whether ``model`` is a ``torch.nn.Module`` (``False`` when torch is absent)."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    return isinstance(model, torch.nn.Module)
+    torch = sys.modules.get("torch")  # a torch module exists only once torch is imported
+    return torch is not None and isinstance(model, torch.nn.Module)
 
 
 def is_jax_model(model: Any) -> bool:

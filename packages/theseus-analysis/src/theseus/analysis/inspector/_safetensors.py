@@ -89,7 +89,9 @@ def _torch_int16() -> Any:
 def write_file(filename: Path, arrays: Mapping[str, Any]) -> None:
     """Write ``arrays`` to one safetensors file, recording the key order in its metadata.
 
-    The file appears atomically (written beside it, then renamed).
+    The file is written in place (a rename would cost more than the write on
+    some file systems); a write cut short leaves a file whose header promises
+    more bytes than it holds, which safetensors refuses to open.
 
     Args:
         filename: the target file.
@@ -106,13 +108,11 @@ def write_file(filename: Path, arrays: Mapping[str, Any]) -> None:
         buffers.append(array)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    partial = filename.with_name(filename.name + ".partial")
-    with partial.open("wb") as handle:
+    with filename.open("wb") as handle:
         handle.write(struct.pack("<Q", len(text)))
         handle.write(text)
         for array in buffers:
             handle.write(array.reshape(-1).view(np.uint8).data if array.size else b"")
-    os.replace(partial, filename)
 
 
 def _index_field(pattern: str) -> tuple[str, str, str]:
