@@ -2,10 +2,10 @@
 
 Run: ``uv run --group bench python benchmarks/store_vs_mlflow.py [--n 200]``
 
-Both sides do the same work in the same process on the same disk; each
-measurement starts clean (``os.sync()``, garbage collector paused as ``timeit``
-does). Queries alternate operation by operation so that both meet the same
-machine load; writes run one side after the other (see ``_sequential``):
+Both sides do the same work in the same process on the same disk, alternating
+operation by operation so that both meet the same machine load, with the garbage
+collector paused (as ``timeit`` does); before each timed write ``os.sync()``
+flushes what the previous operation left dirty (see ``_interleaved``):
 
 * **write**: record one artifact (4 KiB of bytes) at a new address. For
   theseus-store the address is a new node (``store.put(node, ...)``, durable
@@ -57,46 +57,33 @@ def _phase(fn: Callable[[], tuple[list[float], list[float]]]) -> tuple[list[floa
         gc.enable()
 
 
-def _timed(fn: Callable[[int], object], n: int, warmup: int) -> list[float]:
-    """Time ``fn(i)`` for each i; the first ``warmup`` calls run but are not counted."""
-    out = []
-    for i in range(n + warmup):
-        start = time.perf_counter()
-        fn(i)
-        out.append(time.perf_counter() - start)
-    return out[warmup:]
-
-
 def _interleaved(
-    ours: Callable[[int], object], theirs: Callable[[int], object], n: int, warmup: int
+    ours: Callable[[int], object],
+    theirs: Callable[[int], object],
+    n: int,
+    warmup: int,
+    sync: bool = False,
 ) -> tuple[list[float], list[float]]:
-    """Time ``ours(i)`` and ``theirs(i)`` alternately, so both meet the same machine load."""
+    """Time ``ours(i)`` and ``theirs(i)`` alternately, so both meet the same machine load.
+
+    With ``sync`` (for writes), ``os.sync()`` runs before each timed call: an fsync
+    commits the whole ext4 journal, so without it one side's deferred writes
+    (MLflow does not fsync its artifact copies) would be paid by the other's next fsync.
+    """
 
     def run() -> tuple[list[float], list[float]]:
-        a, b = [], []
+        a: list[float] = []
+        b: list[float] = []
         for i in range(n + warmup):
-            start = time.perf_counter()
-            ours(i)
-            middle = time.perf_counter()
-            theirs(i)
-            b.append(time.perf_counter() - middle)
-            a.append(middle - start)
+            for fn, out in ((ours, a), (theirs, b)):
+                if sync:
+                    os.sync()
+                start = time.perf_counter()
+                fn(i)
+                out.append(time.perf_counter() - start)
         return a[warmup:], b[warmup:]
 
     return _phase(run)
-
-
-def _sequential(
-    ours: Callable[[int], object], theirs: Callable[[int], object], n: int, warmup: int
-) -> tuple[list[float], list[float]]:
-    """Time all of ``ours`` and then all of ``theirs``, each from a clean start.
-
-    Writes are measured this way: alternating them would charge one side's
-    deferred disk writes to the other's next fsync.
-    """
-    a = _phase(lambda: (_timed(ours, n, warmup), []))[0]
-    b = _phase(lambda: (_timed(theirs, n, warmup), []))[0]
-    return a, b
 
 
 def _ms(samples: list[float]) -> str:
@@ -151,7 +138,7 @@ def main() -> None:
             local.write_bytes(payloads[i])
             client.log_artifact(run.info.run_id, str(local))
 
-        write = _sequential(ours_write, ml_write, n, args.warmup)
+        write = _interleaved(ours_write, ml_write, n, args.warmup, sync=True)
 
         def ours_write_fixed(i: int) -> None:
             store.put(fixed, f"result{i}", "result.bin", payloads[i][::-1])
@@ -161,7 +148,7 @@ def main() -> None:
             local.write_bytes(payloads[i][::-1])
             client.log_artifact(fixed_run, str(local))
 
-        write_existing = _sequential(ours_write_fixed, ml_write_fixed, n, args.warmup)
+        write_existing = _interleaved(ours_write_fixed, ml_write_fixed, n, args.warmup, sync=True)
 
         order = list(range(total))
         rng.shuffle(order)
