@@ -292,3 +292,24 @@ def test_jitted_forward_is_reused_by_the_next_recording(two_layer, x, tmp_path):
         np.testing.assert_allclose(data["first.__call__"], two_layer.first(x * run), **JIT)
     forward(two_layer, x)  # outside a recording: nothing is delivered anywhere
     assert forward._cache_size() == 2
+
+
+def test_nnx_with_a_custom_is_leaf_keeps_variables_intact(tmp_path):
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.first = nnx.Linear(3, 4, rngs=rngs)
+            self.second = nnx.Linear(4, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.second(self.first(x))
+
+    net = Net(nnx.Rngs(0))
+    x = jnp.ones((2, 3))
+    with tail(net, tmp_path, is_leaf=lambda p, n: p == "second") as fm:
+        out = fm(x)
+    data = read_from_safetensors(tmp_path)
+    assert list(data) == ["first.__call__"]
+    np.testing.assert_array_equal(data["first.__call__"], net.first(x))
+    np.testing.assert_array_equal(out, net(x))

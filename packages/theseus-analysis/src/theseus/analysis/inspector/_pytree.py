@@ -103,8 +103,8 @@ def wrap_model(
         tap: where the wrappers report.
         filter_: ``filter_(path, node) -> bool``, which nodes to record
             (default: every callable node).
-        is_leaf: ``is_leaf(path, node) -> bool``, where to stop descending
-            (default: at arrays).
+        is_leaf: ``is_leaf(path, node) -> bool``, where else to stop descending;
+            the descent always stops at arrays and NNX variables.
 
     Returns:
         The wrapped model and the paths of every callable node seen, for messages.
@@ -113,7 +113,10 @@ def wrap_model(
         module is recorded as ``__call__``.
     """
     keep = filter_ or default_filter
-    stop = is_leaf or default_is_leaf
+
+    def stop(path: ModulePath, node: Any) -> bool:
+        return default_is_leaf(path, node) or (is_leaf is not None and is_leaf(path, node))
+
     seen: list[str] = []
 
     def visit(node: Any, path: ModulePath) -> Any:
