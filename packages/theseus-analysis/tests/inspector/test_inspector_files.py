@@ -14,6 +14,7 @@ import pytest
 from theseus.analysis.inspector import (
     EmptyRecordingWarning,
     InspectorOptionError,
+    KeyCollisionError,
     RecordingExistsError,
     RecordingNotFoundError,
     RecordingShapeError,
@@ -93,6 +94,24 @@ def test_folder_with_files_of_another_pattern_is_refused(two_layer, x, tmp_path)
     with pytest.raises(RecordingExistsError, match=r"activations-000\.safetensors"):
         tail(two_layer, tmp_path, filename_pattern="part-{idx}.safetensors").__enter__()
     assert [p.name for p in tmp_path.iterdir()] == ["activations-000.safetensors"]
+
+
+def test_key_map_renames_and_refuses_collisions(two_layer, x, tmp_path):
+    with tail(two_layer, tmp_path / "renamed", key_map=[(r"^first", "layer0")]) as fm:
+        fm(x)
+    assert list(read_from_safetensors(tmp_path / "renamed")) == [
+        "layer0.__call__",
+        "second.__call__",
+    ]
+    with (
+        pytest.raises(KeyCollisionError, match="sends both"),
+        tail(two_layer, tmp_path / "clash", key_map=[(r"^\w+", "layer")]) as fm,
+    ):
+        fm(x)
+    _, got = capture(two_layer, key_map=[(r"\.__call__$", "")])(x)
+    assert list(got) == ["first", "second"]
+    with pytest.raises(InspectorOptionError, match="valid regular expressions"):
+        capture(two_layer, key_map=[("(", "")])
 
 
 def test_path_that_is_a_file_is_refused(doc_model, tmp_path):

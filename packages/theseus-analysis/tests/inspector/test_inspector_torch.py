@@ -134,6 +134,16 @@ def test_torch_and_equinox_port_diff_close_then_perturbed(torch_net, batch, tmp_
     assert jax_keys == ["fc1.__call__", "norm.__call__", "fc2.__call__"]
     assert [k.replace(".forward", ".__call__") for k in torch_keys] == jax_keys
 
+    # recorded to the same key names directly: no --key-map needed
+    same_names = [(r"\.forward$", ".__call__")]
+    with tail(torch_net, tmp_path / "torch-named", key_map=same_names) as fm:
+        fm(torch.from_numpy(batch))
+    assert list(read_from_safetensors(tmp_path / "torch-named")) == jax_keys
+    direct = CliRunner().invoke(
+        inspect, ["diff", str(tmp_path / "torch-named"), str(tmp_path / "jax"), "--atol", "1e-5"]
+    )
+    assert direct.exit_code == 0 and "3 close, 0 differ" in direct.output, direct.output
+
     key_map = ["--key-map", r"\.forward$", ".__call__", "--rtol", "1e-5", "--atol", "1e-5"]
     runner = CliRunner()
     close = runner.invoke(

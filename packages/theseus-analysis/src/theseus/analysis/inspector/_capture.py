@@ -9,7 +9,7 @@ dictionary in the on-disk format of :func:`tail`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -19,7 +19,7 @@ from jax.tree_util import register_dataclass
 
 from ._emit import CaptureSink
 from ._errors import UnsupportedModelError
-from ._paths import ModulePath
+from ._paths import KeyMap, ModulePath
 from ._recorder import DEFAULT_PATH, model_framework
 from ._store import STACKS, RecordingStore
 from ._tap import Tap, check_record
@@ -73,6 +73,7 @@ def capture(
     record: str = "outputs",
     stack: str = "concat",
     transform: Callable[[str, Any], Any] | None = None,
+    key_map: Sequence[tuple[str, str]] = (),
 ) -> Any:
     """Make a model return the recorded values as outputs, for use inside ``jax.jit``.
 
@@ -84,6 +85,7 @@ def capture(
         stack: ``"concat"`` or ``"separate"`` for repeated calls.
         transform: ``transform(key, array) -> array`` applied inside the program
             (a crop costs nothing but the copy of what it keeps).
+        key_map: ordered ``(pattern, replacement)`` renames of the keys.
 
     Returns:
         For a pytree model, a pytree callable as ``captured(*args) -> (out, dict)``;
@@ -110,7 +112,8 @@ def capture(
 
         raise InspectorOptionError(f"stack must be one of {STACKS}, got {stack!r}.")
     framework = model_framework(model)
-    sink = CaptureSink(stack)
+    KeyMap(key_map)  # validate the patterns now
+    sink = CaptureSink(stack, key_map)
     tap = Tap(sink, record, transform)
     if framework == "torch":
         raise UnsupportedModelError(

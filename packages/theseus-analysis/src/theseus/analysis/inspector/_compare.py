@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ._errors import InspectorOptionError, KeyCollisionError
+from ._errors import InspectorOptionError
+from ._paths import KeyMap
 
 __all__ = ["KeyComparison", "compare_recordings", "key_statistics", "remap_keys"]
 
@@ -65,24 +65,8 @@ def remap_keys(keys: Sequence[str], key_map: Sequence[tuple[str, str]]) -> dict[
         InspectorOptionError: a pattern is not a valid regular expression.
         KeyCollisionError: two keys end up with one name.
     """
-    try:
-        compiled = [(re.compile(p), r) for p, r in key_map]
-    except re.error as error:
-        raise InspectorOptionError(
-            f"a --key-map pattern is not a valid regular expression ({error}); got {key_map!r}."
-        ) from None
-    renamed: dict[str, str] = {}
-    for key in keys:
-        new = key
-        for pattern, replacement in compiled:
-            new = pattern.sub(replacement, new)
-        if new in renamed:
-            raise KeyCollisionError(
-                f"the key map sends both {renamed[new]!r} and {key!r} to {new!r}; make the "
-                "patterns more specific (anchor them with ^ and $) so each key keeps its own name."
-            )
-        renamed[new] = key
-    return renamed
+    rename = KeyMap(key_map)
+    return {rename(key): key for key in keys}
 
 
 @dataclass(frozen=True)

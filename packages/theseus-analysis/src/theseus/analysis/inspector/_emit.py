@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import CaptureTraceError
+from ._paths import KeyMap
 from ._store import RecordingStore
 
 __all__ = ["CaptureSink", "RecordSink", "SinkSlot", "assemble"]
@@ -187,10 +189,12 @@ class CaptureSink:
 
     Args:
         stack: ``"concat"`` or ``"separate"``, as for recordings.
+        key_map: ordered ``(pattern, replacement)`` renames of the keys.
     """
 
-    def __init__(self, stack: str) -> None:
+    def __init__(self, stack: str, key_map: Sequence[tuple[str, str]] = ()) -> None:
         self.stack = stack
+        self.key_map = tuple(key_map)
         self._local = threading.local()
 
     def _frames(self) -> list[_Frame]:
@@ -205,7 +209,9 @@ class CaptureSink:
 
     def close(self) -> dict[str, Any]:
         """Stop collecting and return ``{key: value}`` in order of first call."""
-        return assemble([(k, v) for k, v, _ in self._frames().pop().items], self.stack)
+        rename = KeyMap(self.key_map)
+        items = [(rename(k), v) for k, v, _ in self._frames().pop().items]
+        return assemble(items, self.stack)
 
     def emit(self, pairs: list[tuple[str, Any]]) -> None:
         """Collect ``pairs``; they must belong to the trace the capture was opened in.

@@ -7,12 +7,13 @@ argument name and (for tuple or dict values) the position inside the value:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["PATH_SEP", "ModulePath", "key_name", "leaf_items"]
+__all__ = ["PATH_SEP", "KeyMap", "ModulePath", "key_name", "leaf_items"]
 
 PATH_SEP = "."
 
@@ -160,3 +161,59 @@ def _pytree_items(value: Any, prefix: str, *, python_scalars: bool) -> list[tupl
         name = PATH_SEP.join([prefix, *(key_name(k) for k in keys)])
         pairs += leaf_items(leaf, name, python_scalars=python_scalars)
     return pairs
+
+
+class KeyMap:
+    """Ordered regex renames of keys, each ``re.sub`` applied to the previous result.
+
+    Args:
+        pairs: ``(pattern, replacement)`` pairs; replacements may use ``\\1``.
+
+    Raises:
+        InspectorOptionError: a pattern is not a valid regular expression.
+
+    Example:
+        >>> rename = KeyMap([(r"\\.forward$", ".__call__")])
+        >>> rename("fc1.forward")
+        'fc1.__call__'
+    """
+
+    def __init__(self, pairs: Sequence[tuple[str, str]] = ()) -> None:
+        from ._errors import InspectorOptionError
+
+        try:
+            self._rules = [(re.compile(p), r) for p, r in pairs]
+        except (re.error, TypeError, ValueError) as error:
+            raise InspectorOptionError(
+                f"a key map must be (pattern, replacement) pairs of valid regular expressions "
+                f"({error}); got {list(pairs)!r}."
+            ) from None
+        self._names: dict[str, str] = {}
+        self._origins: dict[str, str] = {}
+
+    def __bool__(self) -> bool:
+        """Whether there is any rule."""
+        return bool(self._rules)
+
+    def __call__(self, key: str) -> str:
+        """The new name of ``key``.
+
+        Raises:
+            KeyCollisionError: another key already received this name.
+        """
+        name = self._names.get(key)
+        if name is None:
+            name = key
+            for pattern, replacement in self._rules:
+                name = pattern.sub(replacement, name)
+            origin = self._origins.setdefault(name, key)
+            if origin != key:
+                from ._errors import KeyCollisionError
+
+                raise KeyCollisionError(
+                    f"the key map sends both {origin!r} and {key!r} to {name!r}; make the "
+                    "patterns more specific (anchor them with ^ and $) so each key keeps its "
+                    "own name."
+                )
+            self._names[key] = name
+        return name

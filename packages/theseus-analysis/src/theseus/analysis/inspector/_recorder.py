@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -84,6 +84,7 @@ class _Recorder:
         stack: str,
         exist: str,
         transform: Callable[[str, Any], Any] | None,
+        key_map: Sequence[tuple[str, str]] = (),
     ) -> None:
         check_record(record)
         self.model = model
@@ -92,6 +93,7 @@ class _Recorder:
         self.filter_ = filter_
         self.is_leaf = is_leaf
         self._options = (filename_pattern, max_size_mb, stack, exist)
+        self.key_map = tuple(key_map)
         self.record = record
         self.transform = transform
         self.files: list[Path] = []
@@ -101,7 +103,7 @@ class _Recorder:
 
     def __enter__(self) -> Any:
         pattern, max_size_mb, stack, exist = self._options
-        self.store = RecordingStore(self.path, pattern, max_size_mb, stack, exist)
+        self.store = RecordingStore(self.path, pattern, max_size_mb, stack, exist, self.key_map)
         self.sink = RecordSink(self.store)
         tap = Tap(SinkSlot(self.sink.slot), self.record, self.transform)
         try:
@@ -171,8 +173,9 @@ def tail(
     stack: str = "concat",
     exist: str = "overwrite",
     transform: Callable[[str, Any], Any] | None = None,
+    key_map: Sequence[tuple[str, str]] = (),
 ) -> _Recorder:
-    """Tail and record the forward pass of a model.
+    r"""Tail and record the forward pass of a model.
 
     ``with tail(model, path) as fm:`` yields a callable that behaves like the
     model and records while it runs; on exit the cache is written to
@@ -199,6 +202,10 @@ def tail(
             ones not rewritten removed (``"overwrite"``), or ``"error"`` refuses.
         transform: ``transform(key, array) -> array`` applied on the device before
             a value is recorded (e.g. ``lambda k, x: x[:, :8]`` to crop).
+        key_map: ``(pattern, replacement)`` renames of the keys, applied in order
+            (each ``re.sub`` on the previous result) before they are stored; e.g.
+            ``[(r"\.forward$", ".__call__")]`` records a PyTorch model under the
+            key names of its JAX port.
 
     Returns:
         The recorder, a context manager; after the block its ``files`` lists the
@@ -209,6 +216,7 @@ def tail(
         InspectorOptionError: an invalid option.
         RecordingExistsError: ``path`` is a file, or holds a recording with
             ``exist="error"``.
+        KeyCollisionError: (on exit) ``key_map`` sent two keys to one name.
 
     Example:
         >>> import jax, jax.numpy as jnp, tempfile
@@ -232,4 +240,5 @@ def tail(
         stack,
         exist,
         transform,
+        key_map,
     )

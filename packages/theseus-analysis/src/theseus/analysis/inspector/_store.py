@@ -10,12 +10,19 @@ the pattern and a new cache starts.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._errors import InspectorOptionError, RecordingExistsError, RecordingShapeError
+from ._errors import (
+    InspectorOptionError,
+    KeyCollisionError,
+    RecordingExistsError,
+    RecordingShapeError,
+)
+from ._paths import KeyMap
 from ._safetensors import file_regex, format_filename, write_file
 
 __all__ = ["RecordingStore"]
@@ -45,6 +52,7 @@ class RecordingStore:
             ``"separate"`` stores call ``i`` as ``key#i``.
         exist: ``"overwrite"`` replaces the files of an earlier recording in
             ``folder`` (and removes any it does not rewrite); ``"error"`` refuses.
+        key_map: ordered ``(pattern, replacement)`` renames applied to every key.
 
     Raises:
         InspectorOptionError: invalid ``max_size_mb``, ``stack``, ``exist`` or pattern.
@@ -59,6 +67,7 @@ class RecordingStore:
         max_size_mb: float,
         stack: str = "concat",
         exist: str = "overwrite",
+        key_map: Sequence[tuple[str, str]] = (),
     ) -> None:
         if stack not in STACKS:
             raise InspectorOptionError(f"stack must be one of {STACKS}, got {stack!r}.")
@@ -81,6 +90,8 @@ class RecordingStore:
         self._tails: dict[str, tuple[tuple[int, ...], str]] = {}
         self._bytes = 0
         self.errors: list[str] = []
+        self.collisions: list[str] = []
+        self._rename = KeyMap(key_map)
         self.files: list[Path] = []
         if self.folder.exists() and not self.folder.is_dir():
             raise RecordingExistsError(
@@ -123,6 +134,13 @@ class RecordingStore:
         """
         nbytes = int(np.prod(array.shape, dtype=np.int64)) * array.dtype.itemsize
         with self._lock:
+            if self._rename:
+                try:
+                    key = self._rename(key)
+                except KeyCollisionError as error:
+                    if str(error) not in self.collisions:
+                        self.collisions.append(str(error))
+                    return
             if self.stack == "concat" and not self._consistent(key, array):
                 return
             self._rank[key] = min(self._rank.get(key, site), site)
@@ -178,6 +196,8 @@ class RecordingStore:
         """Write what is cached, remove files left by an earlier recording, return the files.
 
         Raises:
+            KeyCollisionError: ``key_map`` sent two keys to one name (the second
+                key's arrays were dropped).
             RecordingShapeError: some repeated calls could not be concatenated
                 (their other arrays were written).
         """
@@ -186,6 +206,8 @@ class RecordingStore:
                 self._write()
             for stale in self.stale_files(len(self.files)):
                 stale.unlink()
+        if self.collisions:
+            raise KeyCollisionError(" ".join(self.collisions))
         if self.errors:
             raise RecordingShapeError(
                 "repeated calls cannot be concatenated along axis 0: "
