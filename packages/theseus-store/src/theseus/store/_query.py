@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from theseus.store._errors import UnknownKeyError, ValueTypeError
@@ -227,8 +228,12 @@ class Query:
 
     def _nodes(self, conn: sqlite3.Connection, limit: int | None = None) -> list[tuple[int, Node]]:
         sql, params = self._sql(_NODE_COLUMNS, limit)
+        return self._rows_to_nodes(conn.execute(sql, params))
+
+    @staticmethod
+    def _rows_to_nodes(rows: Iterable[tuple[Any, ...]]) -> list[tuple[int, Node]]:
         found = []
-        for nid, name, nonce, seq, pname, pnonce, pseq in conn.execute(sql, params):
+        for nid, name, nonce, seq, pname, pnonce, pseq in rows:
             parent = None if pname is None else Node.trusted(pname, pnonce, pseq)
             found.append((nid, Node.trusted(name, nonce, seq, parent)))
         return found
@@ -292,27 +297,36 @@ class Query:
         return pairs if return_nodes else [values for _, values in pairs]
 
     def artifacts(self) -> list[Artifact]:
-        """Return the current artifacts of the matching nodes (named one only, if given)."""
+        """Return the current artifacts of the matching nodes (named one only, if given).
+
+        Two statements, no shared snapshot needed: nodes are never removed and an
+        artifact row and its inline bytes come from one statement (the bytes are
+        verified against the hash on access).
+        """
         name = self._artifact[1]
-
-        def run(conn: sqlite3.Connection) -> list[Artifact]:
-            found = []
-            for nid, node in self._nodes(conn):
-                # Inline bytes come in the same snapshot; they are verified on access.
-                sql = (
-                    "SELECT a.name, a.filename, a.hash, a.size, a.created, a.version, i.content "
-                    "FROM artifacts a LEFT JOIN inline i ON a.size <= ? AND i.hash = a.hash "
-                    "WHERE a.node = ? AND NOT EXISTS (SELECT 1 FROM artifacts b "
-                    "WHERE b.node = a.node AND b.name = a.name AND b.id > a.id)"
-                )
-                params: tuple[Any, ...] = (self.store.inline_max, nid)
-                if name is not None:
-                    sql, params = sql + " AND a.name = ?", (*params, name)
-                for row in conn.execute(sql + " ORDER BY a.name", params):
-                    found.append(self.store.artifact_from_row(node.identity(), row))
-            return found
-
-        return self.store.read(run)
+        nodes = self._rows_to_nodes(self.store.read_one(*self._sql(_NODE_COLUMNS)))
+        if not nodes:
+            return []
+        position = {nid: k for k, (nid, _) in enumerate(nodes)}
+        ids = list(position)
+        rows: list[tuple[Any, ...]] = []
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            # With MAX(), SQLite takes the bare columns from the latest version's row.
+            sql = (
+                "SELECT a.name, a.filename, a.hash, a.size, a.created, a.version, i.content, "
+                "a.node, MAX(a.id) FROM artifacts a LEFT JOIN inline i "
+                "ON a.size <= ? AND i.hash = a.hash "
+                f"WHERE a.node IN ({','.join('?' * len(chunk))})"
+            )
+            params: tuple[Any, ...] = (self.store.inline_max, *chunk)
+            if name is not None:
+                sql, params = sql + " AND a.name = ?", (*params, name)
+            rows += self.store.read_one(sql + " GROUP BY a.node, a.name", params)
+        rows.sort(key=lambda row: (position[row[7]], row[0]))
+        bare = {nid: Node.trusted(n.name, n.nonce, n.seq) for nid, n in nodes}
+        load = self.store.load
+        return [Artifact.from_row(bare[row[7]], row, load, row[6]) for row in rows]
 
     def _select_artifacts(self, keys: list[str] | tuple[str, ...] | None) -> list[dict[str, Any]]:
         fields = _ARTIFACT_FIELDS if keys is None else tuple(keys)

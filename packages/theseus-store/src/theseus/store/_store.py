@@ -17,7 +17,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -209,7 +209,7 @@ class Store:
                 return fn(self._connection())
             return retrying(self.db_path, attempt)
 
-    def read_one(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def read_one(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """Run one SELECT statement (a statement is its own consistent snapshot)."""
         with self._lock, translate(self.db_path):
             conn = self._connection()
