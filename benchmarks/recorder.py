@@ -253,6 +253,12 @@ def bench_equinox(repeats: int, workdir: Path) -> None:
             f" (max abs difference {worst:.1e})"
         )
         assert identical
+    from clouseau.io_utils import read_from_safetensors as clouseau_read
+
+    theirs_of_ours = clouseau_read(workdir / "theseus-eager" / "activations-000.safetensors")
+    assert list(theirs_of_ours) == list(ours)
+    assert all(np.array_equal(theirs_of_ours[k], ours[k]) for k in ours)
+    print("  clouseau's reader reads theseus's file: same keys, same order, same arrays")
     captured = inspector.read_from_safetensors(workdir / "theseus-capture")
     worst = max(float(np.max(np.abs(captured[k] - ours[k]))) for k in ours)
     print(f"  capture vs eager recording: max abs difference {worst:.1e}")

@@ -313,3 +313,20 @@ def test_nnx_with_a_custom_is_leaf_keeps_variables_intact(tmp_path):
     assert list(data) == ["first.__call__"]
     np.testing.assert_array_equal(data["first.__call__"], net.first(x))
     np.testing.assert_array_equal(out, net(x))
+
+
+def test_sharded_batch_under_jit_records_global_arrays(two_layer, tmp_path):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    assert len(jax.devices()) == 4  # the root conftest's virtual CPU devices
+    mesh = jax.make_mesh((4,), ("data",))
+    x = jax.device_put(
+        jnp.arange(8 * 3, dtype=jnp.float32).reshape(8, 3) / 10, NamedSharding(mesh, P("data"))
+    )
+    with tail(two_layer, tmp_path) as fm:
+        jax.jit(lambda m, v: m(v))(fm, x)
+    data = read_from_safetensors(tmp_path)
+    assert list(data) == ["first.__call__", "second.__call__"]
+    np.testing.assert_allclose(data["first.__call__"], two_layer.first(np.asarray(x)), **JIT)
+    np.testing.assert_allclose(data["second.__call__"], two_layer(np.asarray(x)), **JIT)
