@@ -33,7 +33,9 @@ def test_no_namespace_init_in_any_package() -> None:
     packages = sorted((ROOT / "packages").glob("*/src/theseus"))
     assert len(packages) == 4, packages
     for namespace in packages:
-        assert not (namespace / "__init__.py").exists(), f"{namespace} must stay a PEP 420 namespace"
+        assert not (namespace / "__init__.py").exists(), (
+            f"{namespace} must stay a PEP 420 namespace"
+        )
         assert any(namespace.glob("*/py.typed")), f"{namespace} has no py.typed marker"
 
 
