@@ -304,6 +304,8 @@ class Query:
         verified against the hash on access).
         """
         name = self._artifact[1]
+        if not self._order and not self._latest:
+            return self._artifacts_in_creation_order(name)
         nodes = self._rows_to_nodes(self.store.read_one(*self._sql(_NODE_COLUMNS)))
         if not nodes:
             return []
@@ -327,6 +329,28 @@ class Query:
         bare = {nid: Node.trusted(n.name, n.nonce, n.seq) for nid, n in nodes}
         load = self.store.load
         return [Artifact.from_row(bare[row[7]], row, load, row[6]) for row in rows]
+
+    def _artifacts_in_creation_order(self, name: str | None) -> list[Artifact]:
+        """The same as :meth:`artifacts` in one statement, when nodes come in id order."""
+        sql, params = self._sql(
+            "a.name, a.filename, a.hash, a.size, a.created, a.version, i.content, "
+            "n.name, n.nonce, n.seq, MAX(a.id) FROM nodes n JOIN artifacts a ON a.node = n.id "
+            "LEFT JOIN inline i ON a.size <= ? AND i.hash = a.hash",
+            ordered=False,
+        )
+        params.insert(0, self.store.inline_max)
+        if name is not None:
+            sql += (" AND " if self._where else " WHERE ") + "a.name = ?"
+            params.append(name)
+        rows = self.store.read_one(sql + " GROUP BY n.id, a.name ORDER BY n.id, a.name", params)
+        load = self.store.load
+        found = []
+        node: Node | None = None
+        for row in rows:
+            if node is None or (node.name, node.nonce, node.seq) != row[7:10]:
+                node = Node.trusted(row[7], row[8], row[9])
+            found.append(Artifact.from_row(node, row, load, row[6]))
+        return found
 
     def _select_artifacts(self, keys: list[str] | tuple[str, ...] | None) -> list[dict[str, Any]]:
         fields = _ARTIFACT_FIELDS if keys is None else tuple(keys)
