@@ -1,0 +1,299 @@
+"""BaseTrainer's train step against a hand-written Flax + optax loop: tokens per second.
+
+Run: ``uv run python benchmarks/train_step.py [--steps 10 --rounds 16 --devices 1
+--layers 4 --width 64 --block 64 --batch 16 --placement once]``
+
+Both sides train the same GPT (the trainer's own Flax module), from the same initial
+parameters, on the same fixed list of batches, on the same devices, with the same
+AdamW (global-norm clipping 1.0, constant learning rate, decay on matrices only) and
+with their state donated. Host batches are fetched once before any timing.
+
+* **theseus**: what ``BaseTrainer.run`` does per step, less data loading and
+  reporting: ``state, loss, meta, grad_norm = trainer._compiled_train()(state,
+  placed, trainer.step_key())``.
+* **hand**: ``params, opt_state, loss = step(params, opt_state, x, y)``, a
+  ``jax.jit`` of ``value_and_grad`` + ``tx.update`` + ``optax.apply_updates``.
+
+``--placement once`` (default) places every batch on the devices before timing
+(theseus with ``trainer.sharding.place_batch``, hand with ``jax.device_put`` to a
+``NamedSharding`` over a ``batch`` mesh axis: the same layout); ``per-step`` places
+it inside the timed step, as a training loop does.
+
+First both sides run ``--check`` steps from the same parameters and their losses and
+parameters are compared (this also compiles both); then, after warm-up, blocks of
+``--steps`` steps alternate between the sides for ``--rounds`` rounds (theseus first in
+even rounds, hand first in odd ones), each block ending in ``block_until_ready``. The
+table gives the median tokens/s per side; the ratio is the median over rounds of
+theseus/hand within a round (adjacent blocks see the same load on a shared machine),
+PASS when it is at least 0.95. ``host/call`` is how long one step call holds Python:
+near the step time, the loop is waiting for the device every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+TARGET = 0.95
+LR = 1e-3
+ADAMW = {"b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
+CLIP = 1.0
+LOSS_ATOL = 1e-5  # per-step loss, float32
+PARAM_RTOL, PARAM_ATOL = 2e-4, 2e-6  # parameters after --check steps, float32
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    p.add_argument("--rounds", type=int, default=16, help="timed blocks per side (alternating)")
+    p.add_argument("--devices", type=int, default=1, help="virtual CPU devices (data parallel)")
+    p.add_argument("--layers", type=int, default=4, help="architecture/n_layers")
+    p.add_argument("--width", type=int, default=64, help="architecture/n_embd")
+    p.add_argument("--heads", type=int, default=4, help="architecture/n_head")
+    p.add_argument("--block", type=int, default=64, help="architecture/block_size")
+    p.add_argument("--batch", type=int, default=16, help="training/batch_size (global rows)")
+    p.add_argument("--batches", type=int, default=8, help="distinct batches, cycled")
+    p.add_argument("--check", type=int, default=5, help="steps of the equivalence check")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per side after the check")
+    p.add_argument("--placement", choices=["once", "per-step"], default="once")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.devices > 1:  # must precede the first `import jax`
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + f" --xla_force_host_platform_device_count={args.devices}"
+        )
+    if args.batch % args.devices:
+        sys.exit(f"--batch {args.batch} must be a multiple of --devices {args.devices}")
+    with tempfile.TemporaryDirectory() as root:
+        return run(args, root)
+
+
+def run(args: argparse.Namespace, root: str) -> int:
+    import jax
+    import numpy as np
+
+    from theseus.data.datasets import Synthetic
+    from theseus.quick import quick
+    from theseus.training.base import BaseTrainer
+
+    class BenchTrainer(BaseTrainer):
+        DATASET = Synthetic
+
+    n_batches = max(args.batches, 1)
+    Synthetic.prepare(root, tokens=4 * n_batches * args.batch * (args.block + 1), val_tokens=4096)
+    with quick(root) as q:
+        q.build(BenchTrainer, "bench")
+        settings = {
+            "architecture/n_layers": args.layers,
+            "architecture/n_embd": args.width,
+            "architecture/n_head": args.heads,
+            "architecture/block_size": args.block,
+            "architecture/dropout": 0.0,
+            "training/batch_size": args.batch,
+            "training/tokens": 10**9,
+            "optimization/lr": LR,
+            "optimization/beta1": ADAMW["b1"],
+            "optimization/beta2": ADAMW["b2"],
+            "optimization/eps": ADAMW["eps"],
+            "optimization/weight_decay": ADAMW["weight_decay"],
+            "optimization/clip_norm": CLIP,
+        }
+        for key, value in settings.items():
+            q.config[key] = value
+        trainer: Any = q.create()
+        host = []
+        for _ in range(n_batches):
+            host.append({k: np.asarray(v) for k, v in trainer.batch("train").items()})
+            trainer.tick()
+        theseus = TheseusSide(trainer, host, args.placement)
+        hand = HandSide(trainer, host, args.placement)
+
+        tokens = args.batch * args.block
+        print(
+            f"model: GPT {args.layers} layers, n_embd {args.width}, {args.heads} heads, "
+            f"block {args.block}; batch {args.batch} ({tokens} tokens/step); "
+            f"{len(jax.devices())} {jax.devices()[0].platform} device(s); placement {args.placement}"
+        )
+        agreed = check(theseus, hand, args.check)
+        for side in (theseus, hand):
+            side.steps(args.warmup)
+        rates: dict[str, list[float]] = {theseus.name: [], hand.name: []}
+        calls: dict[str, list[float]] = {theseus.name: [], hand.name: []}
+        for round_ in range(args.rounds):  # AB, BA, AB, ...: neither side always goes first
+            for side in (theseus, hand) if round_ % 2 == 0 else (hand, theseus):
+                start = time.perf_counter()
+                calls[side.name] += side.steps(args.steps)
+                rates[side.name].append(args.steps * tokens / (time.perf_counter() - start))
+        report(rates, calls, args)
+    return 0 if agreed else 1
+
+
+class TheseusSide:
+    """The trainer's jitted step, called as `BaseTrainer.run` calls it."""
+
+    name = "theseus"
+
+    def __init__(self, trainer: Any, host: list[dict[str, Any]], placement: str) -> None:
+        import jax
+        import numpy as np
+
+        self.trainer = trainer
+        self.initial = jax.tree.map(np.asarray, trainer.state.params)
+        self.train = trainer._compiled_train()
+        self.host = host
+        self.per_step = placement == "per-step"
+        self.placed = [trainer.sharding.place_batch(b) for b in host]
+        self.i = 0
+        self.loss: Any = None
+
+    def step(self) -> Any:
+        t, index = self.trainer, self.i % len(self.host)
+        placed = t.sharding.place_batch(self.host[index]) if self.per_step else self.placed[index]
+        t.state, self.loss, _, _ = self.train(t.state, placed, t.step_key())
+        self.i += 1
+        return self.loss
+
+    def steps(self, n: int) -> list[float]:
+        calls = timed_calls(self.step, n)
+        block_until_ready(self.trainer.state, self.loss)
+        return calls
+
+    @property
+    def params(self) -> Any:
+        return self.trainer.state.params
+
+
+class HandSide:
+    """A hand-written Flax + optax loop on the trainer's model and initial parameters."""
+
+    name = "hand"
+
+    def __init__(self, trainer: Any, host: list[dict[str, Any]], placement: str) -> None:
+        import jax
+        import numpy as np
+        import optax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        mesh = Mesh(np.asarray(jax.devices()), ("batch",))
+        self.rows = NamedSharding(mesh, PartitionSpec("batch", None))
+        replicated = NamedSharding(mesh, PartitionSpec())
+        model = trainer.model
+        tx = optax.chain(
+            optax.clip_by_global_norm(CLIP),
+            optax.adamw(LR, **ADAMW, mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p)),
+        )
+
+        def step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
+            def loss_fn(p: Any) -> jax.Array:
+                logits, _ = model.apply({"params": p}, x)
+                return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+            loss, grads = jax.value_and_grad(loss_fn)(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        initial = jax.tree.map(np.asarray, trainer.state.params)
+        self.params = jax.device_put(initial, replicated)
+        self.opt_state = jax.jit(tx.init)(self.params)
+        self.train = jax.jit(step, donate_argnums=(0, 1))
+        self.host = host
+        self.per_step = placement == "per-step"
+        self.placed = [self.place(b) for b in host]
+        self.i = 0
+        self.loss: Any = None
+
+    def place(self, batch: dict[str, Any]) -> tuple[Any, Any]:
+        import jax
+
+        return jax.device_put(batch["x"], self.rows), jax.device_put(batch["y"], self.rows)
+
+    def step(self) -> Any:
+        index = self.i % len(self.host)
+        x, y = self.place(self.host[index]) if self.per_step else self.placed[index]
+        self.params, self.opt_state, self.loss = self.train(self.params, self.opt_state, x, y)
+        self.i += 1
+        return self.loss
+
+    def steps(self, n: int) -> list[float]:
+        calls = timed_calls(self.step, n)
+        block_until_ready((self.params, self.opt_state), self.loss)
+        return calls
+
+
+def timed_calls(step: Callable[[], Any], n: int) -> list[float]:
+    """Seconds each of `n` calls of `step` holds the host (dispatch, or waiting on the device)."""
+    calls = []
+    for _ in range(n):
+        start = time.perf_counter()
+        step()
+        calls.append(time.perf_counter() - start)
+    return calls
+
+
+def block_until_ready(*trees: Any) -> None:
+    import jax
+
+    jax.block_until_ready(trees)
+
+
+def check(theseus: TheseusSide, hand: HandSide, n: int) -> bool:
+    """Run `n` steps on each side from the same parameters; compare losses and parameters."""
+    import jax
+    import numpy as np
+
+    for a, b in zip(jax.tree.leaves(theseus.initial), jax.tree.leaves(hand.params), strict=True):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    losses = np.array([[float(theseus.step()), float(hand.step())] for _ in range(max(n, 1))])
+    loss_diff = float(np.abs(losses[:, 0] - losses[:, 1]).max())
+    worst, ok = 0.0, loss_diff <= LOSS_ATOL
+    for a, b in zip(jax.tree.leaves(theseus.params), jax.tree.leaves(hand.params), strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        worst = max(worst, float(np.abs(a - b).max()))
+        ok = ok and bool(np.allclose(a, b, rtol=PARAM_RTOL, atol=PARAM_ATOL))
+    print(
+        f"check: {len(losses)} steps from the same parameters; loss {losses[0, 0]:.4f} -> "
+        f"{losses[-1, 0]:.4f}; max |loss diff| {loss_diff:.2e} (tol {LOSS_ATOL:g}), "
+        f"max |param diff| {worst:.2e} (tol rtol {PARAM_RTOL:g} + atol {PARAM_ATOL:g}): "
+        f"{'same' if ok else 'DIFFERENT'}"
+    )
+    return ok
+
+
+def report(
+    rates: dict[str, list[float]], calls: dict[str, list[float]], args: argparse.Namespace
+) -> None:
+    """The table; the verdict is on the median of per-round ratios (adjacent blocks share load)."""
+    med = statistics.median
+    theseus, hand = rates["theseus"], rates["hand"]
+    paired = [a / b for a, b in zip(theseus, hand, strict=True)]
+    ratio = med(paired)
+    print(f"\n{args.rounds} rounds x {args.steps} steps per side, alternating AB BA AB ...")
+    print(f"{'side':<10}{'tokens/s':>12}{'min':>12}{'max':>12}{'host/call':>12}")
+    for name, values in rates.items():
+        host = f"{med(calls[name]) * 1e3:.2f} ms"
+        print(
+            f"{name:<10}{med(values):>12,.0f}{min(values):>12,.0f}{max(values):>12,.0f}{host:>12}"
+        )
+    print(
+        f"ratio theseus/hand: {ratio:.3f}  (median of per-round ratios, range "
+        f"{min(paired):.3f}..{max(paired):.3f}; ratio of the medians {med(theseus) / med(hand):.3f})"
+    )
+    print(f"{'PASS' if ratio >= TARGET else 'FAIL'}: target ratio >= {TARGET}")
+    print(
+        "host/call: median time one step() call holds Python; close to the step time means "
+        "the loop waits for the device every step (no asynchronous dispatch)."
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
