@@ -209,3 +209,21 @@ def test_store_is_thread_safe(store: Store) -> None:
     assert sorted(r["content"] for r in rows) == sorted(
         f"{k}-{i}".encode() for k in range(4) for i in range(20)
     )
+
+
+def test_forked_child_opens_its_own_connection(store: Store) -> None:
+    import multiprocessing
+
+    parent_node = Node.new("parent")
+    store.log(parent_node, {"who": "parent"})
+
+    def child() -> None:
+        store.log(Node.new("child"), {"who": "child"})  # the inherited Store reconnects
+        store.close()
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(timeout=60)
+    assert process.exitcode == 0
+    assert sorted(v["who"] for v in store.query().has("who").select()) == ["child", "parent"]
+    assert store.fsck().clean

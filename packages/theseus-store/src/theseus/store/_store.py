@@ -522,16 +522,28 @@ class Store:
         return {row[0]: Artifact.from_row(me, row, self.load) for row in rows}
 
     def history(self, node: Node, name: str) -> list[Artifact]:
-        """Return every version of artifact ``name`` on ``node``, oldest first."""
+        """Return every version of artifact ``name`` on ``node``, oldest first.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
         rows = self.read(lambda conn: _lineage.artifact_history(conn, node, name))
         return [self.artifact_from_row(node.identity(), row) for row in rows]
 
     def values(self, node: Node) -> dict[str, Scalar]:
-        """Return ``node``'s folded values."""
+        """Return ``node``'s folded values (one mapping, later writes of a key win).
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
         return self.read(lambda conn: _lineage.folded_values(conn, node))
 
     def checkpoints(self, node: Node) -> list[Checkpoint]:
-        """Return ``node``'s checkpoint entries, oldest first."""
+        """Return ``node``'s checkpoint entries in the order they were recorded.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
         rows = self.read(lambda conn: _lineage.checkpoint_rows(conn, node))
         return [self.checkpoint_from_row(node.identity(), row) for row in rows]
 
@@ -541,15 +553,27 @@ class Store:
         return Checkpoint(node, path, row[2], json.loads(row[3]), row[4])
 
     def parents(self, node: Node) -> list[Node]:
-        """Return the nodes ``node`` has a parent edge to."""
+        """Return the nodes ``node`` has a parent edge to (usually one).
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
         return self.read(lambda conn: _lineage.neighbours(conn, node, up=True))
 
     def children(self, node: Node) -> list[Node]:
-        """Return the nodes that have a parent edge to ``node``."""
+        """Return the nodes that have a parent edge to ``node``, in creation order.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
         return self.read(lambda conn: _lineage.neighbours(conn, node, up=False))
 
     def ancestors(self, node: Node) -> list[Node]:
-        """Return every node reachable through parent edges, nearest first."""
+        """Return every node reachable through parent edges, nearest first.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
         return self.read(lambda conn: _lineage.ancestors(conn, node))
 
     def job_config(self, node: Node) -> str | None:
