@@ -100,7 +100,11 @@ class Store:
                 "open it with create=True to start a new store there."
             )
         else:
-            self._create(marker)
+            try:
+                self._create(marker)
+            except BaseException:
+                self.close()
+                raise
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -154,13 +158,17 @@ class Store:
         if self._conn is None or self._pid != os.getpid():
             # A connection must not cross a fork: the child opens its own.
             with translate(self.db_path):
-                self._conn = connect(self.db_path)
-                self._pid = os.getpid()
-                if (self.root / MARKER).exists():
-                    row = self._conn.execute(
-                        "SELECT value FROM meta WHERE key = 'inline_max'"
-                    ).fetchone()
-                    self.inline_max = int(row[0]) if row is not None else 0
+                conn = connect(self.db_path)
+                try:
+                    if (self.root / MARKER).exists():
+                        row = conn.execute(
+                            "SELECT value FROM meta WHERE key = 'inline_max'"
+                        ).fetchone()
+                        self.inline_max = int(row[0]) if row is not None else 0
+                except BaseException:
+                    conn.close()
+                    raise
+                self._conn, self._pid = conn, os.getpid()
         return self._conn
 
     def close(self) -> None:
