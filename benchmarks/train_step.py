@@ -10,7 +10,7 @@ with their state donated. Host batches are fetched once before any timing.
 
 * **theseus**: what ``BaseTrainer.run`` does per step, less data loading and
   reporting: ``state, loss, meta, grad_norm = trainer._compiled_train()(state,
-  placed, trainer.step_key())``.
+  placed, np.uint32(trainer.cursor))``.
 * **hand**: ``params, opt_state, loss = step(params, opt_state, x, y)``, a
   ``jax.jit`` of ``value_and_grad`` + ``tx.update`` + ``optax.apply_updates``.
 
@@ -157,9 +157,11 @@ class TheseusSide:
         self.loss: Any = None
 
     def step(self) -> Any:
+        import numpy as np
+
         t, index = self.trainer, self.i % len(self.host)
         placed = t.sharding.place_batch(self.host[index]) if self.per_step else self.placed[index]
-        t.state, self.loss, _, _ = self.train(t.state, placed, t.step_key())
+        t.state, self.loss, _, _ = self.train(t.state, placed, np.uint32(t.cursor))
         self.i += 1
         return self.loss
 

@@ -373,15 +373,21 @@ class BaseTrainer(BasicJob):
     # --------------------------------------------------------------------- loop
     def step_key(self) -> jax.Array:
         """The RNG key of the live node's update: a pure function of seed and cursor."""
-        return jax.random.fold_in(jax.random.key(self.args.seed), self.cursor)
+        return _key_for(self.args.seed, jnp.uint32(self.cursor))
 
     def _compiled_train(self) -> Any:
+        """`fn(state, batch, cursor) -> (state, loss, meta, grad_norm)`, compiled once.
+
+        The step's key is derived inside the program from the cursor (a uint32), so the
+        host never waits on a separate key computation between steps.
+        """
         if "train" not in self._compiled:
             accumulate, sharding, cls = self.accumulate_steps, self.sharding, type(self)
+            seed = self.args.seed
             out = (nn.unbox(self._state_shardings), None, None, None)
             self._compiled["train"] = jax.jit(
-                lambda state, batch, key: cls.train_step(
-                    state, batch, key, accumulate, sharding=sharding
+                lambda state, batch, cursor: cls.train_step(
+                    state, batch, _key_for(seed, cursor), accumulate, sharding=sharding
                 ),
                 out_shardings=out,
                 donate_argnums=0,
@@ -429,7 +435,9 @@ class BaseTrainer(BasicJob):
                 if self._consumed:
                     self.tick()
                 placed = self.sharding.place_batch(self.batch("train"))
-                self.state, loss, meta, grad_norm = train(self.state, placed, self.step_key())
+                self.state, loss, meta, grad_norm = train(
+                    self.state, placed, np.uint32(self.cursor)
+                )
                 self._consumed = True
                 step += 1
                 self._after_step(step, total, loss, meta, grad_norm, reporter)
@@ -520,6 +528,11 @@ class BaseTrainer(BasicJob):
 def _only_arrays(state: Any) -> dict[str, Any]:
     """The parts of a train state that a checkpoint holds."""
     return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+
+
+def _key_for(seed: int, cursor: Any) -> jax.Array:
+    """`fold_in(key(seed), cursor)`: the same key inside or outside a compiled program."""
+    return jax.random.fold_in(jax.random.key(seed), cursor)
 
 
 def _scalar_keys(meta: dict[str, Any]) -> list[str]:
