@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -23,12 +22,12 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from theseus.store import _lineage
-from theseus.store._blobs import BlobFolder, fsync_dir, verified
+from theseus.store._blobs import BlobFolder, verified
+from theseus.store._connection import Database
 from theseus.store._db import (
     FORMAT,
     INLINE_MAX,
     check_header,
-    connect,
     create_schema,
     retrying,
     translate,
@@ -73,11 +72,7 @@ class Store:
         self.root = Path(root).expanduser().absolute()
         self.db_path = self.root / DATABASE
         self.blobs = BlobFolder(self.root)
-        self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = os.getpid()
-        self._batch = False
-        self._unsynced: set[Path] = set()
+        self._db = Database(self.db_path)
         self.inline_max = INLINE_MAX
         marker = self.root / MARKER
         if self.root.exists() and not self.root.is_dir():
@@ -93,7 +88,12 @@ class Store:
                     "Restore store.sqlite from a backup."
                 )
             check_header(self.db_path)
-            self._connection()
+            try:
+                rows = self._db.read_one("SELECT value FROM meta WHERE key = 'inline_max'", ())
+            except BaseException:
+                self.close()
+                raise
+            self.inline_max = int(rows[0][0]) if rows else 0
         elif not create:
             raise NotAStoreError(
                 f"{self.root} is not a theseus-store root (no {MARKER}). Check the path, or "
@@ -145,7 +145,7 @@ class Store:
                 f"Cannot create the store folder {self.root}: {err}. Choose a writable "
                 "location whose parents are folders."
             ) from err
-        conn = self._connection()
+        conn = self._db.connection()
         with translate(self.db_path):
             retrying(self.db_path, lambda: create_schema(conn))
         tmp = self.root / f"{MARKER}.tmp"
@@ -154,29 +154,9 @@ class Store:
             os.fsync(handle.fileno())
         os.replace(tmp, marker)
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None or self._pid != os.getpid():
-            # A connection must not cross a fork: the child opens its own.
-            with translate(self.db_path):
-                conn = connect(self.db_path)
-                try:
-                    if (self.root / MARKER).exists():
-                        row = conn.execute(
-                            "SELECT value FROM meta WHERE key = 'inline_max'"
-                        ).fetchone()
-                        self.inline_max = int(row[0]) if row is not None else 0
-                except BaseException:
-                    conn.close()
-                    raise
-                self._conn, self._pid = conn, os.getpid()
-        return self._conn
-
     def close(self) -> None:
         """Close the database connection (idempotent)."""
-        with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
+        self._db.close()
 
     def __enter__(self) -> Store:
         """Return the store itself."""
@@ -198,30 +178,16 @@ class Store:
     # -- transactions ----------------------------------------------------------------------
 
     def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` inside one write transaction, retried while the lock is taken."""
+        """Run ``fn(conn)`` in one write transaction (low level; used by fsck and tools)."""
+        return self._db.write(fn)
 
-        def attempt() -> T:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return result
-
-        with self._lock, translate(self.db_path):
-            if self._batch:
-                return fn(self._connection())
-            return retrying(self.db_path, attempt)
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` in one read snapshot (low level; used by the query cursor)."""
+        return self._db.read(fn)
 
     def read_one(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """Run one SELECT statement (a statement is its own consistent snapshot)."""
-        with self._lock, translate(self.db_path):
-            conn = self._connection()
-            return retrying(self.db_path, lambda: conn.execute(sql, params).fetchall())
+        """Run one SELECT statement (low level; used by the query cursor)."""
+        return self._db.read_one(sql, params)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[Store]:
@@ -242,48 +208,8 @@ class Store:
             >>> store.query().count()
             3
         """
-        with self._lock:
-            if self._batch:
-                yield self
-                return
-
-            def begin() -> None:
-                self._connection().execute("BEGIN IMMEDIATE")
-
-            with translate(self.db_path):
-                retrying(self.db_path, begin)
-            conn = self._connection()
-            self._batch = True
-            try:
-                yield self
-                for folder in sorted(self._unsynced):  # blob renames durable before the rows
-                    fsync_dir(folder)
-                with translate(self.db_path):
-                    conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            finally:
-                self._batch = False
-                self._unsynced.clear()
-
-    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` inside one read transaction (one consistent snapshot)."""
-
-        def attempt() -> T:
-            conn = self._connection()
-            conn.execute("BEGIN")
-            try:
-                return fn(conn)
-            finally:
-                if conn.in_transaction:
-                    conn.execute("COMMIT")
-
-        with self._lock, translate(self.db_path):
-            if self._batch:  # inside a batch: read its own uncommitted writes
-                return fn(self._connection())
-            return retrying(self.db_path, attempt)
+        with self._db.batch():
+            yield self
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -372,7 +298,7 @@ class Store:
                     "INSERT OR IGNORE INTO inline(hash, content) VALUES (?, ?)", (digest, data)
                 )
             else:
-                self.blobs.write(data, digest, self._unsynced if self._batch else None)
+                self.blobs.write(data, digest, self._db.unsynced if self._db.in_batch else None)
             nid = _lineage.node_id(conn, node, now)
             (version,) = conn.execute(
                 "SELECT COALESCE(MAX(version), 0) + 1 FROM artifacts WHERE node = ? AND name = ?",
