@@ -35,7 +35,7 @@ def test_values_fold_later_write_wins_and_types_survive(store: Store) -> None:
 def test_log_rejects_non_scalars_naming_key_and_type(store: Store, bad: object) -> None:
     node = Node.new("run")
     with pytest.raises(ValueTypeError, match="'train/x'") as info:
-        store.log(node, {"ok": 1.0, "train/x": bad})
+        store.log(node, {"ok": 1.0, "train/x": bad})  # type: ignore[dict-item]
     assert type(bad).__name__ in str(info.value) or "64 bits" in str(info.value)
     assert isinstance(info.value, TypeError)
     # Nothing of a rejected record is written, not even its valid keys.

@@ -47,8 +47,8 @@ def _crash_trials(root: Path, trials: int, seed: int) -> dict[str, int]:
         assert proc.returncode == -signal.SIGKILL, err
         for line in out.split("\n")[:-1]:  # complete lines only: a cut-off one is no ack
             if line.startswith("ack "):
-                _, node, name, digest, size = line.split()
-                acked.append((Node.deserialize(node), name, digest, int(size)))
+                _, text, name, digest, length = line.split()
+                acked.append((Node.deserialize(text), name, digest, int(length)))
         with Store(root) as store:
             for node, name, digest, size in acked:
                 artifact = store.get(node)[name]
