@@ -100,9 +100,14 @@ class Database:
 
     def read_one(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """Run one SELECT statement (a statement is its own consistent snapshot)."""
-        with self.lock, translate(self.path):
-            conn = self.connection()
-            return retrying(self.path, lambda: conn.execute(sql, params).fetchall())
+        with self.lock:
+            try:  # the common case, kept short: reads are the store's hot path
+                return self.connection().execute(sql, params).fetchall()
+            except sqlite3.Error:
+                pass  # busy, or a real error: take the careful path, which names the file
+            with translate(self.path):
+                conn = self.connection()
+                return retrying(self.path, lambda: conn.execute(sql, params).fetchall())
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
