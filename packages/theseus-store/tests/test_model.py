@@ -227,3 +227,17 @@ def test_forked_child_opens_its_own_connection(store: Store) -> None:
     assert process.exitcode == 0
     assert sorted(v["who"] for v in store.query().has("who").select()) == ["child", "parent"]
     assert store.fsck().clean
+
+
+def test_zero_dimensional_array_scalars_are_accepted(store: Store) -> None:
+    np = pytest.importorskip("numpy")
+    node = Node.new("run")
+    store.log(
+        node,
+        {"f32": np.float32(0.5), "i64": np.int64(7), "b": np.bool_(True), "zero_d": np.array(2.25)},
+    )
+    values = store.values(node)
+    assert values == {"f32": 0.5, "i64": 7, "b": True, "zero_d": 2.25}
+    assert type(values["i64"]) is int and type(values["b"]) is bool
+    with pytest.raises(ValueTypeError, match=r"'vec'.*numpy\.ndarray"):
+        store.log(node, {"vec": np.zeros(3)})
