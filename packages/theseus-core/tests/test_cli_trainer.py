@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -45,10 +47,27 @@ def test_data_prepare_synthetic_then_train_with_theseus_run(tmp_path: Path) -> N
         "training.batch_size=8",
         "training.tokens=2048",
         "logging.validation_interval=4",
+        "logging.report_interval=2",
         "training.validation_steps=1",
     ]
-    result = runner.invoke(main, ["run", "cli-run", str(config), str(tmp_path), *overrides])
-    assert result.exit_code == 0, result.output
+    # A real process with output redirected: no progress bar, one log line per report.
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("theseus")),
+            "run",
+            "cli-run",
+            str(config),
+            str(tmp_path),
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = [line for line in done.stderr.splitlines() if " step " in line and " tok/s " in line]
+    assert [line.split(" step ")[1].split()[0] for line in reports] == ["2/8", "4/8", "6/8", "8/8"]
+    assert "absl" not in done.stderr and "orbax" not in done.stderr.lower()
     with Store(store_root(tmp_path)) as store:
         last = store.query().spec(run="cli-run").checkpoint().latest().first()
         assert last is not None and last.seq == 7

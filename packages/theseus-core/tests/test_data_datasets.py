@@ -39,7 +39,7 @@ def test_synthetic_prepares_the_requested_sizes_and_records_its_bound(tmp_path: 
 
 
 def test_synthetic_rejects_unknown_options(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="no options"):
+    with pytest.raises(ValueError, match="synthetic has no option --vocabulary; its options are"):
         Synthetic.prepare(tmp_path, vocabulary=3)
     with pytest.raises(ValueError, match="expects an integer"):
         Synthetic.prepare(tmp_path, tokens="many")
@@ -73,12 +73,24 @@ def test_fineweb_reads_jsonl_and_reports_bad_lines(tmp_path: Path) -> None:
         FineWeb.prepare(tmp_path / "root2", source=source)
 
 
+def test_misspelt_options_are_errors_not_ignored(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(ValueError, match="fineweb has no option --val-fractoin"):
+        FineWeb.prepare(tmp_path, source=source, val_fractoin="0.1")
+    with pytest.raises(ValueError, match="text has no option --sources"):
+        TextFiles.prepare(tmp_path, sources=source)
+
+
 def test_missing_sources_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="--source DIR"):
         FineWeb.prepare(tmp_path)
     with pytest.raises(SourceError, match=r"no \.parquet or \.jsonl files"):
         FineWeb.prepare(tmp_path, source=tmp_path)
-    with pytest.raises(DataNotPreparedError, match="theseus data prepare fineweb"):
+    with pytest.raises(
+        DataNotPreparedError, match=r"theseus data prepare fineweb --root .* --source DIR"
+    ):
         FineWeb.open(tmp_path)
 
 

@@ -237,6 +237,13 @@ def test_unprepared_data_fails_at_setup_with_the_command(tmp_path: Path) -> None
             DataNotPreparedError, match=f"theseus data prepare synthetic --root {tmp_path}"
         ):
             q.create()
+        # the lineage it started says that it failed and why
+        (node,) = q.store.query().spec(run="nodata").all()
+        values = q.store.values(node)
+        assert values["job/status"] == "failed"
+        assert values["job/error"].startswith(
+            "DataNotPreparedError: dataset 'synthetic' is not prepared"
+        )
 
 
 def test_bad_geometry_and_vocabulary_are_clear_errors(root: Path) -> None:

@@ -103,7 +103,9 @@ def tiny(config, steps=8, **extra):
     """Apply the tiny settings to a composed configuration (`q.config`)."""
     for key, value in {**TINY, **extra}.items():
         config[key] = value
-    config["training/tokens"] = steps * config["training/batch_size"] * config["architecture/block_size"]
+    config["training/tokens"] = (
+        steps * config["training/batch_size"] * config["architecture/block_size"]
+    )
     return config
 
 

@@ -96,6 +96,16 @@ def test_folder_with_files_of_another_pattern_is_refused(two_layer, x, tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["activations-000.safetensors"]
 
 
+def test_recording_folders_named_like_files_sit_side_by_side(two_layer, x, tmp_path):
+    # seed 004 records into ".clouseau/trace-jax.safetensors" (a folder), then the default path
+    with tail(two_layer, tmp_path / "trace-jax.safetensors") as fm:
+        fm(x)
+    with tail(two_layer, tmp_path) as fm:
+        fm(x)
+    nested = read_from_safetensors(tmp_path / "trace-jax.safetensors")["first.__call__"]
+    np.testing.assert_array_equal(read_from_safetensors(tmp_path)["first.__call__"], nested)
+
+
 def test_key_map_renames_and_refuses_collisions(two_layer, x, tmp_path):
     with tail(two_layer, tmp_path / "renamed", key_map=[(r"^first", "layer0")]) as fm:
         fm(x)
@@ -202,3 +212,10 @@ def test_unflatten_and_magnify(two_layer, x, tmp_path, capsys):
     magnify(tmp_path / "activations-000.safetensors")
     printed = capsys.readouterr().out
     assert "first" in printed and "__call__" in printed
+
+
+def test_documented_import_line_works():
+    from theseus.analysis import inspector, magnifier
+
+    assert magnifier.magnify is inspector.magnify
+    assert magnifier.read_from_safetensors is inspector.read_from_safetensors

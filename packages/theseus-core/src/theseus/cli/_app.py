@@ -9,6 +9,8 @@ when listed or invoked, so core never imports the packages that add them.
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
@@ -38,6 +40,18 @@ def _do_imports(
         except Exception as exc:
             _report(ctx, exc)
     return value
+
+
+def configure_logging() -> None:
+    """Progress lines of Theseus (`theseus.*` loggers) on stderr; libraries only warn.
+
+    Called by the command line, which owns the process; a library user configures
+    logging themselves.
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("theseus").setLevel(logging.INFO)
+    for noisy in ("absl", "orbax", "jax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def common_options(f: F) -> F:
@@ -144,3 +158,4 @@ def main() -> None:
 
     Jobs are registered by name; import your own with --import FILE.py.
     """
+    configure_logging()

@@ -7,8 +7,9 @@ the checkpoints, the losses against the language's entropy bound, and what to ru
 
 from __future__ import annotations
 
-import logging
 import math
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,12 +30,17 @@ DEMO_SETTINGS = {
 }
 
 
-def _quiet_libraries() -> None:
-    """Show Theseus's progress lines; keep orbax's and absl's chatter out of the terminal."""
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
-    logging.getLogger("theseus").setLevel(logging.INFO)
-    for noisy in ("absl", "orbax", "jax"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+def _command(name: str) -> str:
+    """How to call a program of this environment from the user's shell afterwards.
+
+    Started by `uv run`, the environment is on PATH only for this process, so the
+    command is prefixed with `uv run`; otherwise the plain name is printed when it
+    resolves to this environment's program, and its full path when it does not.
+    """
+    if os.environ.get("UV_RUN_RECURSION_DEPTH"):
+        return f"uv run {name}"
+    here = Path(sys.executable).parent / name
+    return name if shutil.which(name) == str(here) else str(here)
 
 
 @main.command("demo")
@@ -43,7 +49,6 @@ def _quiet_libraries() -> None:
 @common_options
 def demo_command(root: Path, steps: int) -> None:
     """Train a tiny GPT on built-in synthetic data under ROOT and print where everything went."""
-    _quiet_libraries()
     from theseus.data.datasets import Synthetic
     from theseus.data.prepared import DataNotPreparedError
     from theseus.experiments.models.gpt import PretrainGPT
@@ -98,13 +103,14 @@ def demo_command(root: Path, steps: int) -> None:
     for node, checkpoint in checkpointed:
         click.echo(f"    step {checkpoint.step:>5} at node seq {node.seq}: {checkpoint.path}")
     click.echo(f"  store:        {root / 'store'}")
-    click.echo(f"  results:      {trainer.spec.result()}")
     click.echo("")
     click.echo("Look at it:")
-    click.echo(f"  theseus-store runs {root / 'store'}")
-    click.echo(f"  theseus-store show {root / 'store'} {trainer.node.serialize()}")
-    click.echo(f"  theseus-store lineage {root / 'store'} {trainer.node.serialize()}")
+    store_cli = _command("theseus-store")
+    python = _command("python")
+    click.echo(f"  {store_cli} runs {root / 'store'}")
+    click.echo(f"  {store_cli} show {root / 'store'} {trainer.node.serialize()}")
+    click.echo(f"  {store_cli} lineage {root / 'store'} {trainer.node.serialize()}")
     click.echo(
-        '  python -c "from theseus.quick import init; '
+        f'  {python} -c "from theseus.quick import init; '
         f"q = init('{root}'); print(q.find().spec(run='demo').checkpoint().latest().first())\""
     )

@@ -56,6 +56,7 @@ class Dataset(abc.ABC):
     """Interface of prepared datasets: a `NAME` (its folder) and a `prepare` class method."""
 
     NAME: ClassVar[str]
+    PREPARE_ARGS: ClassVar[str] = ""  # required options, shown in "not prepared" errors
 
     @classmethod
     @abc.abstractmethod
@@ -65,7 +66,7 @@ class Dataset(abc.ABC):
     @classmethod
     def open(cls, root: str | os.PathLike[str]) -> PreparedData:
         """Open the prepared files (raises `DataNotPreparedError` with the command to run)."""
-        return PreparedData.open(root, cls.NAME)
+        return PreparedData.open(root, cls.NAME, prepare_args=cls.PREPARE_ARGS)
 
 
 def _split(docs: list[np.ndarray], val_fraction: float) -> dict[str, np.ndarray]:
@@ -103,9 +104,7 @@ class Synthetic(Dataset):
             "mean_doc_len",
             "seed",
         }
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"synthetic has no options {unknown}; its options are {sorted(known)}")
+        _check_options(cls.NAME, options, known)
         language = MarkovLanguage(
             alphabet=_as_int("alphabet", options.get("alphabet", 16)),
             order=_as_int("order", options.get("order", 2)),
@@ -173,6 +172,14 @@ def _records(path: Path) -> Iterator[str]:
             yield str(record["text"])
 
 
+def _check_options(name: str, options: dict[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(options) - known)
+    if unknown:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in unknown)
+        valid = ", ".join(f"--{k.replace('_', '-')}" for k in sorted(known))
+        raise ValueError(f"{name} has no option {flags}; its options are {valid}")
+
+
 def _source_files(source: Any, suffixes: tuple[str, ...], name: str) -> list[Path]:
     if source is None:
         raise SourceError(
@@ -219,9 +226,11 @@ class FineWeb(Dataset):
     """
 
     NAME = "fineweb"
+    PREPARE_ARGS = "--source DIR"
 
     @classmethod
     def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
+        _check_options(cls.NAME, options, {"source", "val_fraction"})
         files = _source_files(options.get("source"), (".parquet", ".jsonl"), cls.NAME)
         val_fraction = _as_float("val_fraction", options.get("val_fraction", 0.01))
         return _prepare_documents(cls, root, files, _records, val_fraction)
@@ -242,9 +251,11 @@ class TextFiles(Dataset):
     """
 
     NAME = "text"
+    PREPARE_ARGS = "--source DIR"
 
     @classmethod
     def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
+        _check_options(cls.NAME, options, {"source", "val_fraction"})
         files = _source_files(options.get("source"), (".txt", ".jsonl"), cls.NAME)
         val_fraction = _as_float("val_fraction", options.get("val_fraction", 0.05))
         return _prepare_documents(cls, root, files, _text_file, val_fraction)

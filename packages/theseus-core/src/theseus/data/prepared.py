@@ -117,8 +117,11 @@ class PreparedData:
     header: dict[str, Any]
 
     @classmethod
-    def open(cls, root: str | os.PathLike[str], name: str) -> PreparedData:
+    def open(cls, root: str | os.PathLike[str], name: str, prepare_args: str = "") -> PreparedData:
         """Open dataset `name` under `root`.
+
+        `prepare_args` are the options the dataset needs, shown in the command that the
+        "not prepared" error suggests (e.g. `--source DIR`).
 
         Raises:
             DataNotPreparedError: the dataset folder or its header is missing; the
@@ -131,6 +134,7 @@ class PreparedData:
                 f"dataset {name!r} is not prepared under {Path(root)} (expected "
                 f"{header_path}). Prepare it first:\n"
                 f"    theseus data prepare {name} --root {root}"
+                + (f" {prepare_args}" if prepare_args else "")
             )
         header = json.loads(header_path.read_text())
         if header.get("format") != FORMAT_VERSION:

@@ -193,8 +193,15 @@ class BasicJob(abc.ABC):
             )
         node = self._choose(wanted)
         self._node = self._start = node
-        with self.activated():
-            self.on_setup(wanted)
+        try:
+            with self.activated():
+                self.on_setup(wanted)
+        except BaseException as exc:
+            # A new lineage that failed to set up says so; a resumed node keeps its record.
+            if wanted is not Mode.RESUME:
+                self._status({"job/status": "failed", "job/error": f"{type(exc).__name__}: {exc}"})
+            self._node = self._start = None
+            raise
         self._mode = wanted
         return node
 

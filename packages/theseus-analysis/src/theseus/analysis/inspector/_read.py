@@ -49,7 +49,7 @@ def recording_files(path: str | Path) -> list[Path]:
             f"no recording at {str(path)!r}: expected a .safetensors file or a folder written "
             "by tail(); check the path (tail writes a folder, default .clouseau/)."
         )
-    files = sorted(path.glob("*.safetensors"), key=_natural)
+    files = sorted((p for p in path.glob("*.safetensors") if p.is_file()), key=_natural)
     if not files:
         raise RecordingNotFoundError(
             f"the folder {str(path)!r} holds no .safetensors file; record into it with tail() first."

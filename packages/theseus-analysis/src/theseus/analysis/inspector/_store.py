@@ -101,7 +101,9 @@ class RecordingStore:
         if self.folder.is_dir():
             regex = file_regex(filename_pattern)
             foreign = sorted(
-                p.name for p in self.folder.glob("*.safetensors") if not regex.match(p.name)
+                p.name
+                for p in self.folder.glob("*.safetensors")
+                if p.is_file() and not regex.match(p.name)
             )
             if foreign:
                 raise RecordingExistsError(
