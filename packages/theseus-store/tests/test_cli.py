@@ -141,3 +141,30 @@ def test_console_script_in_a_subprocess(filled: tuple[Store, Node, Node]) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == b"%PDF v2 \x00\xff"
+
+
+def test_long_lineages_are_cut_unless_asked(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node = Node.new("long")
+    store.touch(node)
+    for _ in range(30):
+        node = node.next()
+        store.touch(node)
+    assert main(["lineage", str(store.root), node.serialize(), "--limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "ancestors (30, nearest first)" in out and "... 25 more (--all lists every one)" in out
+    listed = [line for line in out.splitlines() if line.startswith("  general.default.long~")]
+    assert len(listed) == 5
+    assert main(["lineage", str(store.root), node.serialize(), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith("  general.default.long~") for line in out.splitlines()) == 30
+
+
+def test_a_theseus_root_points_at_its_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Store(tmp_path / "store").close()
+    (tmp_path / "data").mkdir()
+    assert main(["runs", str(tmp_path)]) == 2
+    assert f"It has a store in {tmp_path / 'store'}: pass that folder." in capsys.readouterr().err

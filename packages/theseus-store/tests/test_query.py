@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from theseus.store import Node, Store, UnknownKeyError, ValueTypeError
+from theseus.store import Node, QueryError, Store, UnknownKeyError, ValueTypeError
 
 
 @pytest.fixture
@@ -58,8 +58,29 @@ def test_where_operators_on_folded_values(store: Store, runs: dict[str, list[Nod
     assert losses(">=", 3.5) == [3.5, 4.0]
     assert losses("=", 3.0) == [3.0] and losses("==", 3.0) == [3.0]
     assert losses("!=", 3.0) == [1.0, 2.0, 2.5, 3.5, 4.0]
-    with pytest.raises(ValueTypeError, match="operator"):
+    with pytest.raises(QueryError, match="operator"):
         store.query().where("train/loss", "~", 1)
+
+
+def test_ordering_compares_like_with_like(store: Store) -> None:
+    a, b, c = Node.new("a"), Node.new("b"), Node.new("c")
+    store.log(a, {"score": 2.0, "tag": "beta"})
+    store.log(b, {"score": "high", "tag": "alpha"})
+    store.log(c, {"score": 5, "tag": 3})
+    # numbers order among numbers and strings among strings; neither sneaks into the other
+    assert store.query().where("score", "<", 10).all() == [a, c]
+    assert store.query().where("score", ">", "a").all() == [b]
+    assert store.query().where("tag", ">=", "alpha").all() == [a, b]
+    store.log(Node.new("d"), {"only_numbers": 1.5})
+    with pytest.raises(QueryError, match="holds numbers") as info:
+        store.query().where("only_numbers", "<", "abc")
+    assert isinstance(info.value, ValueError)
+
+
+def test_methods_that_take_a_node_refuse_a_string(store: Store) -> None:
+    for method in (store.get, store.values, store.checkpoints, store.ancestors, store.job_config):
+        with pytest.raises(ValueTypeError, match=r"Node\.deserialize"):
+            method("general.default.x~abc~1")  # type: ignore[arg-type]
 
 
 def test_where_none_nan_and_bool(store: Store) -> None:

@@ -62,6 +62,10 @@ class ValueTypeError(StoreError, TypeError):
     """A value, metadata or query operand is not of an accepted type."""
 
 
+class QueryError(StoreError, ValueError):
+    """A query that cannot mean anything: an unknown operator, a value of the wrong kind."""
+
+
 class UnknownKeyError(StoreError, KeyError):
     """A query names a value key that no node has; the message lists close names."""
 

@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from theseus.store._errors import UnknownKeyError, ValueTypeError
+from theseus.store._errors import QueryError, UnknownKeyError, ValueTypeError
 from theseus.store._node import Node
 from theseus.store._records import (
     KIND_NAN,
@@ -148,7 +148,7 @@ class Query:
             ValueTypeError: if ``op`` or ``value`` is not accepted.
         """
         if op not in _OPS:
-            raise ValueTypeError(f"where() operator must be one of {' '.join(_OPS)}; got {op!r}.")
+            raise QueryError(f"where() operator must be one of {' '.join(_OPS)}; got {op!r}.")
         self._known(key)
         stored, kind = encode_value(key, value)
         sql = "EXISTS (SELECT 1 FROM vals v WHERE v.node = n.id AND v.key = ? AND {})"
@@ -165,7 +165,29 @@ class Query:
             )
             test = test if _OPS[op] == "=" else f"NOT ({test})"
             return self._add(sql.format(test), key)
+        if _OPS[op] in ("<", "<=", ">", ">="):
+            # Order numbers with numbers and text with text; SQLite would rank every
+            # number below every string and answer a meaningless comparison.
+            family = "('text')" if isinstance(stored, str) else "('integer', 'real')"
+            self._comparable(key, op, value, family)
+            return self._add(
+                sql.format(f"typeof(v.value) IN {family} AND v.value {_OPS[op]} ?"), key, stored
+            )
         return self._add(sql.format(f"v.value {_OPS[op]} ?"), key, stored)
+
+    def _comparable(self, key: str, op: str, value: Scalar, family: str) -> None:
+        def kinds(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute("SELECT DISTINCT typeof(value) FROM vals WHERE key = ?", (key,))
+            return [row[0] for row in rows]
+
+        found = self.store.read(kinds)
+        if not any(kind in family for kind in found):
+            held = "text" if "text" in found else "numbers"
+            raise QueryError(
+                f"where({key!r}, {op!r}, {value!r}): {key!r} holds {held}, so ordering it "
+                f"against {type(value).__name__} {value!r} means nothing; compare with "
+                f"{'a string' if held == 'text' else 'a number'}."
+            )
 
     def sort(self, key: str, ascending: bool = True) -> Query:
         """Order by value ``key`` (then by earlier sort keys' ties); nodes without it come last.

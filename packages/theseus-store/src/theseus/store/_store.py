@@ -96,8 +96,8 @@ class Store:
             self.inline_max = int(rows[0][0]) if rows else 0
         elif not create:
             raise NotAStoreError(
-                f"{self.root} is not a theseus-store root (no {MARKER}). Check the path, or "
-                "open it with create=True to start a new store there."
+                f"{self.root} is not a theseus-store root (no {MARKER}).{_inner_hint(self.root)} "
+                "Check the path, or open it with create=True to start a new store there."
             )
         else:
             try:
@@ -129,8 +129,8 @@ class Store:
                 shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
                 raise NotAStoreError(
                     f"{self.root} is not empty ({shown}) and has no {MARKER}, so it is not a "
-                    "theseus-store root. Pass an existing store root, or a new or empty folder "
-                    "(for example a 'store' subfolder) to create one."
+                    f"theseus-store root.{_inner_hint(self.root)} Pass an existing store root, "
+                    "or a new or empty folder (for example a 'store' subfolder) to create one."
                 )
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -449,6 +449,7 @@ class Store:
         Raises:
             UnknownNodeError: if the store never recorded ``node``.
         """
+        _check_node(node)
         rows = self.read_one(_lineage.CURRENT_ARTIFACTS, (node.name, node.nonce, node.seq))
         if not rows:  # no artifacts, or no such node: tell the two apart
             self.read(lambda conn: _lineage.lookup(conn, node))
@@ -461,6 +462,7 @@ class Store:
         Raises:
             UnknownNodeError: if the store never recorded ``node``.
         """
+        _check_node(node)
         rows = self.read(lambda conn: _lineage.artifact_history(conn, node, name))
         return [self.artifact_from_row(node.identity(), row) for row in rows]
 
@@ -470,6 +472,7 @@ class Store:
         Raises:
             UnknownNodeError: if the store never recorded ``node``.
         """
+        _check_node(node)
         return self.read(lambda conn: _lineage.folded_values(conn, node))
 
     def checkpoints(self, node: Node) -> list[Checkpoint]:
@@ -478,6 +481,7 @@ class Store:
         Raises:
             UnknownNodeError: if the store never recorded ``node``.
         """
+        _check_node(node)
         rows = self.read(lambda conn: _lineage.checkpoint_rows(conn, node))
         return [self.checkpoint_from_row(node.identity(), row) for row in rows]
 
@@ -492,6 +496,7 @@ class Store:
         Raises:
             UnknownNodeError: if the store never recorded ``node``.
         """
+        _check_node(node)
         return self.read(lambda conn: _lineage.neighbours(conn, node, up=True))
 
     def children(self, node: Node) -> list[Node]:
@@ -500,6 +505,7 @@ class Store:
         Raises:
             UnknownNodeError: if the store never recorded ``node``.
         """
+        _check_node(node)
         return self.read(lambda conn: _lineage.neighbours(conn, node, up=False))
 
     def ancestors(self, node: Node) -> list[Node]:
@@ -508,6 +514,7 @@ class Store:
         Raises:
             UnknownNodeError: if the store never recorded ``node``.
         """
+        _check_node(node)
         return self.read(lambda conn: _lineage.ancestors(conn, node))
 
     def job_config(self, node: Node) -> str | None:
@@ -517,11 +524,13 @@ class Store:
         ``node`` in its lineage (same name and nonce, largest seq <= node.seq),
         else, through the branch parent edge, in the lineage it branched from.
         """
+        _check_node(node)
         found = self.read(lambda conn: _lineage.job_record(conn, node))
         return None if found is None else found[1]
 
     def job_of(self, node: Node) -> str | None:
         """Return the registry key of the job in effect at ``node`` (see job_config)."""
+        _check_node(node)
         found = self.read(lambda conn: _lineage.job_record(conn, node))
         return None if found is None else found[0]
 
@@ -539,6 +548,12 @@ class Store:
             The report (``report.clean`` is True when nothing is wrong).
         """
         return fsck(self, repair)
+
+
+def _inner_hint(root: Path) -> str:
+    """A Theseus root keeps its store in `store/`: say so when that is what was meant."""
+    inner = root / "store" / MARKER
+    return f" It has a store in {root / 'store'}: pass that folder." if inner.exists() else ""
 
 
 def _check_node(node: object) -> None:

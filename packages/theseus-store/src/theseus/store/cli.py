@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -122,9 +123,12 @@ def _lineage(store: Store, args: argparse.Namespace) -> int:
     print(f"node      {node.serialize()}")
     print(f"job       {store.job_of(node) or '-'}")
     ancestors = store.ancestors(node)
+    shown = ancestors if args.all else ancestors[: args.limit]
     print(f"ancestors ({len(ancestors)}, nearest first)")
-    for ancestor in ancestors:
+    for ancestor in shown:
         print(f"  {ancestor.serialize()}")
+    if len(shown) < len(ancestors):
+        print(f"  ... {len(ancestors) - len(shown)} more (--all lists every one)")
     children = store.children(node)
     print(f"children  ({len(children)})")
     for child in children:
@@ -157,6 +161,8 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("root", help="the store's root folder")
     for command in (show, get, lineage):
         command.add_argument("node", help="project.group.run~nonce~seq (or ...~nonce: last node)")
+    lineage.add_argument("--limit", type=int, default=20, help="ancestors to list (default 20)")
+    lineage.add_argument("--all", action="store_true", help="list every ancestor")
     get.add_argument("name", help="the artifact's name")
     get.add_argument("-o", "--output", help="write to this file instead of standard output")
     fsck.add_argument(
@@ -181,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (StoreError, InvalidNodeError) as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, like other Unix tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
         return 2
