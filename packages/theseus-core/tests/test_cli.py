@@ -144,6 +144,19 @@ def test_run_fresh_resume_and_branch(tmp_path: Path) -> None:
     last = store.query().nonce(end.nonce).latest().first()
     assert last is not None and last.seq == 4
     assert store.values(last)["counter/value"] == 16.0
+    # the short form `theseus-store runs` prints (name~nonce) means the lineage's last node
+    again = ok(
+        "run",
+        "train",
+        str(config),
+        str(root),
+        "--resume",
+        f"{end.name}~{end.nonce}",
+        "--import",
+        JOBS_FILE,
+    )
+    assert "resume run finished" in again.output
+    assert store.query().nonce(end.nonce).latest().first().seq == 6  # type: ignore[union-attr]
 
     branched = ok(
         "run",

@@ -11,7 +11,6 @@ from theseus.config import ConfigError, dump, load, parse_overrides
 from theseus.job import BasicJob
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
-from theseus.store import Node
 
 
 def _job_class(name: str) -> type[BasicJob]:
@@ -117,7 +116,7 @@ def run_command(
         tree.load(values)
         base = resume_node or branch_node
         if base is not None:
-            finder = q.find().node(Node.deserialize(base))
+            finder = q.find().node(q.store.resolve(base))
             from_file = tree.flat()
             finder.resume() if resume_node else finder.branch()
             changed = [k for k, v in tree.flat().items() if v != from_file[k] and k not in settings]

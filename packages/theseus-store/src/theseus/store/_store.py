@@ -38,6 +38,7 @@ from theseus.store._errors import (
     MissingBlobError,
     NotAStoreError,
     StorePermissionError,
+    UnknownNodeError,
     ValueTypeError,
 )
 from theseus.store._fsck import FsckReport, fsck
@@ -533,6 +534,25 @@ class Store:
         _check_node(node)
         found = self.read(lambda conn: _lineage.job_record(conn, node))
         return None if found is None else found[0]
+
+    def resolve(self, text: str) -> Node:
+        """The node a user wrote: ``project.group.run~nonce~seq``, or ``...~nonce`` for the
+        last node of that lineage (the form ``theseus-store runs`` prints).
+
+        Raises:
+            InvalidNodeError: ``text`` is neither form.
+            UnknownNodeError: the lineage of a short form is not in this store.
+        """
+        if text.count("~") == 1:
+            name, nonce = text.split("~")
+            nodes = self.query().name(name).nonce(nonce).all()
+            if not nodes:
+                raise UnknownNodeError(
+                    f"The store has no lineage {text}. List them with "
+                    f"`theseus-store runs {self.root}`."
+                )
+            return max(nodes, key=lambda node: node.seq)
+        return Node.deserialize(text)
 
     def runs(self) -> list[dict[str, Any]]:
         """Return one summary per lineage, oldest first (what ``theseus-store runs`` prints)."""

@@ -42,16 +42,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _node(store: Store, text: str) -> Node:
-    if text.count("~") == 1:
-        name, nonce = text.split("~")
-        nodes = store.query().name(name).nonce(nonce).all()
-        if not nodes:
-            raise UnknownNodeError(
-                f"The store has no lineage {text}. List them with "
-                f"`theseus-store runs {store.root}`."
-            )
-        return max(nodes, key=lambda node: node.seq)
-    return Node.deserialize(text)
+    return store.resolve(text)
 
 
 def _runs(store: Store, args: argparse.Namespace) -> int:
