@@ -143,6 +143,24 @@ def test_reimporting_a_file_does_not_register_twice(tmp_path: Path, names: list[
     del sys.modules[again.__name__]
 
 
+def test_a_file_is_its_stem_module_so_job_keys_agree(tmp_path: Path, names: list[str]) -> None:
+    names.append("tests/registry/stem-job")
+    source = tmp_path / "stem_jobs_xyz.py"
+    source.write_text(
+        "from theseus.registry import job\n"
+        "@job('tests/registry/stem-job')\n"
+        "class Registered:\n    pass\n"
+        "class Loose(Registered):\n    pass\n"
+    )
+    module = import_module_or_file(str(source))
+    assert module.__name__ == "stem_jobs_xyz"
+    # the key a YAML file would name the unregistered class by, as from Python
+    assert job_key(module.Loose) == "stem_jobs_xyz:Loose"
+    assert resolve_job("stem_jobs_xyz:Loose") is module.Loose  # no second import, no clash
+    assert JOBS["tests/registry/stem-job"] is module.Registered
+    del sys.modules["stem_jobs_xyz"]
+
+
 def test_import_by_module_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str]
 ) -> None:

@@ -222,12 +222,31 @@ def resolve_job(name_or_class: str | type) -> type:
     return JOBS[name_or_class]
 
 
+def _importable_as(path: Path) -> str | None:
+    """The file's stem, when `import <stem>` would load exactly this file; else None."""
+    stem = path.stem
+    if not stem.isidentifier():
+        return None
+    loaded = sys.modules.get(stem)
+    if loaded is not None:
+        origin = getattr(loaded, "__file__", None)
+        return stem if origin and Path(origin).resolve() == path else None
+    try:
+        spec = importlib.util.find_spec(stem)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    return stem if Path(spec.origin).resolve() == path else None
+
+
 def import_module_or_file(target: str) -> ModuleType:
     """Import a module by dotted name, or a Python file by path, to run its registrations.
 
-    A file is imported under a stable module name derived from its absolute
-    path, so importing it twice does not register anything twice; its folder
-    is put on ``sys.path`` so it can import its neighbours.
+    A file's folder is put on ``sys.path`` (so it can import its neighbours) and
+    the file is imported as the module of its stem (``my_jobs.py`` as ``my_jobs``)
+    when that name loads exactly this file; otherwise under a stable name derived
+    from its absolute path. Importing it twice does not register anything twice.
 
     Args:
         target: ``"my_pkg.jobs"`` or ``"path/to/jobs.py"``.
@@ -246,12 +265,24 @@ def import_module_or_file(target: str) -> ModuleType:
                 f"--import {target!r}: no such file. Pass a Python file that exists or a "
                 "dotted module name importable from the current environment."
             )
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        by_stem = _importable_as(path)
+        if by_stem is not None:
+            # `my_jobs.py` becomes module `my_jobs`, so its classes have the same job key
+            # (`my_jobs:Class`) from the command line as from Python.
+            try:
+                return importlib.import_module(by_stem)
+            except Exception as exc:
+                sys.modules.pop(by_stem, None)
+                raise ImportFailedError(
+                    f"Importing {str(path)!r} raised {type(exc).__name__}: {exc}. Fix the file "
+                    "(run it with python to see the traceback, or pass --debug)."
+                ) from exc
         digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
         name = f"theseus_user_{path.stem.replace('-', '_')}_{digest}"
         if name in sys.modules:
             return sys.modules[name]
-        if str(path.parent) not in sys.path:
-            sys.path.insert(0, str(path.parent))
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
