@@ -22,7 +22,7 @@ from theseus.data.synthetic import MarkovLanguage
 from theseus.data.tokenizer import get_tokenizer
 from theseus.registry import dataset
 
-__all__ = ["Dataset", "FineWeb", "SourceError", "Synthetic", "TextFiles"]
+__all__ = ["Dataset", "FineWeb", "LocalDocuments", "SourceError", "Synthetic", "TextFiles"]
 
 
 class SourceError(FileNotFoundError):
@@ -217,8 +217,32 @@ def _prepare_documents(
     )
 
 
+class LocalDocuments(Dataset):
+    """Interface of datasets prepared from a user's local files (`--source DIR`).
+
+    Subclasses set `NAME`, `SUFFIXES` (the file endings read), `VAL_FRACTION` (whole
+    documents held out) and implement `documents(path)`, the texts of one file.
+    """
+
+    PREPARE_ARGS = "--source DIR"
+    SUFFIXES: ClassVar[tuple[str, ...]]
+    VAL_FRACTION: ClassVar[float]
+
+    @staticmethod
+    @abc.abstractmethod
+    def documents(path: Path) -> Iterator[str]:
+        """The documents of one source file."""
+
+    @classmethod
+    def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
+        _check_options(cls.NAME, options, {"source", "val_fraction"})
+        files = _source_files(options.get("source"), cls.SUFFIXES, cls.NAME)
+        val_fraction = _as_float("val_fraction", options.get("val_fraction", cls.VAL_FRACTION))
+        return _prepare_documents(cls, root, files, cls.documents, val_fraction)
+
+
 @dataset("fineweb")
-class FineWeb(Dataset):
+class FineWeb(LocalDocuments):
     """FineWeb-style records (parquet or jsonl with a `text` field) from a local folder.
 
     Options: `source` (required: a folder or file), `val_fraction` (default 0.01; whole
@@ -226,36 +250,28 @@ class FineWeb(Dataset):
     """
 
     NAME = "fineweb"
-    PREPARE_ARGS = "--source DIR"
+    SUFFIXES = (".parquet", ".jsonl")
+    VAL_FRACTION = 0.01
 
-    @classmethod
-    def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
-        _check_options(cls.NAME, options, {"source", "val_fraction"})
-        files = _source_files(options.get("source"), (".parquet", ".jsonl"), cls.NAME)
-        val_fraction = _as_float("val_fraction", options.get("val_fraction", 0.01))
-        return _prepare_documents(cls, root, files, _records, val_fraction)
-
-
-def _text_file(path: Path) -> Iterator[str]:
-    if path.suffix == ".jsonl":
-        yield from _records(path)
-    else:
-        yield path.read_text(encoding="utf-8", errors="replace")
+    @staticmethod
+    def documents(path: Path) -> Iterator[str]:
+        return _records(path)
 
 
 @dataset("text")
-class TextFiles(Dataset):
+class TextFiles(LocalDocuments):
     """A user's own corpus: every `.txt` file is one document, every `.jsonl` line one record.
 
     Options: `source` (required), `val_fraction` (default 0.05).
     """
 
     NAME = "text"
-    PREPARE_ARGS = "--source DIR"
+    SUFFIXES = (".txt", ".jsonl")
+    VAL_FRACTION = 0.05
 
-    @classmethod
-    def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
-        _check_options(cls.NAME, options, {"source", "val_fraction"})
-        files = _source_files(options.get("source"), (".txt", ".jsonl"), cls.NAME)
-        val_fraction = _as_float("val_fraction", options.get("val_fraction", 0.05))
-        return _prepare_documents(cls, root, files, _text_file, val_fraction)
+    @staticmethod
+    def documents(path: Path) -> Iterator[str]:
+        if path.suffix == ".jsonl":
+            yield from _records(path)
+        else:
+            yield path.read_text(encoding="utf-8", errors="replace")
