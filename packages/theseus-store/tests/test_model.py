@@ -211,6 +211,9 @@ def test_store_is_thread_safe(store: Store) -> None:
     )
 
 
+# When the whole suite runs, JAX is already imported and warns at every fork; the store
+# itself holds no threads across a fork, which is what this test checks.
+@pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
 def test_forked_child_opens_its_own_connection(store: Store) -> None:
     import multiprocessing
 
