@@ -174,6 +174,8 @@ def isolated(session: nox.Session, package: str) -> None:
         shutil.copy(ROOT / "pyproject.toml", scratch / "pyproject.toml")
         shutil.copy(ROOT / "conftest.py", scratch / "conftest.py")
         shutil.copytree(ROOT / "packages" / package / "tests", scratch / "tests")
+        # Tests that check the package's README read it beside their folder, as in the repo.
+        shutil.copy(ROOT / "packages" / package / "README.md", scratch / "README.md")
         with session.chdir(scratch):
             session.run(
                 "python",
