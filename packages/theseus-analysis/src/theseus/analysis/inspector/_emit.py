@@ -51,8 +51,10 @@ class _Frame:
 
 
 def _trace_state() -> Any:
-    from jax.extend.core import get_opaque_trace_state
-
+    try:  # exported here by newer JAX releases
+        from jax.extend.core import get_opaque_trace_state
+    except ImportError:  # JAX 0.9 exports it from jax.core only
+        from jax.core import get_opaque_trace_state
     return get_opaque_trace_state(convention="flax")
 
 
