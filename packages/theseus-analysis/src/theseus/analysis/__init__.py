@@ -1,1 +1,56 @@
-"""placeholder"""
+"""theseus.analysis: compiled analyses of a trainer's model, and the forward recorder.
+
+An analysis is a trainer whose `run()` inspects instead of training::
+
+    @analysis("my/gpt/activations")
+    class Activations(AnalysisBase, PretrainGPT):
+        TARGET = SelfAttention
+        NAME = "activations"
+
+        def select(self, paths): return paths[0]
+        def analyze(self, layer, inputs): return inputs.x[0, :64, :128]
+        def plot(self, values): return self.heatmap(values, xlabel="Feature", ylabel="Token")
+
+Run it as a job (on fresh weights, or on a checkpoint with `base=`), or list it in a
+trainer's `ANALYSIS` to run it at validation cadence. `inspector` records whole
+forward passes to safetensors files; `magnifier` shows them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from theseus.analysis._base import AnalysisBase, AnalysisResult
+    from theseus.analysis._engine import Selection
+    from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
+    from theseus.model.debug import DebugInputs, DebugLayer
+
+__all__ = [
+    "AnalysisBase",
+    "AnalysisError",
+    "AnalysisResult",
+    "AnalysisSelectionError",
+    "DebugInputs",
+    "DebugLayer",
+    "Selection",
+]
+
+# The engine needs JAX and Flax; the recorder (`theseus.analysis.inspector`) must not
+# pay for them when it records a PyTorch model, so the engine's names load on first use.
+_LAZY = {
+    "AnalysisBase": "theseus.analysis._base",
+    "AnalysisResult": "theseus.analysis._base",
+    "Selection": "theseus.analysis._engine",
+    "AnalysisError": "theseus.analysis._errors",
+    "AnalysisSelectionError": "theseus.analysis._errors",
+    "DebugInputs": "theseus.model.debug",
+    "DebugLayer": "theseus.model.debug",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'theseus.analysis' has no attribute {name!r}")

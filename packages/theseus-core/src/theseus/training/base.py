@@ -29,6 +29,7 @@ from theseus.config import dump, field
 from theseus.data.batches import Batch, MixturePlan
 from theseus.data.datasets import Synthetic
 from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
+from theseus.model import debug as _debug
 from theseus.model.models import GPT
 from theseus.training import checkpoints as ckpt
 from theseus.training.evaluation import Evaluation, TandemAnalysis, TandemView
@@ -69,6 +70,11 @@ class BaseTrainerConfig:
         "logging/validation_interval", default=100, help="steps per validation"
     )
     data_seed: int = field("data/seed", default=0, help="seed of the batch plan")
+    comet: str = field(
+        "logging/comet",
+        default="",
+        help="Comet project that analysis figures and JSON also go to ('' = off)",
+    )
 
 
 class BaseTrainer(BasicJob):
@@ -113,6 +119,7 @@ class BaseTrainer(BasicJob):
         self._compiled: dict[str, Any] = {}
         self._keeper: ckpt.CheckpointKeeper | None = None
         self._views: list[TandemView] = []
+        self._check_analyses()
 
     # ------------------------------------------------------------------- geometry
     @property
@@ -289,6 +296,81 @@ class BaseTrainer(BasicJob):
         with jax.sharding.use_abstract_mesh(sharding.mesh.abstract_mesh), sharding.rules():
             return cls.forward(state, state.params, batch, key=key)
 
+    # --------------------------------------------------------------- inspection
+    def inspection_batch(self) -> dict[str, jax.Array]:
+        """The live node's first micro-batch, placed on the devices.
+
+        This is what `find`, `debug` and analyses trace: the rows `train_step` uses
+        for its first micro-step (`batch("train")` itself when there is no
+        gradient accumulation), from the node-cached batch.
+        """
+        rows: dict[str, Any] = dict(self.batch("train"))
+        every = self.accumulate_steps
+        if every > 1:
+            rows = {name: value[::every] for name, value in rows.items()}
+        return self.sharding.place_batch(rows)
+
+    def find(self, target: type | tuple[type, ...]) -> list[str]:
+        """Paths of every call to a `target` module in `trace`, in call order, each once.
+
+        Discovery is abstract (`jax.eval_shape` of `trace` on the live node's batch).
+
+        Args:
+            target: a Flax module class (subclasses match too), or a tuple of them.
+
+        Returns:
+            Path strings such as `"blocks_0/attn"`; the root module is `""`.
+        """
+        state, batch, cls, sharding = (
+            self._inspected(),
+            self.inspection_batch(),
+            type(self),
+            self.sharding,
+        )
+        found: list[str] = []
+
+        def run(state: Any, batch: dict[str, Any]) -> None:
+            found.extend(
+                _debug.discover(lambda: cls.trace(state, batch, None, sharding=sharding), target)
+            )
+
+        jax.eval_shape(run, state, batch)
+        return found
+
+    def debug(self, path: str, key: jax.Array | None = None) -> _debug.DebugSession:
+        """Replay the live node's batch eagerly up to the first call at `path`.
+
+        Args:
+            path: a module path as `find()` returns it (`"blocks_0/attn"`, `""` for the root).
+            key: an RNG key for `trace` and the returned layer (dropout active);
+                `None` (the default) runs deterministically.
+
+        Returns:
+            A `DebugSession`: unpack it as `layer, inputs` (the module bound to its real
+            parameters, and the call's arguments by name), or use it in a `with` block.
+
+        Raises:
+            UnknownPathError: `path` is not a module path the trace calls (the message
+                lists them).
+        """
+        _debug.check_paths([path], self.find(nn.Module), "trainer.debug()")
+        state, batch, cls = self._inspected(), self.inspection_batch(), type(self)
+        sharding = self.sharding
+        rngs = None if key is None else {"dropout": jax.random.fold_in(key, 1)}
+        [(module, inputs)] = _debug.capture(
+            lambda: cls.trace(state, batch, key, sharding=sharding), [path], rngs
+        )
+        return _debug.DebugSession(_debug.DebugLayer(module, path), inputs)
+
+    def _inspected(self) -> Any:
+        """The live state, or a clear error before setup."""
+        self.node  # raises with the fix when the job is not set up  # noqa: B018
+        if self.state is None:
+            raise TrainerError(
+                f"{type(self).__name__} has no state yet; call setup() before find()/debug()"
+            )
+        return self.state
+
     # -------------------------------------------------------------------- setup
     def _abstract_state(self) -> tuple[Any, Any]:
         """`(abstract_state, shardings)`: shapes of the train state and where each part lives."""
@@ -347,6 +429,7 @@ class BaseTrainer(BasicJob):
             init = jax.jit(self._init, out_shardings=nn.unbox(shardings))
             self.state = init(jax.random.key(self.args.seed))
             self._cursor_offset, self._consumed = 0, False
+            self._attach_analyses()
             return
         assert self.base is not None
         saved = self.store.checkpoints(self.base)
@@ -369,6 +452,7 @@ class BaseTrainer(BasicJob):
             self._cursor_offset, self._consumed = cursor - self.node.seq, True
         else:
             self._cursor_offset, self._consumed = cursor + 1, False
+        self._attach_analyses()
 
     # --------------------------------------------------------------------- loop
     def step_key(self) -> jax.Array:
@@ -488,17 +572,31 @@ class BaseTrainer(BasicJob):
             else:
                 self.log({f"eval/{evaluation.NAME}": float(result)})
 
+    def _check_analyses(self) -> None:
+        """`ANALYSIS` entries are analysis classes with distinct `NAME`s (checked at construction)."""
+        names: dict[str, Any] = {}
+        for analysis in self.ANALYSIS:
+            if not isinstance(analysis, TandemAnalysis):
+                raise TrainerError(
+                    f"ANALYSIS entry {analysis!r} of {type(self).__name__} is not an analysis "
+                    "class (it needs NAME and from_trainer()); subclass "
+                    "theseus.analysis.AnalysisBase"
+                )
+            if analysis.NAME in names:
+                raise TrainerError(
+                    f"{type(self).__name__}.ANALYSIS has two analyses named "
+                    f"{analysis.NAME!r} ({names[analysis.NAME].__name__} and "
+                    f"{analysis.__name__}); their files and artifacts would collide. Give "
+                    "each a distinct NAME"
+                )
+            names[analysis.NAME] = analysis
+
+    def _attach_analyses(self) -> None:
+        """Create the tandem views of `ANALYSIS` (each checks its selection now)."""
+        if self.args.analyze:
+            self._views = [analysis.from_trainer(self) for analysis in self.ANALYSIS]
+
     def _analyze(self) -> None:
-        if not self.args.analyze or not self.ANALYSIS:
-            return
-        if not self._views:
-            for analysis in self.ANALYSIS:
-                if not isinstance(analysis, TandemAnalysis):
-                    raise TrainerError(
-                        f"ANALYSIS entry {analysis!r} is not an analysis class (it needs NAME "
-                        "and from_trainer()); subclass theseus.analysis.AnalysisBase"
-                    )
-                self._views.append(analysis.from_trainer(self))
         for view in self._views:
             view.run()
 

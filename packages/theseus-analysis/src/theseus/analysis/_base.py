@@ -1,0 +1,307 @@
+"""`AnalysisBase`: a trainer whose `run()` inspects instead of training.
+
+`class A(AnalysisBase, SomeTrainer)` keeps everything of the trainer (configuration,
+model, data, setup from fresh weights or a checkpoint, surgery) and replaces `run()`:
+
+    discover (abstract trace) -> select(paths) -> compiled trace + analyze(layer, inputs)
+        -> results on every host -> plot(results) on host zero -> PDF/JSON file + artifact
+
+A standalone analysis is a job: `A(spec)` or `A(spec, base=node)`, then call it.
+A tandem analysis is a borrowed view, `A.from_trainer(trainer)`, that the trainer
+runs at validation cadence on its own node, state and batch.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+
+from theseus.analysis import _comet
+from theseus.analysis._engine import Selection, compile_analysis, to_host
+from theseus.analysis._errors import AnalysisError
+from theseus.analysis._publish import render, write_atomic
+from theseus.config import configure
+from theseus.job import Mode, is_primary, process_count
+from theseus.plot import Plotting
+from theseus.store import Artifact, Node
+
+__all__ = ["AnalysisBase", "AnalysisResult"]
+
+C = TypeVar("C")
+M = TypeVar("M")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    """What one run of an analysis produced.
+
+    Attributes:
+        values: what `analyze()` returned, as NumPy arrays with their global shapes.
+        node: the node the result is attached to.
+        path: the file written under `spec.result()` (host zero; None when `plot()`
+            returned None or on other hosts).
+        artifact: the store record of that file (host zero), else None.
+    """
+
+    values: Any
+    node: Node
+    path: Path | None
+    artifact: Artifact | None
+
+
+class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
+    """Base of analyses: list it before a trainer, `class A(AnalysisBase, MyTrainer)`.
+
+    Declare `TARGET` (the module type to look for), `NAME` (the file and artifact
+    name) and implement `select`, `analyze` and `plot`. Set `STOCHASTIC = True` to
+    run the trace with the node's RNG key (dropout active); by default analyses run
+    deterministically.
+    """
+
+    TARGET: ClassVar[type | tuple[type, ...]]
+    NAME: ClassVar[str]
+    STOCHASTIC: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for klass in cls.__mro__:
+            if klass is AnalysisBase:
+                break
+            if "run" in vars(klass) and not issubclass(klass, AnalysisBase):
+                raise TypeError(
+                    f"{cls.__name__}: run() resolves to {klass.__name__}.run, so this class "
+                    f"would train instead of analyze. List AnalysisBase first: "
+                    f"class {cls.__name__}(AnalysisBase, {klass.__name__})."
+                )
+        name = vars(cls).get("NAME")
+        if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+            raise TypeError(
+                f"{cls.__name__}.NAME = {name!r} names the result file and artifact; use "
+                "letters, digits, '_', '-' or '.', e.g. NAME = 'activations'"
+            )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._check_declarations()
+        self._borrowed: Any = None
+        self._analysis_fn: Any = None
+        self._selection: Selection | None = None
+        self.traces = 0
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def _check_declarations(cls) -> None:
+        missing = [n for n in ("TARGET", "NAME") if not hasattr(cls, n)]
+        if missing:
+            raise TypeError(
+                f"{cls.__name__} must declare {' and '.join(missing)}: TARGET = the module "
+                "type to inspect (e.g. SelfAttention), NAME = the result's file name stem"
+            )
+
+    # ----------------------------------------------------------- the user's part
+    @abc.abstractmethod
+    def select(self, paths: list[str]) -> str | list[str]:
+        """Choose from the discovered paths of `TARGET` calls: one path or a nonempty list."""
+
+    @abc.abstractmethod
+    def analyze(self, layer: Any, inputs: Any) -> Any:
+        """Inspect the selected call(s) under jit; return a pytree of arrays, numbers or None."""
+
+    @abc.abstractmethod
+    def plot(self, results: Any) -> Any:
+        """Turn the gathered results (NumPy) into a Figure, a JSON value or None (host zero)."""
+
+    # ------------------------------------------------------------- borrowed view
+    @classmethod
+    def from_trainer(cls, trainer: Any) -> AnalysisBase[C, M]:
+        """A view of this analysis on `trainer`'s node, state, batch, spec, store and sharding.
+
+        The view is not constructed as a job and allocates nothing; it checks its
+        selection now, so a bad `select()` fails before training goes on. It never
+        sets up, ticks or cleans up, and its state cannot be assigned.
+        """
+        cls._check_declarations()
+        view = cls.__new__(cls)
+        view._borrowed = trainer
+        view._analysis_fn = None
+        view._selection = None
+        view.traces = 0
+        view.spec = trainer.spec
+        view.base = None
+        view._store = trainer.store
+        view._owns_store = False
+        view.configuration = trainer.configuration
+        view.args = configure(cls.CONFIG, trainer.configuration) if cls.CONFIG else None
+        view.model = trainer.model
+        view._sharding = trainer.sharding
+        view._prepare()
+        return view
+
+    @property
+    def borrowed(self) -> bool:
+        """Whether this is a trainer's tandem view."""
+        return self._borrowed is not None
+
+    @property
+    def node(self) -> Node:
+        """The live node (the trainer's, for a borrowed view)."""
+        if self._borrowed is not None:
+            return self._borrowed.node  # type: ignore[no-any-return]
+        return super().node  # type: ignore[misc, no-any-return]
+
+    @property
+    def state(self) -> Any:
+        """The train state being analyzed (the trainer's live state, for a borrowed view)."""
+        if self._borrowed is not None:
+            return self._borrowed.state
+        return self.__dict__.get("_own_state")
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        if self.__dict__.get("_borrowed") is not None:
+            raise AnalysisError(
+                f"{type(self).__name__} is a borrowed view of {type(self._borrowed).__name__}; "
+                "its state is the trainer's and cannot be replaced here"
+            )
+        self.__dict__["_own_state"] = value
+
+    def batch(self, slice: str = "train") -> Any:
+        """The live node's batch (a borrowed view reads the trainer's node-cached batch)."""
+        if self._borrowed is not None:
+            return self._borrowed.batch(slice)
+        return super().batch(slice)  # type: ignore[misc]
+
+    def _not_for_views(self, what: str) -> None:
+        if self._borrowed is not None:
+            raise AnalysisError(
+                f"{type(self).__name__} is a borrowed view of {type(self._borrowed).__name__}: "
+                f"the trainer owns setup, ticking and cleanup, so the view cannot {what}"
+            )
+
+    def setup(self, resume: bool = False) -> Node:
+        """Set up as the trainer does (fresh weights, or the base checkpoint); idempotent."""
+        self._not_for_views("set up")
+        return super().setup(resume)  # type: ignore[misc, no-any-return]
+
+    def tick(self) -> Node:
+        """Analyses never move the node; this always raises."""
+        raise AnalysisError(
+            f"{type(self).__name__} is an analysis: results attach to the node it was set up "
+            "on, and analyses never tick"
+        )
+
+    def finish(self) -> None:
+        self._not_for_views("finish")
+        super().finish()  # type: ignore[misc]
+
+    def __call__(self, resume: bool = False) -> Any:
+        self._not_for_views("run as a job")
+        return super().__call__(resume)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ engine
+    def on_setup(self, mode: Mode) -> None:
+        """The trainer's setup (initialize or restore), then discovery and `select()`."""
+        super().on_setup(mode)  # type: ignore[misc]
+        self._prepare()
+
+    def _attach_analyses(self) -> None:
+        """An analysis job runs no tandem analyses of its own."""
+
+    def _prepare(self) -> Selection:
+        """Discover `TARGET` calls and check `select()` (before anything compiles)."""
+        if self._selection is None:
+            owner = type(self).__name__
+            discovered = self.find(self.TARGET)  # type: ignore[attr-defined]
+            if not discovered:
+                targets = self.TARGET if isinstance(self.TARGET, tuple) else (self.TARGET,)
+                names = ", ".join(t.__name__ for t in targets)
+                raise AnalysisError(
+                    f"{owner}: the trace calls no module of type {names} (TARGET); set TARGET "
+                    "to a module class the model uses"
+                )
+            self._selection = Selection.check(self.select(list(discovered)), discovered, owner)
+        return self._selection
+
+    def _compiled_analysis(self) -> Any:
+        if self._analysis_fn is None:
+            selection = self._prepare()
+
+            def count() -> None:
+                self.traces += 1
+
+            self._analysis_fn = compile_analysis(
+                type(self).trace,  # type: ignore[attr-defined]
+                self.analyze,
+                selection,
+                self.sharding,  # type: ignore[attr-defined]
+                type(self).__name__,
+                on_trace=count,
+            )
+        return self._analysis_fn
+
+    def compute(self) -> Any:
+        """Run the compiled analysis on the live node's batch; the results on this host.
+
+        Every host must call it (the results are gathered across hosts).
+        """
+        fn = self._compiled_analysis()
+        key = None
+        if self.STOCHASTIC:
+            owner = self._borrowed if self._borrowed is not None else self
+            key = owner.step_key()
+        batch = self.inspection_batch()  # type: ignore[attr-defined]
+        return to_host(fn(self.state, batch, key))
+
+    def run(self) -> AnalysisResult:
+        """Compute, then on host zero plot, write `NAME.pdf`/`NAME.json` and record the artifact.
+
+        Returns:
+            An `AnalysisResult`.
+
+        Raises:
+            AnalysisError: on every host when `plot()` or the write failed on host zero.
+        """
+        values = self.compute()
+        node = self.node
+        path: Path | None = None
+        artifact: Artifact | None = None
+        error: BaseException | None = None
+        if is_primary():
+            try:
+                path, artifact = self._publish(values, node)
+            except BaseException as exc:
+                error = exc
+        _agree_on_failure(error, type(self).__name__)
+        return AnalysisResult(values, node, path, artifact)
+
+    def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None]:
+        rendered = render(self.NAME, self.plot(values), type(self).__name__)
+        if rendered is None:
+            return None, None
+        filename, content = rendered
+        path = write_atomic(self.spec.result(filename), content)  # type: ignore[attr-defined]
+        artifact = self.store.put(node, self.NAME, filename, content)  # type: ignore[attr-defined]
+        _comet.publish(self.configuration, node, self.NAME, filename, content)  # type: ignore[attr-defined]
+        return path, artifact
+
+
+def _agree_on_failure(error: BaseException | None, owner: str) -> None:
+    """Raise on every host when host zero failed (so no host waits at a later collective)."""
+    failed = error is not None
+    if process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        flag = np.asarray([1 if failed else 0], dtype=np.int32)
+        failed = bool(np.asarray(multihost_utils.broadcast_one_to_all(flag))[0])
+    if error is not None:
+        raise error
+    if failed:
+        raise AnalysisError(
+            f"{owner}.plot() or writing its result failed on host zero; its log has the error"
+        )

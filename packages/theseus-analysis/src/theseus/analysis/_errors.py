@@ -1,0 +1,13 @@
+"""The analysis engine's exceptions (each says what to change)."""
+
+from __future__ import annotations
+
+__all__ = ["AnalysisError", "AnalysisSelectionError"]
+
+
+class AnalysisError(RuntimeError):
+    """An analysis used or written in a way that cannot work."""
+
+
+class AnalysisSelectionError(AnalysisError, ValueError):
+    """`select()` returned something other than discovered path strings."""

@@ -1,0 +1,111 @@
+"""What `plot()` returned, as a file: a Figure is a PDF, a JSON value is JSON, None is nothing.
+
+`render` turns the value into `(filename, bytes)` before any file is opened, so a
+bad value (a NaN in JSON, an unsupported type) leaves nothing half written.
+`write_atomic` writes through a temporary file in the same folder and renames it
+over the target, so a reader sees the old file or the new one, never a part.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from theseus.analysis._errors import AnalysisError
+
+__all__ = ["render", "write_atomic"]
+
+
+def render(name: str, value: Any, owner: str) -> tuple[str, bytes] | None:
+    """`(filename, content)` of a `plot()` result, or None when there is nothing to save.
+
+    Args:
+        name: the analysis `NAME` (the file stem).
+        value: a matplotlib Figure (or Axes), a JSON value, or None.
+        owner: the analysis class name, for messages.
+
+    Raises:
+        AnalysisError: a non-finite number in a JSON value, or a type that is neither.
+    """
+    if value is None:
+        return None
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure, SubFigure
+
+    if isinstance(value, Axes):
+        value = value.figure
+    if isinstance(value, SubFigure):
+        value = value.figure
+    if isinstance(value, Figure):
+        from theseus.plot import to_pdf
+
+        content = to_pdf(value)
+        _release(value)
+        return f"{name}.pdf", content
+    plain = _plain(value, owner, "plot()")
+    return f"{name}.json", json.dumps(plain, indent=2, allow_nan=False).encode() + b"\n"
+
+
+def _release(figure: Any) -> None:
+    """Close a pyplot-managed figure so a long run does not accumulate them."""
+    import sys
+
+    if "matplotlib.pyplot" in sys.modules:
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)  # a no-op for a figure pyplot does not manage
+
+
+def _plain(value: Any, owner: str, where: str) -> Any:
+    """A JSON-ready copy of `value` (NumPy arrays and scalars become lists and numbers)."""
+    if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__jax_array__"):
+        value = np.asarray(value).tolist()
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise AnalysisError(
+                f"{owner}.plot() returned {value} at {where}; JSON has no NaN or infinity. "
+                "Replace it (e.g. with None) or return a Figure instead."
+            )
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise AnalysisError(
+                    f"{owner}.plot() returned a dict with key {key!r} at {where}; JSON keys "
+                    "are strings"
+                )
+            out[key] = _plain(item, owner, f"{where}[{key!r}]")
+        return out
+    if isinstance(value, list | tuple):
+        return [_plain(item, owner, f"{where}[{i}]") for i, item in enumerate(value)]
+    raise AnalysisError(
+        f"{owner}.plot() returned {type(value).__name__} at {where}; return a matplotlib "
+        "Figure (saved as PDF), a JSON value (dict, list, number, string; saved as JSON) "
+        "or None (nothing saved)"
+    )
+
+
+def write_atomic(path: Path, content: bytes) -> Path:
+    """Write `content` to `path` through a temporary file and a rename; returns `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path
