@@ -65,7 +65,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 def activations_scope(j) -> Figure:
     attentions = j.find(SelfAttention)
-    layer, inputs = j.debug(attentions[0])
+    layer, inputs = j.debug(attentions[0])  # noqa: RUF059 (verbatim)
     values = inputs.x[0, :64, :128]
     return sns.heatmap(values)
 
