@@ -1,8 +1,7 @@
-"""The command line drives the trainer: data prepare, run, and the demo."""
+"""The command line drives the trainer: data prepare and run."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,22 +83,3 @@ def test_unknown_dataset_and_unprepared_data_are_one_paragraph_errors(tmp_path: 
     result = runner.invoke(main, ["run", "nodata", str(config), str(tmp_path)])
     assert result.exit_code == 1
     assert f"theseus data prepare synthetic --root {tmp_path}" in result.output
-
-
-def test_demo_trains_and_prints_where_everything_is(tmp_path: Path) -> None:
-    root = tmp_path / "demo"
-    result = CliRunner().invoke(main, ["demo", str(root), "--steps", "24"])
-    assert result.exit_code == 0, result.output
-    match = re.search(r"val loss:\s+([\d.]+) -> ([\d.]+)", result.output)
-    assert match and float(match.group(2)) < float(match.group(1))
-    assert "entropy bound" in result.output
-    assert str(root / "store") in result.output
-    with Store(store_root(root)) as store:
-        node = store.query().spec(run="demo").checkpoint().latest().first()
-        assert node is not None and node.seq == 23
-        assert [c.step for c in store.checkpoints(node)] == [24]
-        assert Path(store.checkpoints(node)[0].path).is_dir()
-    # a second demo reuses the prepared data and starts a new lineage
-    again = CliRunner().invoke(main, ["demo", str(root), "--steps", "4"])
-    assert again.exit_code == 0, again.output
-    assert "already prepared" in again.output

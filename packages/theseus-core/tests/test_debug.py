@@ -98,8 +98,11 @@ def test_debug_the_root_and_a_nested_module(trained) -> None:
     layer, inputs = trained.debug("")
     np.testing.assert_array_equal(inputs.x, trained.batch("train")["x"])
     logits, loss = layer(inputs.x, inputs.y, inputs.padding_mask)
-    reference_logits, _ = trained.model.apply({"params": trained.state.params}, inputs.x)
+    reference_logits, reference_loss = trained.model.apply(
+        {"params": trained.state.params}, inputs.x, inputs.y, inputs.padding_mask
+    )
     np.testing.assert_allclose(logits, reference_logits, rtol=RTOL, atol=RTOL)
+    np.testing.assert_allclose(loss, reference_loss, rtol=RTOL)
     fc, fc_inputs = trained.debug("blocks_0/mlp/c_fc")
     reference = _intermediates(trained, trained.batch("train"))
     np.testing.assert_allclose(
@@ -128,7 +131,7 @@ def test_debug_session_closes(trained) -> None:
         layer(x)
     with pytest.raises(DebugClosedError, match=r"close\(\)"):
         layer(x)
-    with pytest.raises(DebugClosedError, match="trainer.debug"):
+    with pytest.raises(DebugClosedError, match=r"trainer\.debug"):
         inputs.x  # noqa: B018
     session = trained.debug("blocks_0/attn")
     session.close()

@@ -14,6 +14,7 @@ runs at validation cadence on its own node, state and batch.
 from __future__ import annotations
 
 import abc
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ __all__ = ["AnalysisBase", "AnalysisResult"]
 
 C = TypeVar("C")
 M = TypeVar("M")
+
+log = logging.getLogger("theseus.analysis")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -197,8 +200,10 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
         )
 
     def finish(self) -> None:
+        """Finish as a job does, and end the Comet experiment (its files are sent or written)."""
         self._not_for_views("finish")
         super().finish()  # type: ignore[misc]
+        _comet.close()
 
     def __call__(self, resume: bool = False) -> Any:
         self._not_for_views("run as a job")
@@ -226,6 +231,7 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
                     "to a module class the model uses"
                 )
             self._selection = Selection.check(self.select(list(discovered)), discovered, owner)
+            _comet.check(self.configuration)  # type: ignore[attr-defined]
         return self._selection
 
     def _compiled_analysis(self) -> Any:
@@ -287,8 +293,17 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
         filename, content = rendered
         path = write_atomic(self.spec.result(filename), content)  # type: ignore[attr-defined]
         artifact = self.store.put(node, self.NAME, filename, content)  # type: ignore[attr-defined]
-        _comet.publish(self.configuration, node, self.NAME, filename, content)  # type: ignore[attr-defined]
+        try:
+            _comet.publish(self.configuration, node, self.NAME, filename, content)  # type: ignore[attr-defined]
+        except Exception as exc:  # the file and the artifact are saved; Comet is a copy
+            log.warning("%s: not sent to Comet: %s", type(self).__name__, exc)
         return path, artifact
+
+    def close(self) -> None:
+        """End the Comet experiment (if any) and close the store if this job opened it."""
+        _comet.close()
+        if self._borrowed is None:
+            super().close()  # type: ignore[misc]
 
 
 def _agree_on_failure(error: BaseException | None, owner: str) -> None:

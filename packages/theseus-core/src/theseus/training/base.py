@@ -621,6 +621,8 @@ class BaseTrainer(BasicJob):
         if self._keeper is not None:
             self._keeper.close()
             self._keeper = None
+        for view in self._views:
+            view.close()
 
 
 def _only_arrays(state: Any) -> dict[str, Any]:

@@ -31,6 +31,10 @@ class TandemView(Protocol):
         """Inspect the trainer's current state and record the result on its node."""
         ...
 
+    def close(self) -> None:
+        """Release what the view holds (the trainer calls it when it finishes)."""
+        ...
+
 
 @runtime_checkable
 class TandemAnalysis(Protocol):

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from theseus.config import field
 from theseus.model.component import Component, resolve_dtype
 
-__all__ = ["AttentionConfig", "SelfAttention", "apply_rotary"]
+__all__ = ["AttentionConfig", "SelfAttention", "apply_rotary", "causal_softmax"]
 
 
 @dataclass(frozen=True)
@@ -80,19 +80,42 @@ class SelfAttention(nn.Module, Component):
         self.attn_dropout = nn.Dropout(cfg.dropout)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+    def project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Queries and keys (rotated) and values, each `[batch, seq, n_head, head_dim]`."""
         cfg = self.config
         batch, seq, width = x.shape
-        head_dim = width // cfg.n_head
-        qkv = self.c_attn(x).reshape(batch, seq, 3, cfg.n_head, head_dim)
+        qkv = self.c_attn(x).reshape(batch, seq, 3, cfg.n_head, width // cfg.n_head)
         q = apply_rotary(qkv[:, :, 0], cfg.rope_base)
         k = apply_rotary(qkv[:, :, 1], cfg.rope_base)
-        v = qkv[:, :, 2]
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(head_dim)
-        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-        scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        return q, k, qkv[:, :, 2]
+
+    def weights(self, x: jax.Array) -> jax.Array:
+        """Attention probabilities `[batch, n_head, query, key]` (float32, before dropout).
+
+        Row `q` of head `h` says how much position `q` reads from each earlier position.
+        """
+        q, k, _ = self.project(x)
+        return causal_softmax(q, k)
+
+    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+        batch, seq, width = x.shape
+        q, k, v = self.project(x)
+        weights = causal_softmax(q, k).astype(v.dtype)
         weights = self.attn_dropout(weights, deterministic=deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, seq, width)
         out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
         return self.resid_dropout(self.c_proj(out), deterministic=deterministic)
+
+
+def causal_softmax(q: jax.Array, k: jax.Array) -> jax.Array:
+    """Causal attention probabilities `[batch, heads, query, key]` in float32.
+
+    Args:
+        q: queries `[batch, seq, heads, head_dim]`.
+        k: keys `[batch, seq, heads, head_dim]`.
+    """
+    seq, head_dim = q.shape[1], q.shape[-1]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(head_dim)
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores, axis=-1)

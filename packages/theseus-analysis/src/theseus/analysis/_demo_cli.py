@@ -1,8 +1,10 @@
-"""`theseus demo [ROOT]`: train a tiny GPT on the offline synthetic language and show the run.
+"""`theseus demo [ROOT]`: train a tiny GPT offline, analyze it in tandem and on a checkpoint.
 
 The whole pipeline in one command, on a CPU, with no download: prepare `synthetic`,
-train `gpt/train/pretrain` with small settings, checkpoint it, and print the lineage,
-the checkpoints, the losses against the language's entropy bound, and what to run next.
+train `demo/train` (PretrainGPT with two tandem analyses, see `theseus.analysis.demo`)
+with small settings, checkpoint it, analyze its latest checkpoint as a standalone job,
+and print the lineage, the checkpoints, the losses against the language's entropy
+bound, where the PDFs are, and what to run next.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from theseus.cli._app import common_options, main
+from theseus.cli import common_options
 
 DEMO_SETTINGS = {
     "architecture/n_layers": 2,
@@ -43,16 +45,19 @@ def _command(name: str) -> str:
     return name if shutil.which(name) == str(here) else str(here)
 
 
-@main.command("demo")
+@click.command("demo")
 @click.argument("root", default="theseus-demo", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--steps", default=600, show_default=True, help="Optimizer steps to train.")
 @common_options
-def demo_command(root: Path, steps: int) -> None:
-    """Train a tiny GPT on built-in synthetic data under ROOT and print where everything went."""
+def demo(root: Path, steps: int) -> None:
+    """Train a tiny GPT on built-in synthetic data under ROOT, analyze it, print where it all went."""
+    from theseus.analysis.demo import AttentionPattern, DemoTrainer
     from theseus.data.datasets import Synthetic
     from theseus.data.prepared import DataNotPreparedError
-    from theseus.experiments.models.gpt import PretrainGPT
     from theseus.quick import quick
+
+    if steps < 1:
+        raise click.BadParameter(f"must be at least 1; got {steps}", param_hint="--steps")
 
     root = root.absolute()
     try:
@@ -66,7 +71,7 @@ def demo_command(root: Path, steps: int) -> None:
     bound = Synthetic.entropy_bound(root)
 
     with quick(root) as q:
-        q.build(PretrainGPT, "demo", project="theseus", group="demo")
+        q.build(DemoTrainer, "demo", project="theseus", group="demo")
         for key, value in DEMO_SETTINGS.items():
             q.config[key] = value
         per_step = q.config["training/batch_size"] * q.config["architecture/block_size"]
@@ -74,7 +79,7 @@ def demo_command(root: Path, steps: int) -> None:
         q.config["logging/validation_interval"] = max(1, steps // 4)
         q.config["logging/checkpoint_interval"] = max(1, steps // 2)
         trainer = q.create()
-        assert isinstance(trainer, PretrainGPT)
+        assert isinstance(trainer, DemoTrainer)
         start_loss = trainer.validate()["val/loss"]
         click.echo(
             f"Training a {DEMO_SETTINGS['architecture/n_layers']}-layer GPT for {steps} steps "
@@ -87,6 +92,13 @@ def demo_command(root: Path, steps: int) -> None:
         nodes = sorted(store.query().nonce(trainer.node.nonce).all(), key=lambda n: n.seq)
         checkpointed = [(n, c) for n in nodes for c in store.checkpoints(n)]
         final = store.values(trainer.node)
+        tandem = {a.NAME: store.history(trainer.node, a.NAME) for a in DemoTrainer.ANALYSIS}
+        cadences = sum(a.NAME in store.get(n) for n in nodes for a in DemoTrainer.ANALYSIS)
+
+        # The same analysis as a standalone job on the latest checkpoint of this lineage.
+        q.build(AttentionPattern, "demo-inspect", project="theseus", group="demo")
+        q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
+        inspected = q.create()()
 
     uniform = math.log(int(trainer.configuration["architecture/vocab_size"]))
     click.echo("")
@@ -102,6 +114,13 @@ def demo_command(root: Path, steps: int) -> None:
     click.echo("  checkpoints:")
     for node, checkpoint in checkpointed:
         click.echo(f"    step {checkpoint.step:>5} at node seq {node.seq}: {checkpoint.path}")
+    click.echo("  analyses (tandem, at each validation):")
+    for name, versions in tandem.items():
+        click.echo(f"    {name}: {trainer.spec.result(versions[-1].filename)}")
+    click.echo(f"    {cadences} PDFs kept as artifacts on the run's nodes")
+    click.echo("  analysis of the latest checkpoint (a standalone job):")
+    click.echo(f"    {AttentionPattern.NAME}: {inspected.path}")
+    click.echo(f"    attached to node {inspected.node.serialize()}")
     click.echo(f"  store:        {root / 'store'}")
     click.echo("")
     click.echo("Look at it:")

@@ -1,0 +1,85 @@
+"""The analyses `theseus demo` runs: what the first attention layer reads, and where it looks.
+
+- `AttentionInput` (`demo/analyze/attention-input`): the input of the first attention
+  layer for the first sequence of the batch, as a heatmap (token x feature).
+- `AttentionPattern` (`demo/analyze/attention-pattern`): the last attention layer's
+  probabilities for the first sequence, averaged over heads (query x key), as a
+  heatmap; a trained model's rows concentrate on the few previous tokens that
+  predict the next one.
+- `DemoTrainer` (`demo/train`): `PretrainGPT` with both analyses in tandem.
+
+Import this module to register them (`theseus run --import theseus.analysis.demo ...`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from theseus.analysis._base import AnalysisBase
+from theseus.experiments.models.gpt import PretrainGPT
+from theseus.model.attention.base import SelfAttention
+from theseus.registry import analysis, job
+
+__all__ = ["AttentionInput", "AttentionPattern", "DemoTrainer"]
+
+
+@analysis("demo/analyze/attention-input")
+class AttentionInput(AnalysisBase, PretrainGPT):
+    """The first attention layer's input `x[0, :64, :64]` as a token x feature heatmap."""
+
+    TARGET = SelfAttention
+    NAME = "attention-input"
+
+    def select(self, paths: list[str]) -> str:
+        return paths[0]
+
+    def analyze(self, layer: Any, inputs: Any) -> jax.Array:
+        return inputs.x[0, :64, :64]
+
+    def plot(self, results: Any) -> Any:
+        return self.heatmap(
+            results,
+            cmap="vlag",
+            center=0,
+            xlabel="Feature",
+            ylabel="Token",
+            title="Input of the first attention layer",
+        )
+
+
+@analysis("demo/analyze/attention-pattern")
+class AttentionPattern(AnalysisBase, PretrainGPT):
+    """The last attention layer's head-averaged probabilities on the first sequence."""
+
+    TARGET = SelfAttention
+    NAME = "attention-pattern"
+
+    def select(self, paths: list[str]) -> str:
+        return paths[-1]
+
+    def analyze(self, layer: Any, inputs: Any) -> jax.Array:
+        weights = layer.weights(inputs.x[:1, :32])  # [1, heads, query, key]
+        return weights[0].mean(axis=0)
+
+    def plot(self, results: Any) -> Any:
+        future = np.triu(np.ones(results.shape, dtype=bool), k=1)  # keys a query cannot see
+        return self.heatmap(
+            results,
+            mask=future,
+            cmap="rocket_r",
+            vmin=0,
+            square=True,
+            xlabel="Key position",
+            ylabel="Query position",
+            title="Attention of the last layer (mean over heads)",
+        )
+
+
+@job("demo/train")
+class DemoTrainer(PretrainGPT):
+    """`PretrainGPT` that runs both demo analyses at validation cadence."""
+
+    ANALYSIS = [AttentionInput, AttentionPattern]

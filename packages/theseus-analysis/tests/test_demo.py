@@ -1,0 +1,73 @@
+"""`theseus demo`: trains, analyzes in tandem and on the latest checkpoint, says where it all is."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from click.testing import CliRunner
+
+from theseus.analysis.demo import AttentionPattern
+from theseus.cli import main
+from theseus.data.datasets import Synthetic
+from theseus.job import store_root
+from theseus.quick import quick
+from theseus.store import Store
+
+
+def test_demo_trains_analyzes_and_prints_where_everything_is(tmp_path: Path) -> None:
+    root = tmp_path / "demo"
+    Synthetic.prepare(root, tokens=60_000, val_tokens=8_000)  # smaller than the demo's own
+    result = CliRunner().invoke(main, ["demo", str(root), "--steps", "8"])
+    assert result.exit_code == 0, result.output
+    assert "already prepared" in result.output
+    match = re.search(r"val loss:\s+([\d.]+) -> ([\d.]+)", result.output)
+    assert match and float(match.group(2)) < float(match.group(1))
+    assert "entropy bound" in result.output and str(root / "store") in result.output
+    pdfs = [Path(p) for p in re.findall(r"(/\S+\.pdf)", result.output)]
+    assert len(pdfs) == 3  # two tandem analyses and the checkpoint analysis
+    for pdf in pdfs:
+        assert pdf.read_bytes().startswith(b"%PDF")
+    assert "8 PDFs kept as artifacts" in result.output  # 2 analyses x 4 validations
+    with Store(store_root(root)) as store:
+        node = store.query().spec(run="demo").checkpoint().latest().first()
+        assert node is not None and node.seq == 7
+        assert [c.step for c in store.checkpoints(node)] == [8]
+        pattern = store.history(node, "attention-pattern")
+        assert len(pattern) == 2  # the tandem run's, then the checkpoint analysis's
+        assert pattern[1].content == pdfs[2].read_bytes()
+        assert pattern[0].content == pattern[1].content  # same weights and batch
+
+
+def test_demo_refuses_a_step_count_below_one(tmp_path: Path) -> None:
+    for steps in ("0", "-3"):
+        result = CliRunner().invoke(main, ["demo", str(tmp_path / "d"), "--steps", steps])
+        assert result.exit_code == 2 and "at least 1" in result.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_attention_pattern_is_the_layers_own_attention(tmp_path: Path) -> None:
+    Synthetic.prepare(tmp_path, tokens=20_000, val_tokens=4_000)
+    with quick(tmp_path) as q:
+        q.build(AttentionPattern, "pattern")
+        q.config["architecture/n_layers"] = 2
+        q.config["architecture/block_size"] = 32
+        job = q.create()
+        result = job()
+    weights = result.values  # [query, key], mean over heads, first sequence
+    assert weights.shape == (32, 32)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+    assert np.all(np.triu(weights, k=1) == 0)  # causal
+    # The probabilities, applied to the values, give the layer's own output.
+    layer, inputs = job.debug("blocks_1/attn")
+    x = inputs.x[:1]
+    probs = layer.weights(x)  # [1, heads, q, k]
+    _, _, v = layer.project(x)
+    mixed = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(x.shape)
+    np.testing.assert_allclose(layer.c_proj(mixed), layer(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(weights, np.asarray(probs[0]).mean(0), rtol=1e-6, atol=1e-7)
+    assert json.loads(json.dumps(weights.tolist()))  # plain numbers, host side
+    assert result.path is not None and result.path.name == "attention-pattern.pdf"
