@@ -25,6 +25,7 @@ _OPTIONAL = {
     "equinox": "equinox",
     "safetensors": "safetensors",
     "treescope": "treescope",
+    "comet": "comet_ml",
 }
 
 
