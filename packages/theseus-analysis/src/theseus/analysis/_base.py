@@ -18,7 +18,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,12 @@ from theseus.config import configure
 from theseus.job import Mode, is_primary, process_count
 from theseus.plot import Plotting
 from theseus.store import Artifact, Node
+
+if TYPE_CHECKING:
+    from theseus.config import Tree
+    from theseus.job import JobSpec
+    from theseus.store import Store
+    from theseus.training.sharding import ParameterShardingContext
 
 __all__ = ["AnalysisBase", "AnalysisResult"]
 
@@ -71,6 +77,24 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
     TARGET: ClassVar[type | tuple[type, ...]]
     NAME: ClassVar[str]
     STOCHASTIC: ClassVar[bool] = False
+
+    if TYPE_CHECKING:  # provided by the trainer this analysis extends
+        spec: JobSpec
+        base: Node | None
+        configuration: Tree
+        args: Any
+        model: Any
+        _store: Store | None
+        _owns_store: bool
+        _sharding: ParameterShardingContext | None
+
+        @property
+        def sharding(self) -> ParameterShardingContext: ...
+        @property
+        def store(self) -> Store: ...
+        def find(self, target: type | tuple[type, ...]) -> list[str]: ...
+        def inspection_batch(self) -> dict[str, Any]: ...
+        def step_key(self) -> Any: ...
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -140,7 +164,8 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
         view._store = trainer.store
         view._owns_store = False
         view.configuration = trainer.configuration
-        view.args = configure(cls.CONFIG, trainer.configuration) if cls.CONFIG else None
+        schema = getattr(cls, "CONFIG", None)
+        view.args = configure(schema, trainer.configuration) if schema is not None else None
         view.model = trainer.model
         view._sharding = trainer.sharding
         view._prepare()
@@ -155,8 +180,8 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
     def node(self) -> Node:
         """The live node (the trainer's, for a borrowed view)."""
         if self._borrowed is not None:
-            return self._borrowed.node  # type: ignore[no-any-return]
-        return super().node  # type: ignore[misc, no-any-return]
+            return self._borrowed.node
+        return super().node  # type: ignore[misc]
 
     @property
     def state(self) -> Any:
@@ -190,7 +215,7 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
     def setup(self, resume: bool = False) -> Node:
         """Set up as the trainer does (fresh weights, or the base checkpoint); idempotent."""
         self._not_for_views("set up")
-        return super().setup(resume)  # type: ignore[misc, no-any-return]
+        return super().setup(resume)  # type: ignore[misc]
 
     def tick(self) -> Node:
         """Analyses never move the node; this always raises."""
@@ -222,7 +247,7 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
         """Discover `TARGET` calls and check `select()` (before anything compiles)."""
         if self._selection is None:
             owner = type(self).__name__
-            discovered = self.find(self.TARGET)  # type: ignore[attr-defined]
+            discovered = self.find(self.TARGET)
             if not discovered:
                 targets = self.TARGET if isinstance(self.TARGET, tuple) else (self.TARGET,)
                 names = ", ".join(t.__name__ for t in targets)
@@ -231,7 +256,7 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
                     "to a module class the model uses"
                 )
             self._selection = Selection.check(self.select(list(discovered)), discovered, owner)
-            _comet.check(self.configuration)  # type: ignore[attr-defined]
+            _comet.check(self.configuration)
         return self._selection
 
     def _compiled_analysis(self) -> Any:
@@ -245,7 +270,7 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
                 type(self).trace,  # type: ignore[attr-defined]
                 self.analyze,
                 selection,
-                self.sharding,  # type: ignore[attr-defined]
+                self.sharding,
                 type(self).__name__,
                 on_trace=count,
             )
@@ -261,7 +286,7 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
         if self.STOCHASTIC:
             owner = self._borrowed if self._borrowed is not None else self
             key = owner.step_key()
-        batch = self.inspection_batch()  # type: ignore[attr-defined]
+        batch = self.inspection_batch()
         return to_host(fn(self.state, batch, key))
 
     def run(self) -> AnalysisResult:
@@ -291,10 +316,10 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
         if rendered is None:
             return None, None
         filename, content = rendered
-        path = write_atomic(self.spec.result(filename), content)  # type: ignore[attr-defined]
-        artifact = self.store.put(node, self.NAME, filename, content)  # type: ignore[attr-defined]
+        path = write_atomic(self.spec.result(filename), content)
+        artifact = self.store.put(node, self.NAME, filename, content)
         try:
-            _comet.publish(self.configuration, node, self.NAME, filename, content)  # type: ignore[attr-defined]
+            _comet.publish(self.configuration, node, self.NAME, filename, content)
         except Exception as exc:  # the file and the artifact are saved; Comet is a copy
             log.warning("%s: not sent to Comet: %s", type(self).__name__, exc)
         return path, artifact

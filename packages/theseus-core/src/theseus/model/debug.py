@@ -149,11 +149,16 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
-jax.tree_util.register_pytree_with_keys(
-    DebugInputs,
-    lambda d: (tuple((jax.tree_util.DictKey(k), v) for k, v in d._live().items()), tuple(d)),
-    lambda keys, children: DebugInputs(dict(zip(keys, children, strict=True))),
-)
+def _flatten(inputs: DebugInputs) -> tuple[Any, Any]:
+    values = inputs._live()
+    return [(jax.tree_util.DictKey(k), v) for k, v in values.items()], tuple(values)
+
+
+def _unflatten(names: Any, children: Any) -> DebugInputs:
+    return DebugInputs(dict(zip(names, children, strict=True)))
+
+
+jax.tree_util.register_pytree_with_keys(DebugInputs, _flatten, _unflatten)
 
 
 class DebugLayer:
@@ -264,9 +269,9 @@ def discover(run: Callable[[], Any], target: type | tuple[type, ...]) -> list[st
     found: list[str] = []
 
     def listen(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
-        module = context.module
-        if context.method_name == "__call__" and isinstance(module, target):
-            path = path_of(module)
+        wanted = context.method_name == "__call__" and isinstance(context.module, target)
+        if wanted:
+            path = path_of(context.module)
             if path not in found:
                 found.append(path)
         return next_fun(*args, **kwargs)

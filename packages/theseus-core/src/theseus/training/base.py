@@ -288,11 +288,15 @@ class BaseTrainer(BasicJob):
         cls,
         state: Any,
         batch: dict[str, Any],
-        key: jax.Array,
+        key: jax.Array | None,
         *,
         sharding: ParameterShardingContext,
     ) -> Any:
-        """The pure model call used by debugging and analysis (default: `forward`)."""
+        """The pure model call used by debugging and analysis (default: `forward`).
+
+        `key` is None when the caller wants a deterministic run (the debugger and
+        analyses, unless asked otherwise): `forward` then applies no dropout.
+        """
         with jax.sharding.use_abstract_mesh(sharding.mesh.abstract_mesh), sharding.rules():
             return cls.forward(state, state.params, batch, key=key)
 
@@ -585,8 +589,8 @@ class BaseTrainer(BasicJob):
             if analysis.NAME in names:
                 raise TrainerError(
                     f"{type(self).__name__}.ANALYSIS has two analyses named "
-                    f"{analysis.NAME!r} ({names[analysis.NAME].__name__} and "
-                    f"{analysis.__name__}); their files and artifacts would collide. Give "
+                    f"{analysis.NAME!r} ({_name(names[analysis.NAME])} and "
+                    f"{_name(analysis)}); their files and artifacts would collide. Give "
                     "each a distinct NAME"
                 )
             names[analysis.NAME] = analysis
@@ -623,6 +627,10 @@ class BaseTrainer(BasicJob):
             self._keeper = None
         for view in self._views:
             view.close()
+
+
+def _name(cls: Any) -> str:
+    return str(getattr(cls, "__name__", cls))
 
 
 def _only_arrays(state: Any) -> dict[str, Any]:
