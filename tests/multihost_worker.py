@@ -2,6 +2,8 @@
 
 Usage: python multihost_worker.py ROOT PORT PROCESS_ID NUM_PROCESSES OUT.npz
 Each process has two CPU devices; collectives go through gloo on 127.0.0.1.
+The trainer runs the `Crop` analysis in tandem at every validation; afterwards every
+host runs `Crop` again as a job on the last checkpoint (in the same order on each host).
 """
 
 import os
@@ -27,17 +29,21 @@ from theseus.quick import quick  # noqa: E402
 from theseus.registry import import_module_or_file  # noqa: E402
 
 here = os.path.dirname(os.path.abspath(__file__))
-jobs = import_module_or_file(
-    os.path.join(here, "..", "packages", "theseus-core", "tests", "trainer_jobs.py")
-)
+jobs = import_module_or_file(os.path.join(here, "multihost_jobs.py"))
 
 with quick(root) as q:
-    q.build(jobs.SyntheticTrainer, "multihost")
-    jobs.tiny(
-        q.config, steps=6, **{"logging/checkpoint_interval": 3, "logging/validation_interval": 3}
-    )
+    q.build(jobs.TrainWithCrop, "multihost")
+    jobs.tiny(q.config, steps=jobs.STEPS, **jobs.SETTINGS)
     trainer = q.create()
+    view, tandem = jobs.record_tandem(trainer)  # Crop's result at each validation, this host
     trainer()
+
+# The checkpoint analysis: every host builds, selects, creates and calls in the same order.
+with quick(root) as q:
+    q.build(jobs.Crop, "inspect")
+    q.find().spec(run="multihost").checkpoint().latest().resume()
+    analysis = q.create()
+    result = analysis()
 
 params = jax.tree.map(
     lambda a: np.asarray(jax.experimental.multihost_utils.process_allgather(a, tiled=True)),
@@ -47,5 +53,22 @@ flat = {
     jax.tree_util.keystr(path): leaf
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
 }
-np.savez(out, node=str(trainer.node.serialize()), devices=jax.device_count(), **flat)
+np.savez(
+    out,
+    node=str(trainer.node.serialize()),
+    devices=jax.device_count(),
+    tandem_traces=view.traces,
+    tandem_nodes=[str(r.node.serialize()) for r in tandem],
+    tandem_x=np.stack([r.values["x"] for r in tandem]),
+    tandem_out=np.stack([r.values["out"] for r in tandem]),
+    tandem_wrote=[r.path is not None for r in tandem],
+    tandem_recorded=[r.artifact is not None for r in tandem],
+    analysis_traces=analysis.traces,
+    analysis_node=str(result.node.serialize()),
+    analysis_x=result.values["x"],
+    analysis_out=result.values["out"],
+    analysis_wrote=result.path is not None,
+    analysis_recorded=result.artifact is not None,
+    **flat,
+)
 jax.distributed.shutdown()

@@ -1,7 +1,14 @@
-"""Two jax.distributed processes (gloo on 127.0.0.1) train like one process with all devices."""
+"""Two jax.distributed processes (gloo on 127.0.0.1) train and analyze like one process.
+
+The trainer runs the `Crop` analysis in tandem at each validation, and afterwards every
+host runs `Crop` as a job on the last checkpoint. `Crop` crops rows that both hosts
+placed, so each host must gather the other's rows; only host zero writes the files
+and the store.
+"""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -18,15 +25,33 @@ from theseus.registry import import_module_or_file
 from theseus.store import Store
 
 HERE = Path(__file__).resolve().parent
-jobs = import_module_or_file(
-    str(HERE.parent / "packages" / "theseus-core" / "tests" / "trainer_jobs.py")
-)
+jobs = import_module_or_file(str(HERE / "multihost_jobs.py"))
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _arrays(content: bytes) -> dict[str, np.ndarray]:
+    """The arrays of a `Crop` artifact (JSON lists of float32 values)."""
+    return {k: np.asarray(v, dtype=np.float32) for k, v in json.loads(content).items()}
+
+
+def _single_process(root: Path) -> tuple[object, list, object]:
+    """The same global batches and analyses on this process's four devices."""
+    with quick(root) as q:
+        q.build(jobs.TrainWithCrop, "single")
+        jobs.tiny(q.config, steps=jobs.STEPS, **jobs.SETTINGS)
+        single = q.create()
+        _, tandem = jobs.record_tandem(single)
+        single()
+    with quick(root) as q:
+        q.build(jobs.Crop, "inspect-single")
+        q.find().spec(run="single").checkpoint().latest().resume()
+        result = q.create()()
+    return single, tandem, result
 
 
 @pytest.mark.multiprocess
@@ -61,18 +86,10 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
 
     hosts = [dict(np.load(o)) for o in outs]
     assert int(hosts[0]["devices"]) == 4
-    assert str(hosts[0]["node"]) == str(hosts[1]["node"])  # every host agrees on the lineage
+    for key in ("node", "tandem_nodes", "analysis_node"):  # every host agrees on the nodes
+        np.testing.assert_array_equal(hosts[0][key], hosts[1][key], err_msg=key)
 
-    # The same global batches on one process with four devices.
-    with quick(tmp_path) as q:
-        q.build(jobs.SyntheticTrainer, "single")
-        jobs.tiny(
-            q.config,
-            steps=6,
-            **{"logging/checkpoint_interval": 3, "logging/validation_interval": 3},
-        )
-        single = q.create()
-        single()
+    single, tandem, result = _single_process(tmp_path)
     assert jax.device_count() == 4
     flat = {
         jax.tree_util.keystr(p): np.asarray(v)
@@ -82,10 +99,61 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
         np.testing.assert_allclose(hosts[0][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
         np.testing.assert_array_equal(hosts[0][key], hosts[1][key])
 
-    # Host zero alone wrote the store: one lineage, every node, both checkpoints.
+    # Both hosts ran the compiled analysis (compiled once per view or job) and hold the
+    # same global results: all 8 rows, half of them placed by the other host.
+    expected = {
+        "tandem": {k: np.stack([r.values[k] for r in tandem]) for k in ("x", "out")},
+        "analysis": result.values,
+    }
+    assert expected["tandem"]["x"].shape == (2, 8, 4, 8)  # (validation, rows, tokens, features)
+    for host in hosts:
+        assert int(host["tandem_traces"]) == 1 and int(host["analysis_traces"]) == 1
+        for run, values in expected.items():
+            for key, value in values.items():
+                name = f"{run}_{key}"
+                np.testing.assert_array_equal(host[name], hosts[0][name], err_msg=name)
+                np.testing.assert_allclose(host[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    # Only host zero wrote (the file and the artifact), at both validations and after.
+    for host, primary in zip(hosts, (True, False), strict=True):
+        assert host["tandem_wrote"].tolist() == [primary] * 2 == host["tandem_recorded"].tolist()
+        assert bool(host["analysis_wrote"]) is primary is bool(host["analysis_recorded"])
+    # The checkpoint analysis reads the state and batch of the last validation exactly.
+    np.testing.assert_array_equal(hosts[0]["analysis_x"], hosts[0]["tandem_x"][-1])
+    np.testing.assert_array_equal(hosts[0]["analysis_out"], hosts[0]["tandem_out"][-1])
+
+    # Host zero alone wrote the store: one lineage, every node, both checkpoints, and one
+    # version of `crop` per validation (seq 2, seq 5) plus one by the checkpoint analysis.
     with Store(store_root(tmp_path)) as store:
-        nodes = store.query().spec(run="multihost").all()
-        assert sorted(n.seq for n in nodes) == list(range(6))
-        assert len({n.nonce for n in nodes}) == 1
-        steps = sorted(c.step for n in nodes for c in store.checkpoints(n))
-        assert steps == [3, 6]
+        lineages = {}
+        for run in ("multihost", "single"):
+            nodes = sorted(store.query().spec(run=run).all(), key=lambda n: n.seq)
+            assert [n.seq for n in nodes] == list(range(6))
+            assert len({n.nonce for n in nodes}) == 1
+            steps = sorted(c.step for n in nodes for c in store.checkpoints(n))
+            assert steps == [3, 6]
+            versions = {n.seq: store.history(n, "crop") for n in nodes if "crop" in store.get(n)}
+            assert {s: [a.version for a in v] for s, v in versions.items()} == {2: [1], 5: [1, 2]}
+            lineages[run] = versions
+    multihost, one = lineages["multihost"], lineages["single"]
+    for seq, version in ((2, 0), (5, 0), (5, 1)):
+        mine, theirs = _arrays(multihost[seq][version].content), _arrays(one[seq][version].content)
+        assert sorted(mine) == ["out", "x"]
+        for key in mine:
+            np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    for index, seq in enumerate((2, 5)):  # the artifact holds exactly host zero's results
+        stored = _arrays(multihost[seq][0].content)
+        np.testing.assert_array_equal(stored["x"], hosts[0]["tandem_x"][index])
+        np.testing.assert_array_equal(stored["out"], hosts[0]["tandem_out"][index])
+    assert multihost[5][1].content == multihost[5][0].content  # the checkpoint's, the same
+
+    # One file per run under results/, the latest version; nothing else (no temporary files).
+    results = tmp_path / "results" / "general" / "default"
+    files = sorted(p.relative_to(results).as_posix() for p in results.rglob("*") if p.is_file())
+    assert files == [
+        "inspect-single/crop.json",
+        "inspect/crop.json",
+        "multihost/crop.json",
+        "single/crop.json",
+    ]
+    assert (results / "multihost" / "crop.json").read_bytes() == multihost[5][0].content
+    assert (results / "inspect" / "crop.json").read_bytes() == multihost[5][1].content

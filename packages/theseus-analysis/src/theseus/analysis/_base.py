@@ -89,6 +89,8 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
         _sharding: ParameterShardingContext | None
 
         @property
+        def mode(self) -> Mode | None: ...
+        @property
         def sharding(self) -> ParameterShardingContext: ...
         @property
         def store(self) -> Store: ...
@@ -233,6 +235,16 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
     def __call__(self, resume: bool = False) -> Any:
         self._not_for_views("run as a job")
         return super().__call__(resume)  # type: ignore[misc]
+
+    def status_key(self, what: str) -> str:
+        """`job/...` on the job's own nodes; `analysis/NAME/...` on a resumed node.
+
+        A resumed node belongs to the run that made it: the analysis attaches its
+        result there without replacing that run's `job/name` and `job/status`.
+        """
+        if self.mode is Mode.RESUME:
+            return f"analysis/{self.NAME}/{what}"
+        return super().status_key(what)  # type: ignore[misc]
 
     # ------------------------------------------------------------------ engine
     def on_setup(self, mode: Mode) -> None:

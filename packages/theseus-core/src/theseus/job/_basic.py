@@ -292,10 +292,17 @@ class BasicJob(abc.ABC):
             self._store.close()
             self._store = None
 
+    def status_key(self, what: str) -> str:
+        """The value key under which this job records its `name`, `status` or `error`."""
+        return f"job/{what}"
+
     def _status(self, values: dict[str, Any]) -> None:
         if not is_primary():
             return
-        record = {"job/name": job_key(type(self)), **values}  # whose status it is
+        record = {  # whose status it is, then the status
+            self.status_key("name"): job_key(type(self)),
+            **{self.status_key(key.removeprefix("job/")): value for key, value in values.items()},
+        }
         for node in dict.fromkeys(n for n in (self._start, self._node) if n is not None):
             self.store.log(node, record)
 

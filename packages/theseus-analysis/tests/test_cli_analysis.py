@@ -1,0 +1,68 @@
+"""An analysis is a job: `theseus configure` and `theseus run --resume NODE` drive it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from theseus.cli import main
+from theseus.data.datasets import Synthetic
+from theseus.job import store_root
+from theseus.quick import quick
+from theseus.registry import import_module_or_file
+from theseus.store import Store
+
+JOBS_FILE = str(Path(__file__).with_name("analysis_jobs.py"))
+jobs = import_module_or_file(JOBS_FILE)
+
+
+def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> None:
+    Synthetic.prepare(tmp_path, tokens=40_000, val_tokens=6_000)
+    with quick(tmp_path) as q:
+        q.build(jobs.GPTWithAnalysis, "trained")
+        jobs.tiny(q.config, steps=2, **{"training/analyze": False})
+        trainer = q.create()
+        trainer()
+    node = trainer.node.serialize()
+    runner = CliRunner()
+    config = tmp_path / "inspect.yaml"
+    configured = runner.invoke(
+        main, ["configure", "my-model/analyze/activation", str(config), "--import", JOBS_FILE]
+    )
+    assert configured.exit_code == 0, configured.output
+    assert "target: blocks_0/attn" in config.read_text()
+    ran = runner.invoke(
+        main,
+        [
+            "run", "inspect", str(config), str(tmp_path), "--resume", node,
+            "--import", JOBS_FILE, "analysis.target=blocks_1/attn",
+        ],
+    )  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    with Store(store_root(tmp_path)) as store:
+        artifact = store.get(trainer.node)["activation"]
+        assert artifact.filename == "activation.pdf"
+        values = store.values(trainer.node)
+        # The trainer's record of its node stays; the analysis records its own beside it.
+        assert values["job/name"] == "my/gpt/train-with-analysis"
+        assert values["job/status"] == "finished"
+        assert values["analysis/activation/name"] == "my-model/analyze/activation"
+        assert values["analysis/activation/status"] == "finished"
+    pdf = tmp_path / "results/general/default/inspect/activation.pdf"
+    assert pdf.read_bytes() == artifact.content
+
+    bad = runner.invoke(
+        main,
+        [
+            "run", "inspect", str(config), str(tmp_path), "--resume", node,
+            "--import", JOBS_FILE, "analysis.target=blocks_5/attn",
+        ],
+    )  # fmt: skip
+    assert bad.exit_code == 1
+    assert "Choose a discovered path" in bad.output and "blocks_1/attn" in bad.output
+    with Store(store_root(tmp_path)) as store:
+        values = store.values(trainer.node)
+        assert values["job/status"] == "finished"  # a failed analysis leaves the run's record
+        assert json.dumps(values)  # plain values
