@@ -38,6 +38,15 @@ class Crop(AnalysisBase, trainer_jobs.SyntheticTrainer):
         return {key: value.tolist() for key, value in results.items()}
 
 
+class BrokenPlot(Crop):
+    """`Crop` whose plot() fails; it runs only on host zero, so only host zero sees it."""
+
+    NAME = "broken"
+
+    def plot(self, results):
+        raise RuntimeError("plot() failed on purpose")
+
+
 class TrainWithCrop(trainer_jobs.SyntheticTrainer):
     """The synthetic trainer that runs `Crop` at every validation."""
 

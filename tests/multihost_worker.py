@@ -45,6 +45,17 @@ with quick(root) as q:
     analysis = q.create()
     result = analysis()
 
+# A plot() that fails on host zero: every host raises, none waits at a later collective.
+with quick(root) as q:
+    q.build(jobs.BrokenPlot, "broken")
+    q.find().spec(run="multihost").checkpoint().latest().resume()
+    broken = q.create()
+    try:
+        broken()
+        raised = "nothing"
+    except Exception as exc:  # the test compares what each host raised
+        raised = f"{type(exc).__name__}: {exc}"
+
 params = jax.tree.map(
     lambda a: np.asarray(jax.experimental.multihost_utils.process_allgather(a, tiled=True)),
     trainer.state.params,
@@ -69,6 +80,7 @@ np.savez(
     analysis_out=result.values["out"],
     analysis_wrote=result.path is not None,
     analysis_recorded=result.artifact is not None,
+    broken_raised=raised,
     **flat,
 )
 jax.distributed.shutdown()
