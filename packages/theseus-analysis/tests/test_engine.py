@@ -332,3 +332,10 @@ def test_the_debug_page_example_draws_with_seaborn(training_run) -> None:
         jobs.embed_reference(training_run, x)[0, :64, :128],
         **TOL,
     )
+
+
+def test_plot_helpers_are_theseus_plot_itself() -> None:
+    import theseus.plot
+
+    for name in ("heatmap", "bar", "line", "scatter"):
+        assert getattr(jobs.Stats, name) is getattr(theseus.plot, name)

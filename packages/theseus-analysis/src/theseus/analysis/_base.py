@@ -28,7 +28,6 @@ from theseus.analysis._errors import AnalysisError
 from theseus.analysis._publish import render, write_atomic
 from theseus.config import configure
 from theseus.job import Mode, is_primary, process_count
-from theseus.plot import Plotting
 from theseus.store import Artifact, Node
 
 if TYPE_CHECKING:
@@ -65,7 +64,23 @@ class AnalysisResult:
     artifact: Artifact | None
 
 
-class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
+class _PlotHelper:
+    """`self.heatmap` etc.: theseus-plot's function itself, imported on first use.
+
+    The helpers pull in seaborn (seconds to import); an analysis that never plots
+    with them, and every host but zero, never pays for it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        import theseus.plot
+
+        return getattr(theseus.plot, self.name)
+
+
+class AnalysisBase(abc.ABC, Generic[C, M]):
     """Base of analyses: list it before a trainer, `class A(AnalysisBase, MyTrainer)`.
 
     Declare `TARGET` (the module type to look for), `NAME` (the file and artifact
@@ -77,6 +92,11 @@ class AnalysisBase(Plotting, abc.ABC, Generic[C, M]):
     TARGET: ClassVar[type | tuple[type, ...]]
     NAME: ClassVar[str]
     STOCHASTIC: ClassVar[bool] = False
+
+    heatmap = _PlotHelper("heatmap")
+    bar = _PlotHelper("bar")
+    line = _PlotHelper("line")
+    scatter = _PlotHelper("scatter")
 
     if TYPE_CHECKING:  # provided by the trainer this analysis extends
         spec: JobSpec
