@@ -20,6 +20,7 @@ from theseus.data.datasets import Synthetic
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.job import JobSpec
 from theseus.model.attention.base import SelfAttention
+from theseus.model.models import MLP
 from theseus.quick import quick
 from theseus.registry import ANALYSES, JOBS, import_module_or_file
 from theseus.training.base import TrainerError
@@ -339,3 +340,33 @@ def test_plot_helpers_are_theseus_plot_itself() -> None:
 
     for name in ("heatmap", "bar", "line", "scatter"):
         assert getattr(jobs.Stats, name) is getattr(theseus.plot, name)
+
+
+class _Noisy(AnalysisBase, PretrainGPT):
+    TARGET = MLP
+    NAME = "noisy"
+    STOCHASTIC = True
+
+    def select(self, paths):
+        return paths[0]
+
+    def analyze(self, layer, inputs):
+        out = layer(inputs.x, deterministic=inputs.deterministic)  # False with a key
+        return {"x": inputs.x[:, :4, :8], "out": out[:, :4, :8]}
+
+    def plot(self, results):
+        return None
+
+
+def test_a_stochastic_analysis_uses_the_nodes_key(root: Path) -> None:
+    noisy = _create(root, _Noisy, "noisy", **{"architecture/dropout": 0.5}).compute()
+    quiet_cls = type("Quiet", (_Noisy,), {"NAME": "quiet", "STOCHASTIC": False})
+    job = _create(root, quiet_cls, "quiet", **{"architecture/dropout": 0.5})
+    quiet = job.compute()
+    assert not np.allclose(noisy["x"], quiet["x"])  # dropout before blocks_0/mlp
+    layer, inputs = job.debug("blocks_0/mlp", key=job.step_key())  # the same key, eagerly
+    np.testing.assert_allclose(noisy["x"], np.asarray(inputs.x)[:, :4, :8], **TOL)
+    eager = np.asarray(layer(inputs.x, deterministic=False))[:, :4, :8]
+    np.testing.assert_allclose(noisy["out"], eager, **TOL)
+    _, plain = job.debug("blocks_0/mlp")
+    np.testing.assert_allclose(quiet["x"], np.asarray(plain.x)[:, :4, :8], **TOL)

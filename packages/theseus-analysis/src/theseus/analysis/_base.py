@@ -87,6 +87,11 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
     name) and implement `select`, `analyze` and `plot`. Set `STOCHASTIC = True` to
     run the trace with the node's RNG key (dropout active); by default analyses run
     deterministically.
+
+    Attributes:
+        traces: how many times the compiled function was traced (1 after any
+            number of runs on the same shapes; a second trace is a recompilation).
+        borrowed: whether this is a trainer's tandem view.
     """
 
     TARGET: ClassVar[type | tuple[type, ...]]
@@ -138,11 +143,15 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._check_declarations()
-        self._borrowed: Any = None
+        self._init_engine(borrowed=None)
+        super().__init__(*args, **kwargs)
+
+    def _init_engine(self, borrowed: Any) -> None:
+        """The engine's own fields (a standalone job's, or a view of `borrowed`)."""
+        self._borrowed = borrowed
         self._analysis_fn: Any = None
         self._selection: Selection | None = None
         self.traces = 0
-        super().__init__(*args, **kwargs)
 
     @classmethod
     def _check_declarations(cls) -> None:
@@ -177,10 +186,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         """
         cls._check_declarations()
         view = cls.__new__(cls)
-        view._borrowed = trainer
-        view._analysis_fn = None
-        view._selection = None
-        view.traces = 0
+        view._init_engine(borrowed=trainer)
         view.spec = trainer.spec
         view.base = None
         view._store = trainer.store
