@@ -44,8 +44,14 @@ MODULES = {
         "theseus.quick",
         "theseus.cli",
         "theseus.training.base",
+        "theseus.model.debug",
     ],
-    "theseus-analysis": ["theseus.analysis", "theseus.analysis.inspector"],
+    "theseus-analysis": [
+        "theseus.analysis",
+        "theseus.analysis._base",
+        "theseus.analysis.demo",
+        "theseus.analysis.inspector",
+    ],
 }
 # The oldest JAX the packages declare (theseus-core: jax>=0.9.0) and the newest
 # release that installs on the Python we test with. (On JAX 0.8 the forward recorder
