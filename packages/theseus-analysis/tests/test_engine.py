@@ -63,7 +63,9 @@ def training_run(root: Path):
 def test_registration_and_inheritance_order() -> None:
     assert ANALYSES["my/gpt/activations"] is jobs.Activations
     assert JOBS["my-model/analyze/activation"] is jobs.InspectActivation  # also a job
-    with pytest.raises(TypeError, match=r"List AnalysisBase first: class Wrong\(AnalysisBase"):
+    with pytest.raises(
+        TypeError, match=r"list AnalysisBase first: class Wrong\(AnalysisBase, PretrainGPT\)$"
+    ):
 
         class Wrong(PretrainGPT, AnalysisBase):  # type: ignore[misc]
             TARGET = SelfAttention
@@ -374,3 +376,40 @@ def test_a_stochastic_analysis_uses_the_nodes_key(root: Path) -> None:
     np.testing.assert_allclose(noisy["out"], eager, **TOL)
     _, plain = job.debug("blocks_0/mlp")
     np.testing.assert_allclose(quiet["x"], np.asarray(plain.x)[:, :4, :8], **TOL)
+
+
+def test_user_mistakes_in_the_methods_name_the_method(root: Path) -> None:
+    reads_state = type(
+        "ReadsState",
+        (_Choose,),
+        {"NAME": "rs", "analyze": lambda self, layer, inputs: self.state.step},
+    )
+    with pytest.raises(AnalysisError, match=r"ReadsState\.analyze\(\) read self\.state"):
+        _create(root, reads_state, "rs").compute()
+    reads_batch = type(
+        "ReadsBatch",
+        (_Choose,),
+        {"NAME": "rb", "analyze": lambda self, layer, inputs: self.batch()["x"]},
+    )
+    with pytest.raises(AnalysisError, match=r"read self\.batch\(\)"):
+        _create(root, reads_batch, "rb").compute()
+    raises = type("Raises", (_Choose,), {"NAME": "raises", "select": lambda self, paths: paths[9]})
+    with pytest.raises(AnalysisError, match=r"Raises\.select\(\) raised IndexError"):
+        _create(root, raises, "raises")
+    other = type("Other", (_Choose,), {"NAME": "other", "CHOICE": "blocks_0/mlp"})
+    with pytest.raises(AnalysisSelectionError, match="another module type than TARGET"):
+        _create(root, other, "other")
+
+
+def test_result_files_follow_the_umask(root: Path) -> None:
+    import os
+
+    from theseus.analysis._publish import write_atomic
+
+    previous = os.umask(0o022)
+    try:
+        path = write_atomic(root / "umask" / "r.json", b"{}")
+    finally:
+        os.umask(previous)
+    assert path.read_bytes() == b"{}" and (path.stat().st_mode & 0o777) == 0o644
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temporary file left

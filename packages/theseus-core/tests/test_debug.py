@@ -155,6 +155,10 @@ def test_unknown_paths_list_the_discovered_ones(trained) -> None:
         trained.debug("blocks_9/attn")
     with pytest.raises(UnknownPathError, match="strings like 'blocks_0/attn'"):
         trained.debug(("blocks_0", "attn"))  # type: ignore[arg-type]
+    with pytest.raises(UnknownPathError, match=r"Did you mean 'blocks_0/attn'\?"):
+        trained.debug("blocks_0.attn")  # the recorder's dotted form
+    with pytest.raises(TypeError, match="module class such as SelfAttention"):
+        trained.find("SelfAttention")  # type: ignore[arg-type]
     assert issubclass(UnknownPathError, ValueError)
 
 

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+import flax.linen as nn
 import numpy as np
 
 from theseus.analysis import _comet
 from theseus.analysis._engine import Selection, compile_analysis, to_host
-from theseus.analysis._errors import AnalysisError
+from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
 from theseus.analysis._publish import render, write_atomic
 from theseus.config import configure
 from theseus.job import Mode, is_primary, process_count
@@ -129,10 +130,11 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
             if klass is AnalysisBase:
                 break
             if "run" in vars(klass) and not issubclass(klass, AnalysisBase):
+                others = ", ".join(b.__name__ for b in cls.__bases__ if b is not AnalysisBase)
                 raise TypeError(
                     f"{cls.__name__}: run() resolves to {klass.__name__}.run, so this class "
-                    f"would train instead of analyze. List AnalysisBase first: "
-                    f"class {cls.__name__}(AnalysisBase, {klass.__name__})."
+                    f"would train instead of analyze; list AnalysisBase first: "
+                    f"class {cls.__name__}(AnalysisBase, {others})"
                 )
         name = vars(cls).get("NAME")
         if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
@@ -149,6 +151,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
     def _init_engine(self, borrowed: Any) -> None:
         """The engine's own fields (a standalone job's, or a view of `borrowed`)."""
         self._borrowed = borrowed
+        self._in_analyze = False
         self._analysis_fn: Any = None
         self._selection: Selection | None = None
         self.traces = 0
@@ -214,6 +217,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
     @property
     def state(self) -> Any:
         """The train state being analyzed (the trainer's live state, for a borrowed view)."""
+        self._not_while_analyzing("self.state")
         if self._borrowed is not None:
             return self._borrowed.state
         return self.__dict__.get("_own_state")
@@ -229,9 +233,37 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
 
     def batch(self, slice: str = "train") -> Any:
         """The live node's batch (a borrowed view reads the trainer's node-cached batch)."""
+        self._not_while_analyzing("self.batch()")
         if self._borrowed is not None:
             return self._borrowed.batch(slice)
         return super().batch(slice)  # type: ignore[misc]
+
+    def _not_while_analyzing(self, what: str) -> None:
+        if self.__dict__.get("_in_analyze"):
+            raise AnalysisError(
+                f"{type(self).__name__}.analyze() read {what}. analyze() is compiled once and "
+                "reused, so it would see the first state and batch forever: compute from the "
+                "supplied layer(s) and inputs instead (read fixed settings from self.args)"
+            )
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """Call the user's `method`; an exception it raises says where it came from."""
+        try:
+            return getattr(self, method)(*args)
+        except AnalysisError:
+            raise
+        except Exception as exc:
+            raise AnalysisError(
+                f"{type(self).__name__}.{method}() raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _analyze_traced(self, layer: Any, inputs: Any) -> Any:
+        """`analyze`, with reads of the mutable state and batch turned into errors."""
+        self._in_analyze = True
+        try:
+            return self._call("analyze", layer, inputs)
+        finally:
+            self._in_analyze = False
 
     def _not_for_views(self, what: str) -> None:
         if self._borrowed is not None:
@@ -287,15 +319,33 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
             owner = type(self).__name__
             discovered = self.find(self.TARGET)
             if not discovered:
-                targets = self.TARGET if isinstance(self.TARGET, tuple) else (self.TARGET,)
-                names = ", ".join(t.__name__ for t in targets)
                 raise AnalysisError(
-                    f"{owner}: the trace calls no module of type {names} (TARGET); set TARGET "
-                    "to a module class the model uses"
+                    f"{owner}: the trace calls no module of type {_names(self.TARGET)} (TARGET); "
+                    "set TARGET to a module class the model uses"
                 )
-            self._selection = Selection.check(self.select(list(discovered)), discovered, owner)
+            chosen = self._call("select", list(discovered))
+            try:
+                self._selection = Selection.check(chosen, discovered, owner)
+            except AnalysisSelectionError:
+                self._explain_other_type(chosen, discovered)
+                raise
             _comet.check(self.configuration)
         return self._selection
+
+    def _explain_other_type(self, chosen: Any, discovered: list[str]) -> None:
+        """A selected path that is a call of another module type gets its own message."""
+        paths = chosen if isinstance(chosen, list | tuple) else [chosen]
+        strings = [p for p in paths if isinstance(p, str) and p not in discovered]
+        if not strings:
+            return
+        everything = self.find(nn.Module)
+        for path in strings:
+            if path in everything:
+                raise AnalysisSelectionError(
+                    f"{type(self).__name__}.select() returned {path!r}, a call of another module "
+                    f"type than TARGET ({_names(self.TARGET)}); choose among the TARGET calls: "
+                    f"{', '.join(repr(p) for p in discovered)}, or change TARGET"
+                )
 
     def _compiled_analysis(self) -> Any:
         if self._analysis_fn is None:
@@ -306,7 +356,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
 
             self._analysis_fn = compile_analysis(
                 type(self).trace,  # type: ignore[attr-defined]
-                self.analyze,
+                self._analyze_traced,
                 selection,
                 self.sharding,
                 type(self).__name__,
@@ -350,7 +400,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         return AnalysisResult(values, node, path, artifact)
 
     def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None]:
-        rendered = render(self.NAME, self.plot(values), type(self).__name__)
+        rendered = render(self.NAME, self._call("plot", values), type(self).__name__)
         if rendered is None:
             return None, None
         filename, content = rendered
@@ -367,6 +417,10 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         _comet.close()
         if self._borrowed is None:
             super().close()  # type: ignore[misc]
+
+
+def _names(target: type | tuple[type, ...]) -> str:
+    return ", ".join(t.__name__ for t in (target if isinstance(target, tuple) else (target,)))
 
 
 def _agree_on_failure(error: BaseException | None, owner: str) -> None:

@@ -70,9 +70,9 @@ class Selection:
 def _check_leaves(results: Any, owner: str) -> None:
     for path, leaf in jax.tree_util.tree_leaves_with_path(results):
         if not isinstance(leaf, jax.Array | np.ndarray | np.generic | int | float | bool):
-            where = jax.tree_util.keystr(path) or "the result"
+            where = f" at {jax.tree_util.keystr(path)}" if path else ""
             raise AnalysisError(
-                f"{owner}.analyze() returned {type(leaf).__name__} at {where}; it must return "
+                f"{owner}.analyze() returned {type(leaf).__name__}{where}; it must return "
                 "a pytree of arrays, numbers or None (render text and figures in plot())"
             )
 

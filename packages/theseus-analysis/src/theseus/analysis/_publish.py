@@ -95,11 +95,18 @@ def _plain(value: Any, owner: str, where: str) -> Any:
     )
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, content: bytes) -> Path:
     """Write `content` to `path` through a temporary file and a rename; returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would create it (mkstemp makes 0600)
         with os.fdopen(fd, "wb") as handle:
             handle.write(content)
             handle.flush()

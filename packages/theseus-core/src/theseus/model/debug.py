@@ -20,6 +20,7 @@ releases the layer and inputs, and using either afterwards is a `DebugClosedErro
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "UnknownPathError",
     "capture",
     "check_paths",
+    "check_target",
     "discover",
     "path_of",
 ]
@@ -75,11 +77,23 @@ def check_paths(wanted: Sequence[Any], discovered: Sequence[str], what: str) -> 
                 f"{path!r} ({type(path).__name__}). Discovered paths: {shown}."
             )
         if path not in discovered:
+            close = difflib.get_close_matches(path.replace(".", "/"), discovered, n=1)
+            hint = f" Did you mean {close[0]!r}? (paths are joined with '/')" if close else ""
             raise UnknownPathError(
-                f"{what} asked for module path {path!r}, which the trace never calls. "
+                f"{what} asked for module path {path!r}, which the trace never calls.{hint} "
                 f"Discovered paths: {shown}."
             )
     return list(wanted)
+
+
+def check_target(target: Any, what: str) -> None:
+    """Raise `TypeError` unless `target` is a module class or a tuple of them."""
+    targets = target if isinstance(target, tuple) else (target,)
+    if not targets or not all(isinstance(t, type) for t in targets):
+        raise TypeError(
+            f"{what} expects a module class such as SelfAttention (or a tuple of classes); "
+            f"got {target!r} ({type(target).__name__})"
+        )
 
 
 def _closed(kind: str) -> DebugClosedError:

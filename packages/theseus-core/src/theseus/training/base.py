@@ -325,12 +325,9 @@ class BaseTrainer(BasicJob):
         Returns:
             Path strings such as `"blocks_0/attn"`; the root module is `""`.
         """
-        state, batch, cls, sharding = (
-            self._inspected(),
-            self.inspection_batch(),
-            type(self),
-            self.sharding,
-        )
+        _debug.check_target(target, "trainer.find()")
+        state, batch, cls = self._inspected(), self.inspection_batch(), type(self)
+        sharding = self.sharding
         found: list[str] = []
 
         def run(state: Any, batch: dict[str, Any]) -> None:
@@ -591,7 +588,7 @@ class BaseTrainer(BasicJob):
                     f"{type(self).__name__}.ANALYSIS has two analyses named "
                     f"{analysis.NAME!r} ({_name(names[analysis.NAME])} and "
                     f"{_name(analysis)}); their files and artifacts would collide. Give "
-                    "each a distinct NAME"
+                    "each a distinct NAME."
                 )
             names[analysis.NAME] = analysis
 
