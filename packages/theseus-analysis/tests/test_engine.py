@@ -320,6 +320,7 @@ def test_bad_results_are_clear_errors_and_write_nothing(root: Path) -> None:
 def test_a_borrowed_view_cannot_take_over_the_lifecycle(training_run) -> None:
     view = jobs.Stats.from_trainer(training_run)
     assert view.node == training_run.node and view.state is training_run.state
+    assert repr(view).startswith("<Stats view of <GPTWithAnalysis")
     with pytest.raises(AnalysisError, match="cannot be replaced"):
         view.state = None
     for call in (view.setup, view.tick, view.finish, view):

@@ -238,6 +238,11 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
             return self._borrowed.batch(slice)
         return super().batch(slice)  # type: ignore[misc]
 
+    def __repr__(self) -> str:
+        if self._borrowed is not None:
+            return f"<{type(self).__name__} view of {self._borrowed!r}>"
+        return super().__repr__()
+
     def _not_while_analyzing(self, what: str) -> None:
         if self.__dict__.get("_in_analyze"):
             raise AnalysisError(

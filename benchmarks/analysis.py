@@ -1,0 +1,559 @@
+"""The analysis engine: tandem cost, host bytes, recompilations, debugger agreement.
+
+Run: ``uv run python benchmarks/analysis.py [--repeats 120 --steps 1000 --breakdown 5]``
+(3.5-4.5 minutes on the shared 2-core CPU machine, more under load); ``--quick`` is
+a smoke run (under 1.5 minutes). One CPU device (JAX's default here) and the trainer's own mesh.
+
+1. **Tandem cost.** The default ``PretrainGPT`` (4 layers, n_embd 128, block 128,
+   batch 16, 4 validation batches) with one tandem analysis: the input of the first
+   ``SelfAttention``, cropped in the program to ``inputs.x[0, :64, :128]``. A
+   *validation step* is what the trainer does at validation cadence, less logging:
+   ``trainer.validate()`` and ``trainer._evaluate()`` (no evaluations here), then
+   ``view.run()`` for each tandem view. Each round runs the three cheap variants in
+   a random order (seeded); every fourth round then runs the PDF variant, about ten
+   validations long, and one untimed validation, so that no timed sample directly
+   follows the plotting (a validation right after it measured about 1% slower, and
+   an earlier fixed rotation always put ``plain`` there):
+
+   * ``plain``: ``validate()`` + ``_evaluate()``;
+   * ``+compute``: the same + ``view.compute()`` (the compiled analysis and the
+     gather of its result to the host; no plot, no file);
+   * ``+run json``: the same + ``view.run()`` with a ``plot()`` that returns a small
+     JSON value (compute, plot, write ``crop.json`` atomically, store artifact);
+   * ``+run pdf``: the same + ``view.run()`` of a second view whose ``plot()``
+     draws ``self.heatmap(values)`` (written as ``crop_pdf.pdf``).
+
+   The verdict (and exit status) is on the median over rounds of ``variant / plain``
+   within a round (goal <= 1.03; the PDF row is reported but not in the exit
+   status). Each variant's extra part is also timed inside its own sample; the
+   median of ``1 + extra / plain`` estimates the same ratio with far less noise, and
+   its line says whether it is within the goal too; the variant's own ``validate()``
+   part over ``plain`` is printed as a control (1 but for noise). A breakdown times
+   the pieces of ``run()`` one by one.
+2. **Host bytes.** A 6-site analysis (the four ``SelfAttention`` calls and the first
+   and last ``MLP``) that returns ``inputs.x[0, :8, :16]`` of each, against the same
+   model and batch through ``model.apply(..., capture_intermediates=True,
+   mutable=["intermediates"])`` under ``jax.jit``: the sum of ``nbytes`` of the
+   NumPy arrays that arrive on the host (goal: at least 1,000x fewer).
+3. **Recompilations.** A tiny GPT (1 layer, n_embd 32, 2 heads, block 32, batch 8)
+   trains ``--steps`` steps with the tandem analysis every 10 steps
+   (``logging/validation_interval = 10``). Counted: the view's ``traces`` (each
+   trace of the analysis function; must be 1) and every XLA compilation, from
+   ``jax.monitoring``'s ``/jax/core/compile/backend_compile_duration`` event, by
+   the step during which it happened (goal: none after the warm-up, steps 1-10).
+4. **Debugger agreement.** ``layer, inputs = trainer.debug(path)`` eagerly, then
+   ``layer(inputs.x)[0, :64, :128]``, against the same expression in ``analyze()``
+   through the compiled engine, for every ``SelfAttention`` path: max relative error
+   ``max|eager - jit| / max|jit|`` (goal <= 1e-6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax import monitoring
+
+from theseus.analysis import AnalysisBase
+from theseus.analysis._publish import render, write_atomic
+from theseus.data.datasets import Synthetic
+from theseus.experiments.models.gpt import PretrainGPT
+from theseus.model.attention.base import SelfAttention
+from theseus.model.models import MLP
+from theseus.quick import quick
+
+TANDEM_GOAL = 1.03
+BYTES_GOAL = 1000
+REL_ERR_GOAL = 1e-6
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+PDF_EVERY = 4  # rounds per PDF sample
+WARMUP_STEPS = 10  # the first validation (and analysis) happens after step 10
+
+
+# ----------------------------------------------------------------------- analyses
+class Crop(AnalysisBase, PretrainGPT):
+    """The input of the first attention call, cropped; a small JSON result."""
+
+    TARGET = SelfAttention
+    NAME = "crop"
+
+    def select(self, paths: list[str]) -> str:
+        return paths[0]
+
+    def analyze(self, layer: Any, inputs: Any) -> Any:
+        return inputs.x[0, :64, :128]
+
+    def plot(self, values: Any) -> Any:
+        return {"mean": float(values.mean()), "std": float(values.std())}
+
+
+class CropPDF(Crop):
+    """The same crop drawn as a heatmap (a Figure, written as PDF)."""
+
+    NAME = "crop_pdf"
+
+    def plot(self, values: Any) -> Any:
+        return self.heatmap(values, xlabel="Feature", ylabel="Token")
+
+
+class Sites(AnalysisBase, PretrainGPT):
+    """Six call sites, each input cropped to [8, 16]."""
+
+    TARGET = (SelfAttention, MLP)
+    NAME = "sites"
+
+    def select(self, paths: list[str]) -> list[str]:
+        attention = [p for p in paths if p.endswith("/attn")]
+        mlp = [p for p in paths if p.endswith("/mlp")]
+        return [*attention, mlp[0], mlp[-1]]
+
+    def analyze(self, layers: Any, inputs: Any) -> Any:
+        return [given.x[0, :8, :16] for given in inputs]
+
+    def plot(self, values: Any) -> Any:
+        return None
+
+
+class Replay(AnalysisBase, PretrainGPT):
+    """Every attention call replayed on its own input, cropped."""
+
+    TARGET = SelfAttention
+    NAME = "replay"
+
+    def select(self, paths: list[str]) -> list[str]:
+        return paths
+
+    def analyze(self, layers: Any, inputs: Any) -> Any:
+        return [layer(given.x)[0, :64, :128] for layer, given in zip(layers, inputs, strict=True)]
+
+    def plot(self, values: Any) -> Any:
+        return None
+
+
+class WithCrop(PretrainGPT):
+    ANALYSIS = [Crop]
+
+
+# -------------------------------------------------------------------------- helpers
+class CompileLog:
+    """XLA compilations, tagged with a phase marker (the training step when it happened).
+
+    Counted from `jax.monitoring`'s backend-compile event (one per XLA compilation);
+    identified by the lowering's debug log record in `jax._src.interpreters.pxla`
+    ("Compiling NAME with global shapes and types AVALS"), so that two eager ops of the
+    same name on different shapes are two programs, not one compiled twice.
+    """
+
+    def __init__(self) -> None:
+        self.phase: Any = "setup"
+        self.events: list[tuple[Any, str]] = []
+        self.programs: list[tuple[Any, str]] = []
+        monitoring.register_event_duration_secs_listener(self)
+
+    def __call__(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
+        if event == COMPILE_EVENT:
+            self.events.append((self.phase, str(kwargs.get("fun_name", "?"))))
+
+    @contextlib.contextmanager
+    def identified(self) -> Any:
+        """Record each lowering's name and argument shapes while the block runs."""
+        log = self
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if str(record.msg).startswith("Compiling ") and len(record.args or ()) >= 2:
+                    name, avals = record.args[0], record.args[1]  # type: ignore[index]
+                    log.programs.append((log.phase, f"{name} {avals}"))
+
+        logger = logging.getLogger("jax._src.interpreters.pxla")
+        handler, level, propagate = Handler(logging.DEBUG), logger.level, logger.propagate
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=120,
+        help="paired rounds of the tandem cost (the PDF variant: every fourth one)",
+    )
+    p.add_argument("--steps", type=int, default=1000, help="training steps of the recompile check")
+    p.add_argument("--breakdown", type=int, default=5, help="repeats of each run() piece")
+    p.add_argument("--quick", action="store_true", help="smoke run: 4 rounds, 100 steps")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.steps, args.breakdown = 4, 100, 1
+    return args
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def nbytes(tree: Any) -> int:
+    return sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(tree))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    compiles = CompileLog()
+    with tempfile.TemporaryDirectory() as root:
+        Synthetic.prepare(root, tokens=300_000, val_tokens=50_000)
+        print(
+            f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} device(s); "
+            f"{args.repeats} rounds, {args.steps} training steps"
+        )
+        with quick(root) as q:
+            q.build(WithCrop, "default")
+            trainer: Any = q.create()
+            ok = tandem_cost(trainer, args)
+            ok = host_bytes(trainer) and ok
+            ok = recompilations(q, args, compiles) and ok
+            ok = debugger_agreement(trainer) and ok
+    return 0 if ok else 1
+
+
+# ------------------------------------------------------------------ 1. tandem cost
+def tandem_cost(trainer: Any, args: argparse.Namespace) -> bool:
+    [crop] = trainer._views
+    pdf = CropPDF.from_trainer(trainer)
+    cfg = trainer.configuration
+    print(
+        f"\n1. tandem cost: PretrainGPT {cfg['architecture/n_layers']} layers, n_embd "
+        f"{cfg['architecture/n_embd']}, block {cfg['architecture/block_size']}, batch "
+        f"{cfg['training/batch_size']}, {cfg['training/validation_steps']} validation batches; "
+        "analysis inputs.x[0, :64, :128] of the first SelfAttention"
+    )
+
+    def plain() -> None:
+        trainer.validate()
+        trainer._evaluate()
+
+    extras: dict[str, Callable[[], Any] | None] = {
+        "plain": None,
+        "+compute": crop.compute,
+        "+run json": crop.run,
+        "+run pdf": pdf.run,
+    }
+    names = list(extras)
+    totals: dict[str, list[float]] = {n: [] for n in names}
+    parts: dict[str, list[float]] = {n: [] for n in names}
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+
+    def sample(name: str) -> tuple[float, float]:
+        extra = extras[name]
+        start = time.perf_counter()
+        plain()
+        middle = time.perf_counter()
+        if extra is not None:
+            extra()
+        end = time.perf_counter()
+        return end - start, end - middle
+
+    for name in names:  # warm-up: compiles validation and both analyses, first files
+        sample(name)
+    rng = random.Random(0)
+    controls: dict[str, list[float]] = {n: [] for n in names}
+    estimates: dict[str, list[float]] = {n: [] for n in names}
+    for round_ in range(args.repeats):
+        # The cheap variants in a random order; the PDF variant (about ten validations
+        # long) in every fourth round, last, then an untimed validation, so that no
+        # timed sample directly follows the plotting.
+        order = names[:-1]
+        rng.shuffle(order)
+        with_pdf = round_ % PDF_EVERY == 0
+        if with_pdf:
+            order.append(names[-1])
+        got = {name: sample(name) for name in order}
+        if with_pdf:
+            plain()
+        base = got["plain"][0]
+        for name, (total, part) in got.items():
+            totals[name].append(total)
+            parts[name].append(part)
+            ratios[name].append(total / base)
+            controls[name].append((total - part) / base)
+            estimates[name].append(1 + part / base)
+
+    def quartiles(values: list[float]) -> str:
+        q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+        return f"{q1:.3f}..{q3:.3f}"
+
+    plain_ms = med(totals["plain"])
+    print(
+        f"\n{'variant':<11}{'rounds':>7}{'median':>11}{'extra part':>13}{'paired ratio':>14}"
+        f"{'IQR':>16}{'its validate':>14}{'1 + extra':>11}"
+    )
+    ok = True
+    for name in names:
+        if name == "plain":
+            print(f"{name:<11}{len(totals[name]):>7}{plain_ms * 1e3:>8.1f} ms")
+            continue
+        print(
+            f"{name:<11}{len(totals[name]):>7}{med(totals[name]) * 1e3:>8.1f} ms"
+            f"{med(parts[name]) * 1e3:>10.2f} ms{med(ratios[name]):>14.4f}"
+            f"{quartiles(ratios[name]):>16}{med(controls[name]):>14.4f}"
+            f"{med(estimates[name]):>11.4f}"
+        )
+    print(
+        "paired ratio: median over rounds of variant / plain (same round), IQR its quartiles;\n"
+        "its validate: the same for the variant's own validate() part alone (a control: 1 "
+        "but for noise);\n1 + extra: median over rounds of 1 + the variant's compute()/run() "
+        "part / plain (the cost itself, far less noisy)"
+    )
+    for name in names[1:]:
+        ratio, estimate = med(ratios[name]), med(estimates[name])
+        passed, estimate_passed = ratio <= TANDEM_GOAL, estimate <= TANDEM_GOAL
+        note = ""
+        if name == "+run pdf":
+            note = " (reported, not part of the exit status: see the breakdown)"
+        else:
+            ok = ok and passed
+        print(
+            f"  {'PASS' if passed else 'FAIL'}: {name} / plain = {ratio:.4f} paired, "
+            f"{estimate:.4f} from the parts ({'within' if estimate_passed else 'ABOVE'} the "
+            f"goal); goal <= {TANDEM_GOAL}{note}"
+        )
+    breakdown(crop, pdf, args.breakdown)
+    return ok
+
+
+def breakdown(crop: Any, pdf: Any, repeats: int) -> None:
+    """Where run()'s time goes: each step of `AnalysisBase.run`/`_publish`, timed alone."""
+    values = crop.compute()
+    node = crop.node
+    times: dict[str, list[float]] = collections.defaultdict(list)
+
+    def piece(label: str, fn: Callable[..., Any], *args: Any) -> Any:
+        start = time.perf_counter()
+        out = fn(*args)
+        times[label].append(time.perf_counter() - start)
+        return out
+
+    def publish(view: Any, filename: str, content: bytes) -> None:
+        write_atomic(view.spec.result(filename), content)
+        view.store.put(node, view.NAME, filename, content)
+
+    for _ in range(repeats):
+        piece("compute() (jit call + gather to host)", crop.compute)
+        piece("inspection_batch() (place the batch)", crop.inspection_batch)
+        value = piece("plot() -> JSON value", crop.plot, values)
+        json_name, json_bytes = piece("render JSON", render, crop.NAME, value, "Crop")
+        piece("write_atomic JSON (fsync)", write_atomic, crop.spec.result(json_name), json_bytes)
+        piece("store.put JSON artifact", crop.store.put, node, crop.NAME, json_name, json_bytes)
+        figure = piece("plot() -> heatmap Figure", pdf.plot, values)
+        pdf_name, pdf_bytes = piece(
+            "render PDF (to_pdf: 2 draws)", render, pdf.NAME, figure, "CropPDF"
+        )
+        piece("write_atomic + store.put PDF", publish, pdf, pdf_name, pdf_bytes)
+    print(f"\n   breakdown of run() (median of {repeats}, each piece timed alone):")
+    for label, seconds in times.items():
+        print(f"   {label:<40}{med(seconds) * 1e3:>9.2f} ms")
+    print(f"   PDF size {len(pdf_bytes):,} bytes; JSON size {len(json_bytes)} bytes")
+
+
+# -------------------------------------------------------------------- 2. host bytes
+def host_bytes(trainer: Any) -> bool:
+    view = Sites.from_trainer(trainer)
+    paths = view._prepare().paths
+    values = view.compute()
+    analysis = nbytes(values)
+
+    batch = trainer.inspection_batch()
+    sharding = trainer.sharding
+
+    def everything(params: Any, batch: dict[str, Any], which: Any) -> Any:
+        with sharding.rules():
+            return trainer.model.apply(
+                {"params": params},
+                batch["x"],
+                batch["y"],
+                batch["padding_mask"],
+                deterministic=True,
+                capture_intermediates=which,
+                mutable=["intermediates"],
+            )
+
+    full = jax.jit(lambda p, b: everything(p, b, True))
+    host = jax.tree.map(np.asarray, full(trainer.state.params, batch))
+    captured = nbytes(host)
+    n_modules = len(jax.tree.leaves(host[1]))
+
+    wanted = set(paths)
+    only = jax.jit(
+        lambda p, b: everything(
+            p, b, lambda m, method: method == "__call__" and "/".join(m.path) in wanted
+        )
+    )
+    sites = jax.tree.map(np.asarray, only(trainer.state.params, batch))
+    site_bytes = nbytes(sites[1])
+
+    ratio = captured / analysis
+    print(f"\n2. host bytes: {len(paths)} sites {list(paths)}")
+    print(
+        f"   analysis (crops [8, 16] of each input)             {analysis:>12,} bytes "
+        f"({len(values)} arrays)"
+    )
+    print(
+        f"   capture_intermediates=True (+ logits and loss)     {captured:>12,} bytes "
+        f"({n_modules} module outputs)"
+    )
+    print(
+        f"   information: the 6 sites' whole outputs only       {site_bytes:>12,} bytes "
+        f"({site_bytes / analysis:,.0f}x the crops)"
+    )
+    verdict = "PASS" if ratio >= BYTES_GOAL else "FAIL"
+    print(f"   {verdict}: {ratio:,.0f}x fewer bytes with the analysis; goal >= {BYTES_GOAL:,}x")
+    return ratio >= BYTES_GOAL
+
+
+# ------------------------------------------------------------ 4. debugger agreement
+def debugger_agreement(trainer: Any) -> bool:
+    view = Replay.from_trainer(trainer)
+    paths = view._prepare().paths
+    compiled = view.compute()
+    print(f"\n4. debugger vs compiled engine: layer(inputs.x)[0, :64, :128] at {len(paths)} paths")
+    worst, ok = 0.0, True
+    for path, jitted in zip(paths, compiled, strict=True):
+        with trainer.debug(path) as (layer, inputs):
+            eager = np.asarray(layer(inputs.x)[0, :64, :128])
+        diff = np.abs(eager.astype(np.float64) - jitted.astype(np.float64))
+        rel = float(diff.max() / max(np.abs(jitted).max(), np.finfo(np.float32).tiny))
+        worst = max(worst, rel)
+        bitwise = "bit-identical" if np.array_equal(eager, jitted) else "differs"
+        print(
+            f"   {path:<14} shape {tuple(eager.shape)}  max|diff| {diff.max():.2e}  "
+            f"max rel err {rel:.2e}  ({bitwise})"
+        )
+        ok = ok and rel <= REL_ERR_GOAL
+    verdict = "PASS" if ok else "FAIL"
+    print(f"   {verdict}: worst max relative error {worst:.2e}; goal <= {REL_ERR_GOAL:g}")
+    return ok
+
+
+# -------------------------------------------------------------- 3. recompilations
+def recompilations(q: Any, args: argparse.Namespace, compiles: CompileLog) -> bool:
+    block, batch = 32, 8
+    q.build(WithCrop, "tiny")
+    settings = {
+        "architecture/n_layers": 1,
+        "architecture/n_embd": 32,
+        "architecture/n_head": 2,
+        "architecture/block_size": block,
+        "training/batch_size": batch,
+        "training/tokens": args.steps * batch * block,
+        "logging/validation_interval": 10,
+        "logging/report_interval": 10,
+    }
+    for key, value in settings.items():
+        q.config[key] = value
+    trainer: Any = q.create()
+    [view] = trainer._views
+    runs = [0]
+    view_run = view.run
+
+    def counted_run() -> Any:
+        runs[0] += 1
+        return view_run()
+
+    view.run = counted_run
+    after_step, save = trainer._after_step, trainer.save_checkpoint
+
+    def tagged_after_step(step: int, *rest: Any, **kw: Any) -> None:
+        compiles.phase = step  # validation, analysis, report of `step`
+        after_step(step, *rest, **kw)
+        compiles.phase = step + 1  # the train call of the next step
+
+    def tagged_save() -> None:
+        phase = compiles.phase
+        compiles.phase = f"checkpoint@{phase}"
+        try:
+            save()
+        finally:
+            compiles.phase = phase
+
+    trainer._after_step, trainer.save_checkpoint = tagged_after_step, tagged_save
+    compiles.phase = 1
+    start, first = len(compiles.events), len(compiles.programs)
+    with compiles.identified():
+        seconds = timed(trainer)
+    events, programs = compiles.events[start:], compiles.programs[first:]
+    compiles.phase = "after"
+
+    def step_of(phase: Any) -> int:
+        return int(str(phase).rsplit("@", 1)[-1])
+
+    warm = [(p, f) for p, f in events if step_of(p) <= WARMUP_STEPS]
+    late = [(p, f) for p, f in events if step_of(p) > WARMUP_STEPS]
+    seen = collections.Counter(f for _, f in warm)
+    lowered = collections.Counter(program for _, program in programs)
+    again = sorted(program for program, n in lowered.items() if n > 1)
+    late_plain = [(p, f) for p, f in late if not str(p).startswith("checkpoint@")]
+    logged = f"{len(programs)} lowerings logged" + (
+        "" if len(programs) == len(events) else " (differs from the compile events!)"
+    )
+    print(
+        f"\n3. recompilations: tiny GPT (1 layer, n_embd 32, 2 heads, block {block}, batch "
+        f"{batch}), {trainer.total_steps} steps in {seconds:.1f} s, validation + analysis "
+        f"every 10 steps ({runs[0]} analysis runs)"
+    )
+    print(f"   view.traces after training: {view.traces}")
+    print(f"   XLA compilations while training: {len(events)} ({logged})")
+    print(f"   XLA compilations in steps 1-{WARMUP_STEPS} (warm-up): {len(warm)}")
+    for name, n in sorted(seen.items()):
+        print(f"      {n} x {name}")
+    print(f"   XLA compilations in steps {WARMUP_STEPS + 1}-{trainer.total_steps}: {len(late)}")
+    for phase, name in late:
+        print(f"      {name} (at {phase})")
+    print(
+        f"   programs (name + argument shapes) lowered more than once in all "
+        f"{trainer.total_steps} steps: {len(again)} (of {len(lowered)} lowered)"
+    )
+    for program in again:
+        print(f"      {lowered[program]} x {program[:160]}")
+    print(f"   compilations after the warm-up outside checkpoint saves: {len(late_plain)}")
+    ok = view.traces == 1 and runs[0] == trainer.total_steps // 10 and not again
+    verdict = "PASS" if ok else "FAIL"
+    print(f"   {verdict}: view.traces == 1 and no program compiled a second time")
+    if late:
+        print(
+            f"   NOT ZERO: {len(late)} first-time compilation(s) after the warm-up"
+            + (
+                " (all in a checkpoint save: the first checkpoint comes at the last step)"
+                if not late_plain
+                else ""
+            )
+        )
+    else:
+        print(f"   PASS: nothing compiled in steps {WARMUP_STEPS + 1}-{trainer.total_steps}")
+    return ok and not late_plain
+
+
+if __name__ == "__main__":
+    sys.exit(main())
