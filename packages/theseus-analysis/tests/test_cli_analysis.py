@@ -62,6 +62,7 @@ def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> No
     )  # fmt: skip
     assert bad.exit_code == 1
     assert "Choose a discovered path" in bad.output and "blocks_1/attn" in bad.output
+    assert "(raised in InspectActivation.select())" in bad.output
     with Store(store_root(tmp_path)) as store:
         values = store.values(trainer.node)
         assert values["job/status"] == "finished"  # a failed analysis leaves the run's record

@@ -252,15 +252,13 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
             )
 
     def _call(self, method: str, *args: Any) -> Any:
-        """Call the user's `method`; an exception it raises says where it came from."""
+        """Call the user's `method`; an exception it raises gets a note naming it."""
         try:
             return getattr(self, method)(*args)
-        except AnalysisError:
-            raise
         except Exception as exc:
-            raise AnalysisError(
-                f"{type(self).__name__}.{method}() raised {type(exc).__name__}: {exc}"
-            ) from exc
+            if not isinstance(exc, AnalysisError):
+                exc.add_note(f"(raised in {type(self).__name__}.{method}())")
+            raise
 
     def _analyze_traced(self, layer: Any, inputs: Any) -> Any:
         """`analyze`, with reads of the mutable state and batch turned into errors."""

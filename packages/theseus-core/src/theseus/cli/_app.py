@@ -80,6 +80,9 @@ def _report(ctx: click.Context, exc: BaseException) -> None:
     if ctx.meta.get(_DEBUG):
         raise exc
     message = " ".join(str(exc).split()) or type(exc).__name__
+    notes = " ".join(getattr(exc, "__notes__", ()))  # e.g. which user method raised it
+    if notes:
+        message = f"{message} {notes}"
     click.echo(
         f"Error ({type(exc).__name__}): {message} (Run with --debug for the traceback.)", err=True
     )
