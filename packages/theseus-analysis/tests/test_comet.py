@@ -174,6 +174,7 @@ def test_json_result_is_an_asset_at_the_node_seq(root: Path, offline: Path) -> N
 
 
 @pytest.mark.comet
+@pytest.mark.slow  # the default suite keeps the JSON end-to-end test
 def test_figure_result_sends_the_pdf_bytes(root: Path, offline: Path) -> None:
     _, result = _run(root, Heat, run="h")
     assert result.path is not None and result.path.name == "heat.pdf"
@@ -235,6 +236,7 @@ def test_online_without_an_api_key_fails_at_once(
 
 
 @pytest.mark.comet
+@pytest.mark.slow  # the default suite keeps the JSON end-to-end test
 def test_lineages_interleaved_keep_one_experiment_each(
     offline: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -278,6 +280,7 @@ def test_lineages_interleaved_keep_one_experiment_each(
 
 
 @pytest.mark.comet
+@pytest.mark.slow  # the default suite keeps the JSON end-to-end test
 def test_process_exit_writes_the_archive_without_close(
     offline: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

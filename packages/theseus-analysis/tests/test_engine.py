@@ -136,6 +136,7 @@ def test_checkpoint_analysis_from_the_documentation(root: Path, training_run) ->
     np.testing.assert_allclose(values, jobs.embed_reference(training_run, x)[0], **TOL)
 
 
+@pytest.mark.slow  # a second training run; the other documented block covers the path
 def test_checkpoint_analysis_from_the_analysis_system_page(root: Path) -> None:
     trainer = _create(root, jobs.GPTWithAnalysis, "train-gpt", steps=2)
     trainer()
@@ -365,6 +366,7 @@ class _Noisy(AnalysisBase, PretrainGPT):
         return None
 
 
+@pytest.mark.slow  # two more jobs and an eager replay with dropout
 def test_a_stochastic_analysis_uses_the_nodes_key(root: Path) -> None:
     noisy = _create(root, _Noisy, "noisy", **{"architecture/dropout": 0.5}).compute()
     quiet_cls = type("Quiet", (_Noisy,), {"NAME": "quiet", "STOCHASTIC": False})
