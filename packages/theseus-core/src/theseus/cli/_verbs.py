@@ -76,7 +76,10 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
     "resume_node",
     default=None,
     metavar="NODE",
-    help="Continue this node (serialized, as `theseus-store runs ROOT/store` prints it).",
+    help=(
+        "Continue this node: `name~nonce~seq` (as `theseus-store show` prints it), or a "
+        "lineage `name~nonce` (as `theseus-store runs ROOT/store` prints it) for its last node."
+    ),
 )
 @click.option(
     "--branch",
