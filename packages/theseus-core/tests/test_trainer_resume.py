@@ -93,3 +93,33 @@ def test_sigkill_then_resume_is_bit_exact(tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     final = resumed.store.values(resumed.node)
     assert final["job/status"] == "finished" and final["train/step"] == STEPS
+
+
+def test_a_committed_but_unregistered_step_is_set_aside_on_resume(tmp_path: Path) -> None:
+    """A crash between orbax's commit and the store's registration leaves a step folder
+    the store does not know; resuming must write that step again, not crash."""
+    import shutil
+
+    from theseus.training.checkpoints import SET_ASIDE, checkpoint_dir
+
+    Synthetic.prepare(tmp_path, tokens=60_000, val_tokens=8_000)
+    with quick(tmp_path) as q:
+        q.build(jobs.SyntheticTrainer, "orphan")
+        jobs.tiny(q.config, steps=4, **{"logging/checkpoint_interval": 4})
+        first = q.create()
+        first()
+    directory = checkpoint_dir(tmp_path, first.node)
+    assert sorted(p.name for p in directory.iterdir()) == ["4"]
+    shutil.copytree(directory / "4", directory / "8")  # a committed, unregistered step 8
+
+    with quick(tmp_path) as q:
+        q.build(jobs.SyntheticTrainer, "orphan")
+        q.find().spec(run="orphan").checkpoint().latest().resume()
+        q.config["training/tokens"] = 8 * 8 * 32
+        resumed = q.create()
+        resumed()
+    assert int(resumed.state.step) == 8
+    assert (directory / SET_ASIDE / "8").is_dir()  # moved aside, not deleted
+    with Store(store_root(tmp_path)) as store:
+        saved = store.checkpoints(resumed.node)
+        assert [c.step for c in saved] == [8] and Path(saved[0].path) == directory / "8"

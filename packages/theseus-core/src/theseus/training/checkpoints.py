@@ -4,7 +4,9 @@ A lineage's checkpoints live in `ROOT/checkpoints/<project>/<group>/<run>/<nonce
 with two items: `state` (parameters, optimizer state and step) and `meta` (JSON: data
 cursor, seed, the saved configuration). Saving returns at once; `poll()` (called every
 step) and `wait()` register finished saves on their nodes, so the store never lists a
-checkpoint that is still being written.
+checkpoint that is still being written. A step folder that was committed but never
+registered (the process died in between) is moved to `unregistered/` when the lineage
+saves again, so a resumed run can write that step anew.
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from theseus.job import sync_hosts
 from theseus.store import Node, Store
 
-__all__ = ["CheckpointKeeper", "CheckpointMismatchError", "checkpoint_dir", "restore"]
+__all__ = [
+    "CheckpointKeeper",
+    "CheckpointMismatchError",
+    "checkpoint_dir",
+    "restore",
+    "set_aside_unregistered",
+]
 
 
 class CheckpointMismatchError(ValueError):
@@ -44,6 +53,9 @@ class CheckpointKeeper:
     def __init__(self, directory: Path, store: Store | None) -> None:
         self.directory = directory
         self.store = store
+        if store is not None:
+            set_aside_unregistered(directory, store)
+        sync_hosts(f"theseus/checkpoints/open/{directory.name}")
         options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True, create=True)
         self.manager = ocp.CheckpointManager(directory, options=options)
         self._pending: list[tuple[int, Node, dict[str, Any]]] = []
@@ -80,6 +92,42 @@ class CheckpointKeeper:
         """Wait for pending saves, register them, and release orbax's threads."""
         self.wait()
         self.manager.close()
+
+
+SET_ASIDE = "unregistered"
+
+
+def set_aside_unregistered(directory: Path, store: Store) -> list[Path]:
+    """Move step folders the store never registered into `directory/unregistered/`.
+
+    A process killed after orbax committed a step but before the store registered it
+    leaves such a folder. The run resumes from the last registered checkpoint and
+    saves that step again, which orbax refuses while the old folder is there. The
+    folder is moved aside (never deleted): `unregistered/<step>` (or `<step>-<n>`).
+
+    Returns:
+        The new paths of the folders moved.
+    """
+    if not directory.is_dir():
+        return []
+    nonce = directory.name
+    registered = {
+        Path(c.path).name
+        for c in store.query().nonce(nonce).checkpoints()
+        if Path(c.path).parent == directory
+    }
+    moved = []
+    for entry in sorted(directory.iterdir()):
+        if entry.is_dir() and entry.name.isdigit() and entry.name not in registered:
+            aside = directory / SET_ASIDE
+            aside.mkdir(exist_ok=True)
+            target, n = aside / entry.name, 0
+            while target.exists():
+                n += 1
+                target = aside / f"{entry.name}-{n}"
+            entry.rename(target)
+            moved.append(target)
+    return moved
 
 
 def _key_name(entry: Any) -> str:
