@@ -244,6 +244,10 @@ class BasicJob(abc.ABC):
                 self._record_on_tick = False
         return node
 
+    def before_run(self) -> None:
+        """Hook: refuse to run (raise) before anything is recorded. Default: nothing."""
+        return None
+
     @abc.abstractmethod
     def run(self) -> Any:
         """The job's work. Runs after setup, with the job's configuration active."""
@@ -272,9 +276,11 @@ class BasicJob(abc.ABC):
                 ``job/status: failed`` and ``job/error`` on the job's nodes.
         """
         sync_hosts(f"theseus/job/start/{self.spec.project}.{self.spec.group}.{self.spec.name}")
+        if self._mode is None:
+            self.setup(resume=resume)  # a failed fresh or branch setup records it itself
+        with self.activated():
+            self.before_run()  # a refusal records nothing: the node's history stays as it was
         try:
-            if self._mode is None:
-                self.setup(resume=resume)
             self._status({"job/status": "running"})
             with self.activated():
                 result = self.run()

@@ -435,10 +435,7 @@ class BaseTrainer(BasicJob):
         assert self.base is not None
         saved = self.store.checkpoints(self.base)
         if not saved:
-            raise TrainerError(
-                f"node {self.base} has no checkpoint to {mode.value} from; select one that does, "
-                "e.g. q.find().spec(run=...).checkpoint().latest()"
-            )
+            raise TrainerError(self._no_checkpoint_message(self.base, mode))
         surgery = getattr(self, "surgery", None)
         restored, meta = ckpt.restore(saved[-1].path, _only_arrays(abstract), surgery)
         self.state = TrainState(
@@ -454,6 +451,28 @@ class BaseTrainer(BasicJob):
         else:
             self._cursor_offset, self._consumed = cursor + 1, False
         self._attach_analyses()
+
+    def _no_checkpoint_message(self, base: Any, mode: Mode) -> str:
+        """Name the closest checkpointed node of `base`'s lineage, in both spellings."""
+        found = [
+            c.node
+            for c in self.store.query().nonce(base.nonce).checkpoints()
+            if c.node.name == base.name and c.node.seq <= base.seq
+        ]
+        message = f"node {base.serialize()} has no checkpoint to {mode.value} from"
+        if not found:
+            return (
+                f"{message}, and neither has any node of its lineage before it. Start a "
+                "fresh run, or pick a checkpointed node with "
+                "q.find().spec(run=...).checkpoint().latest()"
+            )
+        closest = max(found, key=lambda n: n.seq)
+        flag = "--resume" if mode is Mode.RESUME else "--branch"
+        return (
+            f"{message}; the closest checkpoint of its lineage is at {closest.serialize()}. "
+            f"Use that node: theseus run ... {flag} {closest.serialize()}, or in Python "
+            f"q.find().nonce({closest.nonce!r}).seq({closest.seq}).{mode.value}()"
+        )
 
     # --------------------------------------------------------------------- loop
     def step_key(self) -> jax.Array:
@@ -529,6 +548,33 @@ class BaseTrainer(BasicJob):
         finally:
             reporter.close()
         return self.state
+
+    def before_run(self) -> None:
+        """Refuse to resume training at a node whose lineage has later checkpoints.
+
+        Resuming trains on in the base's own lineage, so that lineage must end there.
+        Nodes after the base without checkpoints (a crashed run's last steps) are
+        simply written again; registered checkpoints after it are never overwritten.
+        """
+        if self.mode is not Mode.RESUME or int(self.state.step) >= self.total_steps:
+            return
+        base = self.node
+        later = [
+            c
+            for c in self.store.query().nonce(base.nonce).checkpoints()
+            if c.node.name == base.name and c.node.seq > base.seq
+        ]
+        if later:
+            last = max(later, key=lambda c: c.node.seq)
+            lineage = f"{base.name}~{base.nonce}"
+            raise TrainerError(
+                f"cannot train on from {base.serialize()}: its lineage {lineage} already has "
+                f"{len(later)} later checkpoint(s), the last at {last.node.serialize()} (step "
+                f"{last.step}), and resuming would train over them. Branch from this node to "
+                f"train a new lineage (q.find()...branch(), or theseus run --branch "
+                f"{base.serialize()}), or resume the lineage's last checkpoint "
+                f"(--resume {lineage})."
+            )
 
     def _after_step(
         self,

@@ -1,16 +1,24 @@
-"""Checkpoints: asynchronous orbax saves, registered in the store only once committed.
+"""Checkpoints: asynchronous orbax saves, registered in the store as soon as committed.
 
 A lineage's checkpoints live in `ROOT/checkpoints/<project>/<group>/<run>/<nonce>/<step>/`
 with two items: `state` (parameters, optimizer state and step) and `meta` (JSON: data
-cursor, seed, the saved configuration). Saving returns at once; `poll()` (called every
-step) and `wait()` register finished saves on their nodes, so the store never lists a
-checkpoint that is still being written. A step folder that was committed but never
-registered (the process died in between) is moved to `unregistered/` when the lineage
-saves again, so a resumed run can write that step anew.
+cursor, seed, the saved configuration). Saving returns at once. Orbax writes a step
+into a temporary folder and renames it when complete; the keeper registers each step
+on its node once its folder carries the final name (checked at every `poll()`, at the
+next `save()` and at `wait()`), so the store never lists a checkpoint that is still
+being written, and never lags more than one step behind the disk.
+
+While it writes, the keeper holds the folder's writer lock (`theseus.store.FolderLock`):
+a second process that tries to continue the same lineage gets `FolderBusyError`, and
+`theseus-store fsck --repair` leaves the folder alone. When it opens the folder, it sets
+aside (moves to `unregistered/`, never deletes) what a crash left there: step folders
+orbax committed but the store never registered, and temporary folders of saves that
+never finished, so a resumed run can write those steps anew.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -21,15 +29,25 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from theseus.job import sync_hosts
-from theseus.store import Node, Store
+from theseus.store import (
+    FolderBusyError,
+    FolderLock,
+    Node,
+    Store,
+    registered_checkpoints,
+    set_aside,
+    strays,
+)
 
 __all__ = [
     "CheckpointKeeper",
     "CheckpointMismatchError",
     "checkpoint_dir",
     "restore",
-    "set_aside_unregistered",
+    "set_aside_strays",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointMismatchError(ValueError):
@@ -43,25 +61,53 @@ def checkpoint_dir(root: str | os.PathLike[str], node: Node) -> Path:
 
 
 class CheckpointKeeper:
-    """Saves a lineage's checkpoints and registers each once orbax has committed it.
+    """Saves a lineage's checkpoints and registers each as soon as orbax has committed it.
 
     Args:
         directory: the lineage's checkpoint folder (`checkpoint_dir(root, node)`).
-        store: where finished checkpoints are registered (None on hosts other than zero).
+        store: where finished checkpoints are registered (None on hosts other than zero,
+            which neither lock the folder nor register).
+
+    Raises:
+        FolderBusyError: another live process writes checkpoints in `directory`.
     """
 
     def __init__(self, directory: Path, store: Store | None) -> None:
         self.directory = directory
         self.store = store
+        self._lock: FolderLock | None = None
         if store is not None:
-            set_aside_unregistered(directory, store)
+            lock = FolderLock(directory)
+            if not lock.acquire():
+                raise FolderBusyError(
+                    f"Another process ({lock.holder()}) is writing checkpoints in {directory}. "
+                    "Two runs cannot continue one lineage at once: wait for that run to end, "
+                    "or branch() from the node to train a new lineage."
+                )
+            self._lock = lock
+            try:
+                moved = set_aside_strays(directory, store)
+            except BaseException:
+                lock.release()
+                raise
+            if moved:
+                logger.warning(
+                    "Set aside %d checkpoint folder(s) that a crash left unregistered in %s: %s",
+                    len(moved),
+                    directory,
+                    ", ".join(str(p.relative_to(directory)) for p in moved),
+                )
         sync_hosts(f"theseus/checkpoints/open/{directory.name}")
         options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True, create=True)
         self.manager = ocp.CheckpointManager(directory, options=options)
         self._pending: list[tuple[int, Node, dict[str, Any]]] = []
 
     def save(self, step: int, node: Node, state: Any, meta: dict[str, Any]) -> None:
-        """Start saving `state` as `step`; it is registered on `node` once committed."""
+        """Start saving `state` as `step`; it is registered on `node` once committed.
+
+        Orbax finishes the previous save before it starts this one, so every earlier
+        step is registered by the time this returns.
+        """
         self.manager.save(
             step,
             args=ocp.args.Composite(
@@ -69,65 +115,54 @@ class CheckpointKeeper:
             ),
             force=True,
         )
+        self._register(committed_only=True)
         self._pending.append((step, node, meta))
 
     def poll(self) -> None:
-        """Register saves that have finished (cheap; call it every step)."""
-        if self._pending and not self.manager.is_saving_in_progress():
-            self._register()
+        """Register the saves whose folders orbax has committed (cheap; call it every step)."""
+        if self._pending:
+            self._register(committed_only=True)
 
     def wait(self) -> None:
         """Block until every save is committed, then register them."""
         self.manager.wait_until_finished()
-        self._register()
-
-    def _register(self) -> None:
         self.manager.check_for_errors()
+        self._register(committed_only=False)
+
+    def _register(self, committed_only: bool) -> None:
+        waiting = []
         for step, node, meta in self._pending:
-            if self.store is not None:
-                self.store.checkpoint(node, self.directory / str(step), meta=meta, step=step)
-        self._pending.clear()
+            folder = self.directory / str(step)
+            if committed_only and not folder.is_dir():  # still under its temporary name
+                waiting.append((step, node, meta))
+            elif self.store is not None:
+                self.store.checkpoint(node, folder, meta=meta, step=step)
+        self._pending = waiting
 
     def close(self) -> None:
-        """Wait for pending saves, register them, and release orbax's threads."""
-        self.wait()
-        self.manager.close()
+        """Wait for pending saves, register them, release orbax's threads and the lock."""
+        try:
+            self.wait()
+            self.manager.close()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
 
 
-SET_ASIDE = "unregistered"
-
-
-def set_aside_unregistered(directory: Path, store: Store) -> list[Path]:
-    """Move step folders the store never registered into `directory/unregistered/`.
+def set_aside_strays(directory: Path, store: Store) -> list[Path]:
+    """Move what a crash left in a checkpoint folder into `directory/unregistered/`.
 
     A process killed after orbax committed a step but before the store registered it
-    leaves such a folder. The run resumes from the last registered checkpoint and
-    saves that step again, which orbax refuses while the old folder is there. The
-    folder is moved aside (never deleted): `unregistered/<step>` (or `<step>-<n>`).
+    leaves a complete step folder no row names; one killed mid-save leaves orbax's
+    temporary folder. The run resumes from the last registered checkpoint and saves
+    those steps again, which orbax refuses while the old folders are there. They are
+    moved aside (never deleted): `unregistered/<name>` (or `<name>-<n>`).
 
     Returns:
         The new paths of the folders moved.
     """
-    if not directory.is_dir():
-        return []
-    nonce = directory.name
-    registered = {
-        Path(c.path).name
-        for c in store.query().nonce(nonce).checkpoints()
-        if Path(c.path).parent == directory
-    }
-    moved = []
-    for entry in sorted(directory.iterdir()):
-        if entry.is_dir() and entry.name.isdigit() and entry.name not in registered:
-            aside = directory / SET_ASIDE
-            aside.mkdir(exist_ok=True)
-            target, n = aside / entry.name, 0
-            while target.exists():
-                n += 1
-                target = aside / f"{entry.name}-{n}"
-            entry.rename(target)
-            moved.append(target)
-    return moved
+    unregistered, interrupted = strays(directory, registered_checkpoints(store))
+    return set_aside(unregistered + interrupted)
 
 
 def _key_name(entry: Any) -> str:

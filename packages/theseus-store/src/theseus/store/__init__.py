@@ -29,6 +29,13 @@ from theseus.store._errors import (
     UnknownNodeError,
     ValueTypeError,
 )
+from theseus.store._folders import (
+    FolderBusyError,
+    FolderLock,
+    registered_checkpoints,
+    set_aside,
+    strays,
+)
 from theseus.store._fsck import FsckReport
 from theseus.store._node import Node
 from theseus.store._query import Query
@@ -41,6 +48,8 @@ __all__ = [
     "Checkpoint",
     "CheckpointNotFoundError",
     "CorruptStoreError",
+    "FolderBusyError",
+    "FolderLock",
     "FsckReport",
     "InvalidNodeError",
     "MissingBlobError",
@@ -56,4 +65,7 @@ __all__ = [
     "UnknownKeyError",
     "UnknownNodeError",
     "ValueTypeError",
+    "registered_checkpoints",
+    "set_aside",
+    "strays",
 ]

@@ -13,8 +13,16 @@ Findings come in two classes:
   after the rename and before its row committed). Temporary files of a live
   writer are listed as in progress and never touched.
 
-A store is *clean* when there are no problems. ``repair=True`` removes the
-leftovers while holding the write lock (so no write is in flight); it never
+Checkpoint folders (see ``_folders``) have leftovers of their own: *unregistered
+checkpoints*, complete step folders the store never indexed (the writer died
+between orbax's commit and the registration), and *interrupted checkpoints*,
+orbax temporary folders of a save that never finished. A folder whose writer
+lock a live process holds is listed as busy and not looked into.
+
+A store is *clean* when there are no problems. ``repair=True`` removes the blob
+leftovers while holding the write lock (so no write is in flight), and moves
+checkpoint leftovers into their folder's ``unregistered/`` subfolder while
+holding that folder's writer lock; it never deletes a checkpoint and never
 touches rows or referenced blobs.
 """
 
@@ -25,6 +33,14 @@ import hashlib
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from theseus.store._folders import (
+    FolderLock,
+    checkpoint_folders,
+    registered_checkpoints,
+    set_aside,
+    strays,
+)
 
 if TYPE_CHECKING:
     from theseus.store._store import Store
@@ -52,6 +68,10 @@ class FsckReport:
         unreferenced_blobs: complete blob files no row names.
         in_progress: temporary files of writers that are still running.
         removed: leftovers deleted by ``repair=True``.
+        unregistered_checkpoints: complete step folders the store does not list.
+        interrupted_checkpoints: temporary folders of checkpoint saves that never finished.
+        busy_folders: checkpoint folders a live writer holds (not inspected).
+        set_aside: where ``repair=True`` moved checkpoint leftovers (``unregistered/``).
         artifacts: artifact rows checked.
         blobs: distinct blobs checked.
     """
@@ -62,6 +82,10 @@ class FsckReport:
     unreferenced_blobs: list[Path] = dataclasses.field(default_factory=list)
     in_progress: list[Path] = dataclasses.field(default_factory=list)
     removed: list[Path] = dataclasses.field(default_factory=list)
+    unregistered_checkpoints: list[Path] = dataclasses.field(default_factory=list)
+    interrupted_checkpoints: list[Path] = dataclasses.field(default_factory=list)
+    busy_folders: list[Path] = dataclasses.field(default_factory=list)
+    set_aside: list[Path] = dataclasses.field(default_factory=list)
     artifacts: int = 0
     blobs: int = 0
 
@@ -79,6 +103,16 @@ class FsckReport:
             ("unreferenced blob (interrupted write, safe to remove)", self.unreferenced_blobs),
             ("in progress (a live writer's temporary file)", self.in_progress),
             ("removed", self.removed),
+            (
+                "unregistered checkpoint (complete, never indexed; --repair sets it aside)",
+                self.unregistered_checkpoints,
+            ),
+            (
+                "interrupted checkpoint (a save that never finished; --repair sets it aside)",
+                self.interrupted_checkpoints,
+            ),
+            ("busy checkpoint folder (a live run writes there; not inspected)", self.busy_folders),
+            ("set aside", self.set_aside),
         ):
             lines += [f"{label}: {p}" for p in paths]
         lines.append("clean" if self.clean else f"NOT CLEAN: {len(self.problems)} problem(s)")
@@ -168,4 +202,25 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
         store.write(leftovers)
     else:
         leftovers(None)
+    _checkpoint_leftovers(store, report, repair)
     return report
+
+
+def _checkpoint_leftovers(store: Store, report: FsckReport, repair: bool) -> None:
+    for folder in checkpoint_folders(store):
+        lock = FolderLock(folder)
+        if repair:
+            if not lock.acquire():
+                report.busy_folders.append(folder)
+                continue
+        elif lock.in_use():
+            report.busy_folders.append(folder)
+            continue
+        try:
+            unregistered, interrupted = strays(folder, registered_checkpoints(store))
+            report.unregistered_checkpoints += unregistered
+            report.interrupted_checkpoints += interrupted
+            if repair:
+                report.set_aside += set_aside(unregistered + interrupted)
+        finally:
+            lock.release()

@@ -6,7 +6,7 @@ Commands::
     theseus-store show ROOT NODE                values, checkpoints, artifacts of a node
     theseus-store get ROOT NODE NAME [-o FILE]  the exact bytes of an artifact
     theseus-store lineage ROOT NODE             ancestors, children and job of a node
-    theseus-store fsck ROOT [--repair]          check every blob; remove leftovers
+    theseus-store fsck ROOT [--repair]          check blobs and checkpoint folders; clear leftovers
 
 NODE is a serialized node (``project.group.run~nonce~seq``, as ``runs`` and
 ``show`` print it), or ``project.group.run~nonce`` for the last node of that lineage.
@@ -146,7 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     get.set_defaults(fn=_get)
     lineage = sub.add_parser("lineage", help="ancestors and children of a node")
     lineage.set_defaults(fn=_lineage)
-    fsck = sub.add_parser("fsck", help="check every blob against its hash")
+    fsck = sub.add_parser(
+        "fsck", help="check every blob against its hash and every checkpoint folder"
+    )
     fsck.set_defaults(fn=_fsck)
     for command in (runs, show, get, lineage, fsck):
         command.add_argument("root", help="the store's root folder")
@@ -157,7 +159,12 @@ def _parser() -> argparse.ArgumentParser:
     get.add_argument("name", help="the artifact's name")
     get.add_argument("-o", "--output", help="write to this file instead of standard output")
     fsck.add_argument(
-        "--repair", action="store_true", help="remove orphan temporary files and unreferenced blobs"
+        "--repair",
+        action="store_true",
+        help=(
+            "remove orphan temporary files and unreferenced blobs; move stray checkpoint "
+            "folders into unregistered/"
+        ),
     )
     return parser
 

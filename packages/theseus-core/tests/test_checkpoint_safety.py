@@ -1,0 +1,155 @@
+"""Checkpoints are registered as soon as they are committed, and no resume overwrites one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from theseus.data.datasets import Synthetic
+from theseus.job import store_root
+from theseus.quick import quick
+from theseus.registry import import_module_or_file
+from theseus.store import FolderBusyError, Node, Store
+from theseus.training.base import TrainerError
+from theseus.training.checkpoints import CheckpointKeeper, checkpoint_dir, restore
+
+jobs = import_module_or_file(str(Path(__file__).with_name("trainer_jobs.py")))
+
+
+class Watched(jobs.SyntheticTrainer):
+    """Records, at every tick, which checkpoint steps the store lists."""
+
+    def tick(self):  # type: ignore[no-untyped-def]
+        listed = sorted(c.step for c in self.store.query().nonce(self.node.nonce).checkpoints())
+        self.seen.append((int(self.state.step), listed))
+        return super().tick()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("safety")
+    Synthetic.prepare(path, tokens=40_000, val_tokens=6_000)
+    return path
+
+
+def _params(state: object) -> list[np.ndarray]:
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
+
+
+def test_back_to_back_saves_are_registered_while_the_next_one_runs(root: Path) -> None:
+    with quick(root) as q:
+        q.build(Watched, "every-step")
+        jobs.tiny(q.config, steps=6, **{"logging/checkpoint_interval": 1})
+        trainer = q.create()
+        trainer.seen = []
+        trainer()
+    # A tick comes after step n asked for its save; orbax finished n - 1 before starting n,
+    # so n - 1 (and everything before it) must already be listed. Before the fix nothing
+    # was registered until the run ended.
+    assert [step for step, _ in trainer.seen] == [1, 2, 3, 4, 5]
+    for step, listed in trainer.seen:
+        assert listed[: step - 1] == list(range(1, step)), (step, listed)
+    with Store(store_root(root)) as store:
+        saved = store.query().nonce(trainer.node.nonce).checkpoints()
+        assert [c.step for c in saved] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_second_writer_of_one_lineage_is_refused(root: Path, tmp_path: Path) -> None:
+    with Store(tmp_path / "store") as store:
+        first = CheckpointKeeper(tmp_path / "lineage", store)
+        try:
+            with pytest.raises(FolderBusyError, match=r"Another process \(pid \d+ on .*branch\(\)"):
+                CheckpointKeeper(tmp_path / "lineage", store)
+        finally:
+            first.close()
+        CheckpointKeeper(tmp_path / "lineage", store).close()  # free again once closed
+
+
+def test_resuming_before_a_later_checkpoint_refuses_and_branching_reproduces_it(
+    root: Path,
+) -> None:
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "history")
+        jobs.tiny(q.config, steps=8, **{"logging/checkpoint_interval": 4})
+        original = q.create()
+        original()
+    directory = checkpoint_dir(root, original.node)
+    with Store(store_root(root)) as store:
+        before = [(c.node, c.path) for c in store.query().nonce(original.node.nonce).checkpoints()]
+    assert [n.seq for n, _ in before] == [3, 7]
+
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "history")
+        q.find().spec(run="history").nonce(original.node.nonce).seq(3).resume()
+        resumed = q.create()  # setting up at a past node is fine (analysis, debug)
+        assert int(resumed.state.step) == 4
+        with pytest.raises(TrainerError, match=r"1 later checkpoint\(s\).*step 8.*--branch"):
+            resumed()
+    with Store(store_root(root)) as store:
+        after = [(c.node, c.path) for c in store.query().nonce(original.node.nonce).checkpoints()]
+        untouched = store.values(Node(original.node.name, original.node.nonce, 3))
+    assert after == before and (directory / "8").is_dir()
+    assert "job/status" not in untouched  # the refusal recorded nothing on the old node
+    state, _ = restore(directory / "8", jax.tree.map(_abstract, _saved(original)))
+    for a, b in zip(_params(state["params"]), _params(original.state.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    # The way the message points: a new lineage from the same node trains to the same place.
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "history")
+        q.find().spec(run="history").nonce(original.node.nonce).seq(3).branch()
+        branched = q.create()
+        branched()
+    assert branched.node.nonce != original.node.nonce and int(branched.state.step) == 8
+    for a, b in zip(_params(branched.state.params), _params(original.state.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _saved(trainer: object) -> dict[str, object]:
+    state = trainer.state  # type: ignore[attr-defined]
+    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+
+
+def _abstract(leaf: jax.Array) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+
+
+def test_resuming_a_node_without_a_checkpoint_names_the_closest_one(root: Path) -> None:
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "sparse")
+        jobs.tiny(q.config, steps=6, **{"logging/checkpoint_interval": 4})
+        trainer = q.create()
+        trainer()
+    nonce = trainer.node.nonce
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "sparse")
+        q.find().spec(run="sparse").nonce(nonce).seq(4).resume()
+        with pytest.raises(TrainerError) as caught:
+            q.create()
+    message = str(caught.value)
+    assert f"closest checkpoint of its lineage is at general.default.sparse~{nonce}~3" in message
+    assert f"--resume general.default.sparse~{nonce}~3" in message
+    assert f"q.find().nonce({nonce!r}).seq(3).resume()" in message
+
+
+def test_an_interrupted_save_is_set_aside_when_the_lineage_resumes(root: Path) -> None:
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "interrupted-save")
+        jobs.tiny(q.config, steps=4, **{"logging/checkpoint_interval": 4})
+        first = q.create()
+        first()
+    directory = checkpoint_dir(root, first.node)
+    temp = directory / "8.orbax-checkpoint-tmp-1733000000"
+    temp.mkdir()  # what SIGKILL during orbax's write leaves behind
+    (temp / "partial").write_bytes(b"\0" * 16)
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "interrupted-save")
+        q.find().spec(run="interrupted-save").checkpoint().latest().resume()
+        q.config["training/tokens"] = 8 * 8 * 32
+        resumed = q.create()
+        resumed()
+    assert int(resumed.state.step) == 8 and (directory / "8").is_dir() and not temp.exists()
+    assert (directory / "unregistered" / temp.name / "partial").read_bytes() == b"\0" * 16
