@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from theseus.cli import main
 from theseus.data.datasets import Synthetic
 from theseus.job import store_root
-from theseus.store import Store
+from theseus.store import Node, Store
 
 
 def test_data_prepare_synthetic_then_train_with_theseus_run(tmp_path: Path) -> None:
@@ -83,3 +83,24 @@ def test_unknown_dataset_and_unprepared_data_are_one_paragraph_errors(tmp_path: 
     result = runner.invoke(main, ["run", "nodata", str(config), str(tmp_path)])
     assert result.exit_code == 1
     assert f"theseus data prepare synthetic --root {tmp_path}" in result.output
+
+
+def test_a_failed_run_on_a_new_root_leaves_no_empty_store(tmp_path: Path) -> None:
+    runner = CliRunner()
+    config = tmp_path / "gpt.yaml"
+    runner.invoke(main, ["configure", "gpt/train/pretrain", str(config)])
+    missing = tmp_path / "new" / "root"
+    result = runner.invoke(main, ["run", "r", str(config), str(missing), "bogus/key=1"])
+    assert result.exit_code == 1 and "Unknown configuration key 'bogus/key'" in result.output
+    assert not (tmp_path / "new").exists()  # neither the store nor the folders made for it
+
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    runner.invoke(main, ["run", "r", str(config), str(existing), "bogus/key=1"])
+    assert list(existing.iterdir()) == []  # the root stays (it was there), the store goes
+
+    with Store(store_root(existing)) as store:  # a store with history is never removed
+        store.touch(Node.new("kept"))
+    runner.invoke(main, ["run", "r", str(config), str(existing), "bogus/key=1"])
+    with Store(store_root(existing), create=False) as store:
+        assert [n.name for n in store.query().all()] == ["general.default.kept"]

@@ -8,10 +8,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from theseus.config import Tree, load
-from theseus.job import BasicJob, JobSpec, store_root
+from theseus.job import (
+    BasicJob,
+    JobSpec,
+    is_primary,
+    process_count,
+    process_index,
+    store_root,
+    sync_hosts,
+)
 from theseus.quick._find import Finder, QuickError
 from theseus.registry import resolve_job
-from theseus.store import Node, Store
+from theseus.store import Node, NotAStoreError, Store
 
 
 class Quick:
@@ -26,7 +34,8 @@ class Quick:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self.store = Store(store_root(self.root))
+        self._made = _missing(self.root)  # folders this session creates (removed if unused)
+        self.store = _open_store(store_root(self.root))
         self._job: type[BasicJob] | None = None
         self._spec: JobSpec | None = None
         self._tree: Tree | None = None
@@ -119,11 +128,58 @@ class Quick:
         """Close the store."""
         self.store.close()
 
+    def discard(self) -> None:
+        """Close the store; if this session created it and nothing was recorded, delete it.
+
+        Called when the session ends with an error, so a failed run on a new root
+        (a misspelt setting, say) leaves no empty store and no empty folders behind.
+        """
+        if self.store.discard_if_empty():
+            for folder in reversed(self._made):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only when empty
+
     def __enter__(self) -> Quick:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+
+def _missing(root: Path) -> list[Path]:
+    """`root` and those of its parents that do not exist yet, outermost first."""
+    missing = []
+    for folder in [root.absolute(), *root.absolute().parents]:
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing[::-1]
+
+
+def _open_store(path: Path) -> Store:
+    """Open (or create) the store; across hosts, host zero creates it and the others wait.
+
+    Raises:
+        NotAStoreError: on a host other than zero, when the store host zero opened is not
+            visible there (the hosts do not share `ROOT`).
+    """
+    if process_count() == 1:
+        return Store(path)
+    if is_primary():
+        store = Store(path)
+        sync_hosts("theseus/quick/store")
+        return store
+    sync_hosts("theseus/quick/store")
+    try:
+        return Store(path, create=False)
+    except NotAStoreError as err:
+        raise NotAStoreError(
+            f"host {process_index()} cannot see the store that host zero opened at {path}: "
+            f"{err} Every host needs the same ROOT, on a file system they share."
+        ) from err
 
 
 def init(root: str | os.PathLike[str]) -> Quick:
@@ -144,5 +200,7 @@ def quick(root: str | os.PathLike[str]) -> Iterator[Quick]:
     session = Quick(root)
     try:
         yield session
-    finally:
-        session.close()
+    except BaseException:
+        session.discard()
+        raise
+    session.close()

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,6 +23,11 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from theseus.store import _lineage
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - no fcntl on Windows: creation is not serialized there
+    fcntl = None  # type: ignore[assignment]
 from theseus.store._blobs import BlobFolder, verified
 from theseus.store._connection import Database
 from theseus.store._db import (
@@ -50,7 +56,34 @@ __all__ = ["MARKER", "Store"]
 
 MARKER = "theseus-store.json"
 DATABASE = "store.sqlite"
-_OWN_FILES = {MARKER, DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", "blobs", f"{MARKER}.tmp"}
+CREATE_LOCK = ".create.lock"
+_OWN_FILES = {
+    MARKER,
+    DATABASE,
+    f"{DATABASE}-wal",
+    f"{DATABASE}-shm",
+    f"{DATABASE}-journal",
+    "blobs",
+    CREATE_LOCK,
+}
+
+
+def _own_file(name: str) -> bool:
+    """A file the store itself makes (a creator's marker temp file included)."""
+    return name in _OWN_FILES or (name.startswith(f"{MARKER}.") and name.endswith(".tmp"))
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if absent) inside the block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
 
 T = TypeVar("T")
 
@@ -81,31 +114,31 @@ class Store:
                 f"{self.root} is a file, not a store folder. Pass the folder that contains "
                 f"{MARKER}, or a new or empty folder to create a store in."
             )
-        if marker.exists():
-            self._check_marker(marker)
-            if not self.db_path.exists():
-                raise CorruptStoreError(
-                    f"{marker} marks a store but its database {self.db_path} is missing. "
-                    "Restore store.sqlite from a backup."
-                )
-            check_header(self.db_path)
-            try:
-                rows = self._db.read_one("SELECT value FROM meta WHERE key = 'inline_max'", ())
-            except BaseException:
-                self.close()
-                raise
-            self.inline_max = int(rows[0][0]) if rows else 0
-        elif not create:
+        #: Whether this object created the store (a new root, or an empty folder).
+        self.created = False
+        if not marker.exists() and not create:
             raise NotAStoreError(
                 f"{self.root} is not a theseus-store root (no {MARKER}).{_inner_hint(self.root)} "
                 "Check the path, or open it with create=True to start a new store there."
             )
-        else:
-            try:
+        try:
+            if not marker.exists():
                 self._create(marker)
-            except BaseException:
-                self.close()
-                raise
+            self._open(marker)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, marker: Path) -> None:
+        self._check_marker(marker)
+        if not self.db_path.exists():
+            raise CorruptStoreError(
+                f"{marker} marks a store but its database {self.db_path} is missing. "
+                "Restore store.sqlite from a backup."
+            )
+        check_header(self.db_path)
+        rows = self._db.read_one("SELECT value FROM meta WHERE key = 'inline_max'", ())
+        self.inline_max = int(rows[0][0]) if rows else 0
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -124,15 +157,13 @@ class Store:
             )
 
     def _create(self, marker: Path) -> None:
-        if self.root.is_dir():
-            foreign = sorted(p.name for p in self.root.iterdir() if p.name not in _OWN_FILES)
-            if foreign:
-                shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
-                raise NotAStoreError(
-                    f"{self.root} is not empty ({shown}) and has no {MARKER}, so it is not a "
-                    f"theseus-store root.{_inner_hint(self.root)} Pass an existing store root, "
-                    "or a new or empty folder (for example a 'store' subfolder) to create one."
-                )
+        """Create the store unless a concurrent process did; safe from any number at once.
+
+        Creators take an exclusive lock on ``ROOT/.create.lock`` and look for the
+        marker again under it, so exactly one creates the schema and renames its
+        marker (written under a name of its own) into place; the rest open.
+        """
+        self._refuse_foreign()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             self.blobs.create()
@@ -146,14 +177,67 @@ class Store:
                 f"Cannot create the store folder {self.root}: {err}. Choose a writable "
                 "location whose parents are folders."
             ) from err
-        conn = self._db.connection()
-        with translate(self.db_path):
-            retrying(self.db_path, lambda: create_schema(conn))
-        tmp = self.root / f"{MARKER}.tmp"
-        tmp.write_text(json.dumps({"format": FORMAT}) + "\n")
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, marker)
+        with _exclusive(self.root / CREATE_LOCK):
+            if marker.exists():
+                return
+            self._refuse_foreign()
+            conn = self._db.connection()
+            with translate(self.db_path):
+                retrying(self.db_path, lambda: create_schema(conn))
+            tmp = self.root / f"{MARKER}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+            try:
+                tmp.write_text(json.dumps({"format": FORMAT}) + "\n")
+                with open(tmp, "rb") as handle:
+                    os.fsync(handle.fileno())
+                os.replace(tmp, marker)
+            finally:
+                tmp.unlink(missing_ok=True)
+            self.created = True
+
+    def _refuse_foreign(self) -> None:
+        if not self.root.is_dir():
+            return
+        foreign = sorted(p.name for p in self.root.iterdir() if not _own_file(p.name))
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+            raise NotAStoreError(
+                f"{self.root} is not empty ({shown}) and has no {MARKER}, so it is not a "
+                f"theseus-store root.{_inner_hint(self.root)} Pass an existing store root, "
+                "or a new or empty folder (for example a 'store' subfolder) to create one."
+            )
+
+    def discard_if_empty(self) -> bool:
+        """Delete the store again if this object created it and nothing was recorded since.
+
+        For a caller that created a store on its way to a failure (a run on a new
+        root that stopped at a configuration error) and should leave no trace. A
+        store that holds any node, or that this object did not create, is left as
+        it is. The store is closed either way.
+
+        Returns:
+            Whether the store's files were removed.
+        """
+        if not self.created:
+            self.close()
+            return False
+
+        def unused(conn: sqlite3.Connection) -> bool:
+            (nodes,) = conn.execute("SELECT COUNT(*) FROM nodes").fetchone()
+            return int(nodes) == 0
+
+        empty = self.read(unused) and not any(True for _ in self.blobs.stored())
+        self.close()
+        if not empty:
+            return False
+        for name in sorted(_OWN_FILES - {"blobs"}):
+            (self.root / name).unlink(missing_ok=True)
+        for folder in sorted(self.blobs.dir.glob("*"), reverse=True):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        with contextlib.suppress(OSError):
+            self.blobs.dir.rmdir()
+            self.root.rmdir()
+        return True
 
     def close(self) -> None:
         """Close the database connection (idempotent)."""
