@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from theseus.cli import common_options
+from theseus.cli import cluster_options, common_options
 
 DEMO_SETTINGS = {
     "architecture/n_layers": 2,
@@ -48,26 +48,38 @@ def _command(name: str) -> str:
 @click.command("demo")
 @click.argument("root", default="theseus-demo", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--steps", default=600, show_default=True, help="Optimizer steps to train.")
+@cluster_options
 @common_options
 def demo(root: Path, steps: int) -> None:
-    """Train a tiny GPT on built-in synthetic data under ROOT, analyze it, print where it all went."""
+    """Train a tiny GPT on built-in synthetic data under ROOT, analyze it, print where it all went.
+
+    On several hosts, run it on every host with the options that join a cluster (see
+    `theseus run --help`); process 0 prints the report.
+    """
     from theseus.analysis.demo import AttentionPattern, DemoTrainer
     from theseus.data.datasets import Synthetic
     from theseus.data.prepared import DataNotPreparedError
+    from theseus.job import is_primary, process_count, process_index, sync_hosts
     from theseus.quick import quick
 
     if steps < 1:
         raise click.BadParameter(f"must be at least 1; got {steps}", param_hint="--steps")
 
     root = root.absolute()
-    try:
-        Synthetic.open(root)
-        click.echo(
-            f"Using the synthetic language already prepared in {root / 'data' / 'synthetic'}"
-        )
-    except DataNotPreparedError:
-        click.echo(f"Preparing the synthetic language in {root / 'data' / 'synthetic'} ...")
-        Synthetic.prepare(root)
+    # Host zero prepares first; the others then find its files (a shared ROOT) or, on a
+    # disk of their own, prepare the same language themselves.
+    for turn in ("primary", "others"):
+        if (turn == "primary") == is_primary():
+            try:
+                Synthetic.open(root)
+                click.echo(
+                    f"Using the synthetic language already prepared in "
+                    f"{root / 'data' / 'synthetic'}"
+                )
+            except DataNotPreparedError:
+                click.echo(f"Preparing the synthetic language in {root / 'data' / 'synthetic'} ...")
+                Synthetic.prepare(root)
+        sync_hosts(f"theseus/demo/data/{turn}")
     bound = Synthetic.entropy_bound(root)
 
     with quick(root) as q:
@@ -88,18 +100,25 @@ def demo(root: Path, steps: int) -> None:
         began = time.perf_counter()
         trainer()
         elapsed = time.perf_counter() - began
-        store = trainer.store
-        nodes = sorted(store.query().nonce(trainer.node.nonce).all(), key=lambda n: n.seq)
-        checkpointed = [(n, c) for n in nodes for c in store.checkpoints(n)]
-        final = store.values(trainer.node)
-        tandem = {a.NAME: store.history(trainer.node, a.NAME) for a in DemoTrainer.ANALYSIS}
-        cadences = sum(a.NAME in store.get(n) for n in nodes for a in DemoTrainer.ANALYSIS)
+        if is_primary():  # host zero wrote the store and the files; it alone reports
+            store = trainer.store
+            nodes = sorted(store.query().nonce(trainer.node.nonce).all(), key=lambda n: n.seq)
+            checkpointed = [(n, c) for n in nodes for c in store.checkpoints(n)]
+            final = store.values(trainer.node)
+            tandem = {a.NAME: store.history(trainer.node, a.NAME) for a in DemoTrainer.ANALYSIS}
+            cadences = sum(a.NAME in store.get(n) for n in nodes for a in DemoTrainer.ANALYSIS)
 
         # The same analysis as a standalone job on the latest checkpoint of this lineage.
         q.build(AttentionPattern, "demo-inspect", project="theseus", group="demo")
         q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
         inspected = q.create()()
 
+    if not is_primary():
+        click.echo(
+            f"Process {process_index()} of {process_count()} finished run "
+            f"{trainer.node.serialize()}; process 0 prints the report."
+        )
+        return
     uniform = math.log(int(trainer.configuration["architecture/vocab_size"]))
     click.echo("")
     click.echo(f"Run {trainer.node.name} (lineage {trainer.node.nonce}) trained in {elapsed:.0f} s")

@@ -2,6 +2,7 @@
 
 from theseus.cli import _data, _verbs
 from theseus.cli._app import ENTRY_POINT_GROUP, PluginError, TheseusGroup, common_options, main
+from theseus.cli._cluster import cluster_options
 
 del _data, _verbs  # imported for their verbs
 
@@ -9,6 +10,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginError",
     "TheseusGroup",
+    "cluster_options",
     "common_options",
     "main",
 ]

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
+from theseus.cli._cluster import join_from_context
 from theseus.registry import import_module_or_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -34,6 +35,8 @@ def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool
 def _do_imports(
     ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
 ) -> tuple[str, ...]:
+    if value:  # a verb with cluster options joins before user code can touch devices
+        join_from_context(ctx)
     for target in value:
         try:
             import_module_or_file(target)

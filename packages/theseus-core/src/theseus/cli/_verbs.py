@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from theseus.cli._app import common_options, main
+from theseus.cli._cluster import cluster_options
 from theseus.config import ConfigError, dump, load, parse_overrides
 from theseus.job import BasicJob
 from theseus.quick import quick
@@ -88,6 +89,7 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
     metavar="NODE",
     help="Start a new lineage whose first node's parent is NODE.",
 )
+@cluster_options
 @common_options
 def run_command(
     run_name: str,
@@ -103,6 +105,12 @@ def run_command(
 
     With --resume or --branch, the configuration saved at NODE's lineage wins over
     the file; KEY=VALUE overrides win over both.
+
+    On several hosts, start the same command on every host. It joins a cluster when
+    --coordinator, --num-processes and --process-id (or THESEUS_COORDINATOR,
+    THESEUS_NUM_PROCESSES, THESEUS_PROCESS_ID) say so, under srun or mpirun with
+    several tasks, or with --cluster auto (TPU pods, Kubernetes). All hosts train one
+    model; process 0 alone writes the store. --cluster off runs alone.
     """
     if resume_node and branch_node:
         raise click.UsageError("Pass at most one of --resume NODE and --branch NODE.")

@@ -1,17 +1,29 @@
-"""Jobs: ``BasicJob`` (the lifecycle), ``JobSpec`` (identity and root), host helpers."""
+"""Jobs: ``BasicJob`` (the lifecycle), ``JobSpec`` (identity and root), hosts and clusters."""
 
 from theseus.job._basic import BasicJob, JobError, JobTypeError, Mode
+from theseus.job._cluster import (
+    ClusterJoinError,
+    ClusterPlan,
+    ClusterUsageError,
+    join_cluster,
+    plan_cluster,
+)
 from theseus.job._hosts import agree_on_nonce, is_primary, process_count, process_index, sync_hosts
 from theseus.job._spec import JobSpec, store_root
 
 __all__ = [
     "BasicJob",
+    "ClusterJoinError",
+    "ClusterPlan",
+    "ClusterUsageError",
     "JobError",
     "JobSpec",
     "JobTypeError",
     "Mode",
     "agree_on_nonce",
     "is_primary",
+    "join_cluster",
+    "plan_cluster",
     "process_count",
     "process_index",
     "store_root",
