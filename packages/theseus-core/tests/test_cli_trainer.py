@@ -104,3 +104,58 @@ def test_a_failed_run_on_a_new_root_leaves_no_empty_store(tmp_path: Path) -> Non
     runner.invoke(main, ["run", "r", str(config), str(existing), "bogus/key=1"])
     with Store(store_root(existing), create=False) as store:
         assert [n.name for n in store.query().all()] == ["general.default.kept"]
+
+
+def test_resume_of_a_lineage_continues_from_its_last_checkpoint(tmp_path: Path) -> None:
+    """A run killed between checkpoints has nodes past its last checkpoint: `--resume
+    name~nonce` goes on from that checkpoint; `--resume` of an earlier checkpoint refuses."""
+    Synthetic.prepare(tmp_path, tokens=30_000, val_tokens=4_000)
+    runner = CliRunner()
+    config = tmp_path / "gpt.yaml"
+    runner.invoke(main, ["configure", "gpt/train/pretrain", str(config)])
+    tiny = [
+        "architecture.n_layers=1",
+        "architecture.n_embd=32",
+        "architecture.n_head=2",
+        "architecture.block_size=32",
+        "training.batch_size=8",
+        "training.validation_steps=1",
+        "logging.checkpoint_interval=2",
+        "logging.report_interval=1",
+    ]
+    result = runner.invoke(
+        main, ["run", "r", str(config), str(tmp_path), *tiny, "training.tokens=1024"]
+    )
+    assert result.exit_code == 0, result.output
+    with Store(store_root(tmp_path)) as store:
+        last = store.query().spec(run="r").latest().first()
+        assert last is not None and last.seq == 3
+        for seq in (4, 5):  # what a run killed at step 6, before its checkpoint, leaves
+            store.log(Node(last.name, last.nonce, seq), {"train/loss": 9.0})
+    lineage = f"{last.name}~{last.nonce}"
+
+    result = runner.invoke(
+        main, ["run", "r", str(config), str(tmp_path), "--resume", lineage, "training.tokens=2048"]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"resume run finished at node {lineage}~7" in result.output
+    with Store(store_root(tmp_path)) as store:
+        saved = [c.node.seq for c in store.query().nonce(last.nonce).checkpoints()]
+        assert saved == [1, 3, 5, 7]
+        rewritten = store.values(Node(last.name, last.nonce, 5))
+        assert rewritten["train/step"] == 6 and rewritten["train/loss"] != 9.0
+
+    result = runner.invoke(
+        main,
+        [
+            "run",
+            "r",
+            str(config),
+            str(tmp_path),
+            "--resume",
+            f"{lineage}~3",
+            "training.tokens=4096",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "2 later checkpoint(s)" in result.output and f"--branch {lineage}~3" in result.output

@@ -12,6 +12,7 @@ from theseus.config import ConfigError, dump, load, parse_overrides
 from theseus.job import BasicJob
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
+from theseus.store import Node, Store
 
 
 def _job_class(name: str) -> type[BasicJob]:
@@ -22,6 +23,22 @@ def _job_class(name: str) -> type[BasicJob]:
             "subclass); it cannot be configured or run."
         )
     return cls
+
+
+def _base_node(store: Store, text: str) -> Node:
+    """The node `--resume`/`--branch` name; a lineage (`name~nonce`) means its last checkpoint.
+
+    A run killed between checkpoints has later nodes than its last checkpoint, and
+    training can only go on from a checkpoint. Without any checkpoint the lineage's
+    last node is returned, and setting up explains what to do.
+    """
+    node = store.resolve(text)
+    if text.count("~") != 1:
+        return node
+    saved = [
+        c.node for c in store.query().nonce(node.nonce).checkpoints() if c.node.name == node.name
+    ]
+    return max(saved, key=lambda n: n.seq) if saved else node
 
 
 def _summary(cls: type) -> str:
@@ -79,7 +96,8 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
     metavar="NODE",
     help=(
         "Continue this node: `name~nonce~seq` (as `theseus-store show` prints it), or a "
-        "lineage `name~nonce` (as `theseus-store runs ROOT/store` prints it) for its last node."
+        "lineage `name~nonce` (as `theseus-store runs ROOT/store` prints it) for its last "
+        "checkpoint. The node must be its lineage's last checkpoint (else use --branch)."
     ),
 )
 @click.option(
@@ -87,7 +105,10 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
     "branch_node",
     default=None,
     metavar="NODE",
-    help="Start a new lineage whose first node's parent is NODE.",
+    help=(
+        "Start a new lineage whose first node's parent is NODE (`name~nonce~seq`, or "
+        "`name~nonce` for that lineage's last checkpoint)."
+    ),
 )
 @cluster_options
 @common_options
@@ -127,7 +148,7 @@ def run_command(
         tree.load(values)
         base = resume_node or branch_node
         if base is not None:
-            finder = q.find().node(q.store.resolve(base))
+            finder = q.find().node(_base_node(q.store, base))
             from_file = tree.flat()
             finder.resume() if resume_node else finder.branch()
             changed = [k for k, v in tree.flat().items() if v != from_file[k] and k not in settings]
