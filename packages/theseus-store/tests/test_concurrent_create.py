@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import traceback
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,31 +13,51 @@ from theseus.store import Node, Store
 
 PROCESSES = 8
 
-
-def _open_and_write(root: str, index: int, barrier: object, errors: object) -> None:
-    try:
-        barrier.wait(timeout=60)  # type: ignore[attr-defined]
-        with Store(root) as store:
-            store.log(Node(f"p.g.host{index}", "n0", 0), {"index": index})
-    except BaseException:
-        errors.put(f"process {index}: {traceback.format_exc()}")  # type: ignore[attr-defined]
+# A separate interpreter per opener (a fork of a process that has imported JAX is
+# unsafe): each says "ready", waits for the go file, then opens the store and writes.
+OPENER = textwrap.dedent(
+    """
+    import os, sys, time
+    from theseus.store import Node, Store
+    root, go, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    print("ready", flush=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            sys.exit("the go file never appeared")
+        time.sleep(0.0005)
+    with Store(root) as store:
+        store.log(Node(f"p.g.host{index}", "n0", 0), {"index": index})
+    """
+)
 
 
 def _trial(root: Path) -> list[str]:
-    context = multiprocessing.get_context("fork")
-    barrier, errors = context.Barrier(PROCESSES), context.Queue()
-    workers = [
-        context.Process(target=_open_and_write, args=(str(root), i, barrier, errors))
+    go = root.parent / "go"
+    openers = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPENER, str(root), str(go), str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in range(PROCESSES)
     ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=120)
     found = []
-    while not errors.empty():
-        found.append(errors.get())
-    found += [f"process {i} exited {w.exitcode}" for i, w in enumerate(workers) if w.exitcode]
+    try:
+        for opener in openers:  # every opener has imported the store and is waiting
+            assert opener.stdout is not None and opener.stdout.readline() == "ready\n"
+        go.parent.mkdir(parents=True, exist_ok=True)
+        go.touch()
+        for i, opener in enumerate(openers):
+            _, err = opener.communicate(timeout=120)
+            if opener.returncode:
+                found.append(f"process {i} exited {opener.returncode}: {err[-2000:]}")
+    finally:
+        for opener in openers:
+            if opener.poll() is None:
+                opener.kill()
+                opener.communicate()
     return found
 
 

@@ -136,7 +136,11 @@ class Store:
                 f"{marker} marks a store but its database {self.db_path} is missing. "
                 "Restore store.sqlite from a backup."
             )
-        check_header(self.db_path)
+        if not self.created:
+            # Only before this process connects: closing any other descriptor of the
+            # database file drops every POSIX lock the process holds on it, SQLite's
+            # included, and a WAL database whose locks vanish can lose commits.
+            check_header(self.db_path)
         rows = self._db.read_one("SELECT value FROM meta WHERE key = 'inline_max'", ())
         self.inline_max = int(rows[0][0]) if rows else 0
 
