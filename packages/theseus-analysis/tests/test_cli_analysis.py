@@ -12,7 +12,7 @@ from theseus.data.datasets import Synthetic
 from theseus.job import store_root
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
-from theseus.store import Store
+from theseus.store import Node, Store
 
 JOBS_FILE = str(Path(__file__).with_name("analysis_jobs.py"))
 jobs = import_module_or_file(JOBS_FILE)
@@ -22,10 +22,14 @@ def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> No
     Synthetic.prepare(tmp_path, tokens=40_000, val_tokens=6_000)
     with quick(tmp_path) as q:
         q.build(jobs.GPTWithAnalysis, "trained")
-        jobs.tiny(q.config, steps=2, **{"training/analyze": False})
+        settings = {"training/analyze": False, "logging/checkpoint_interval": 1}
+        jobs.tiny(q.config, steps=2, **settings)
         trainer = q.create()
         trainer()
-    node = trainer.node.serialize()
+    # The earlier of the two checkpoints: an analysis may resume a node with later
+    # checkpoints (only training on from it is refused).
+    analyzed = Node(trainer.node.name, trainer.node.nonce, 0)
+    node = analyzed.serialize()
     runner = CliRunner()
     config = tmp_path / "inspect.yaml"
     configured = runner.invoke(
@@ -42,9 +46,10 @@ def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> No
     )  # fmt: skip
     assert ran.exit_code == 0, ran.output
     with Store(store_root(tmp_path)) as store:
-        artifact = store.get(trainer.node)["activation"]
+        assert [c.node.seq for c in store.query().nonce(analyzed.nonce).checkpoints()] == [0, 1]
+        artifact = store.get(analyzed)["activation"]
         assert artifact.filename == "activation.pdf"
-        values = store.values(trainer.node)
+        values = store.values(analyzed)
         # The trainer's record of its node stays; the analysis records its own beside it.
         assert values["job/name"] == "my/gpt/train-with-analysis"
         assert values["job/status"] == "finished"
@@ -64,6 +69,6 @@ def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> No
     assert "Choose a discovered path" in bad.output and "blocks_1/attn" in bad.output
     assert "(raised in InspectActivation.select())" in bad.output
     with Store(store_root(tmp_path)) as store:
-        values = store.values(trainer.node)
+        values = store.values(analyzed)
         assert values["job/status"] == "finished"  # a failed analysis leaves the run's record
         assert json.dumps(values)  # plain values

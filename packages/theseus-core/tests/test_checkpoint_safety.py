@@ -61,7 +61,7 @@ def test_a_second_writer_of_one_lineage_is_refused(root: Path, tmp_path: Path) -
     with Store(tmp_path / "store") as store:
         first = CheckpointKeeper(tmp_path / "lineage", store)
         try:
-            with pytest.raises(FolderBusyError, match=r"Another process \(pid \d+ on .*branch\(\)"):
+            with pytest.raises(FolderBusyError, match=r"An earlier run in this process.*branch\(\)"):
                 CheckpointKeeper(tmp_path / "lineage", store)
         finally:
             first.close()
@@ -153,3 +153,30 @@ def test_an_interrupted_save_is_set_aside_when_the_lineage_resumes(root: Path) -
         resumed()
     assert int(resumed.state.step) == 8 and (directory / "8").is_dir() and not temp.exists()
     assert (directory / "unregistered" / temp.name / "partial").read_bytes() == b"\0" * 16
+
+
+class Interrupted(jobs.SyntheticTrainer):
+    """Fails like a KeyboardInterrupt would, when it is about to start step 4."""
+
+    def tick(self):  # type: ignore[no-untyped-def]
+        if self.node.seq == 2:
+            raise KeyboardInterrupt
+        return super().tick()
+
+
+def test_a_failed_run_frees_its_lineage_for_a_resume_in_the_same_process(root: Path) -> None:
+    with quick(root) as q:
+        q.build(Interrupted, "notebook")
+        jobs.tiny(q.config, steps=6, **{"logging/checkpoint_interval": 1})
+        first = q.create()
+        with pytest.raises(KeyboardInterrupt):
+            first()
+    with Store(store_root(root)) as store:  # the saves it started were finished and listed
+        listed = [c.step for c in store.query().nonce(first.node.nonce).checkpoints()]
+        assert listed == [1, 2, 3]
+    with quick(root) as q:  # same process, e.g. the next notebook cell
+        q.build(jobs.SyntheticTrainer, "notebook")
+        q.find().spec(run="notebook").checkpoint().latest().resume()
+        again = q.create()
+        again()
+    assert int(again.state.step) == 6

@@ -380,6 +380,11 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         batch = self.inspection_batch()
         return to_host(fn(self.state, batch, key))
 
+    def before_run(self) -> None:
+        """Nothing to refuse: an analysis never trains, so any checkpointed node will do
+        (the trainer's own check refuses to train on from a node with later checkpoints)."""
+        return None
+
     def run(self) -> AnalysisResult:
         """Compute, then on host zero plot, write `NAME.pdf`/`NAME.json` and record the artifact.
 
