@@ -1,8 +1,8 @@
 """Test environment shared by every package's tests.
 
-Sets four virtual CPU devices before JAX is imported, makes JAX promote dtypes
-strictly, turns warnings into errors (pyproject.toml), and skips tests of
-optional extras that are not installed.
+Sets four virtual CPU devices before JAX is imported, keeps matplotlib off any
+display, and skips tests of optional extras that are not installed; warnings are
+errors (pyproject.toml).
 """
 
 from __future__ import annotations

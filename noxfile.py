@@ -40,9 +40,13 @@ MODULES = {
     "theseus-store": ["theseus.store", "theseus.store.cli"],
     "theseus-core": [
         "theseus.config",
+        "theseus.registry",
         "theseus.job",
         "theseus.quick",
         "theseus.cli",
+        "theseus.data",
+        "theseus.model",
+        "theseus.training",
         "theseus.training.base",
         "theseus.model.debug",
     ],
@@ -145,6 +149,18 @@ def _installed(session: nox.Session) -> set[str]:
     return set(json.loads(listing.strip().splitlines()[-1]))
 
 
+def _downstream_typing(session: nox.Session, package: str) -> None:
+    """mypy, as a user's project sees the installed wheel: typed (py.typed), no stubs missing."""
+    session.install("mypy")
+    where = Path(session.create_tmp()) / "downstream"
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir()
+    (where / "use_theseus.py").write_text("".join(f"import {m}\n" for m in MODULES[package]))
+    (where / "mypy.ini").write_text("[mypy]\nwarn_unused_ignores = True\n")
+    with session.chdir(where):
+        session.run("mypy", "--no-incremental", "use_theseus.py")
+
+
 @nox.session
 @nox.parametrize("package", PACKAGES)
 def isolated(session: nox.Session, package: str) -> None:
@@ -172,6 +188,7 @@ def isolated(session: nox.Session, package: str) -> None:
                 "assert u.find_spec('jax') is None, 'jax is importable'; "
                 "assert 'jax' not in sys.modules; print('jax is absent')",
             )
+        _downstream_typing(session, package)
         session.install(*TEST_DEPS[package])
         env = {"THESEUS_ISOLATED": package}
         # Run from a scratch copy of the tests so nothing resolves to the source tree.

@@ -61,7 +61,9 @@ def test_a_second_writer_of_one_lineage_is_refused(root: Path, tmp_path: Path) -
     with Store(tmp_path / "store") as store:
         first = CheckpointKeeper(tmp_path / "lineage", store)
         try:
-            with pytest.raises(FolderBusyError, match=r"An earlier run in this process.*branch\(\)"):
+            with pytest.raises(
+                FolderBusyError, match=r"An earlier run in this process.*branch\(\)"
+            ):
                 CheckpointKeeper(tmp_path / "lineage", store)
         finally:
             first.close()

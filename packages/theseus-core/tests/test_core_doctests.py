@@ -14,6 +14,7 @@ MODULES = [
     "theseus.config._yaml",
     "theseus.job._spec",
     "theseus.quick._session",
+    "theseus.data",
 ]
 
 

@@ -209,3 +209,31 @@ def test_dataset_registry_holds_preparable_classes(names: list[str]) -> None:
 
     assert DATASETS["tests/registry/ds"] is Tiny
     assert "tests/registry/ds" not in JOBS
+
+
+def test_resolve_job_reports_the_real_import_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user's module that itself fails to import: the error is that failure, not
+    # "unknown job" (which is what swallowing the ImportError used to say).
+    (tmp_path / "broken_jobs_xyz.py").write_text(
+        "import not_installed_pkg_xyz\nclass Job:\n    pass\n"
+    )
+    (tmp_path / "fine_jobs_xyz.py").write_text("class Job:\n    pass\nvalue = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportFailedError) as caught:
+        resolve_job("broken_jobs_xyz:Job")
+    message = str(caught.value)
+    assert "importing 'broken_jobs_xyz' raised ModuleNotFoundError" in message
+    assert "not_installed_pkg_xyz" in message
+    assert isinstance(caught.value.__cause__, ModuleNotFoundError)
+
+    with pytest.raises(ImportFailedError, match="there is no module 'no_such_module_xyz'"):
+        resolve_job("no_such_module_xyz.sub:Job")
+    with pytest.raises(UnknownNameError, match=r"fine_jobs_xyz has no attribute 'Jbo'.*'Job'"):
+        resolve_job("fine_jobs_xyz:Jbo")
+    with pytest.raises(RegistryError, match="not a class"):
+        resolve_job("fine_jobs_xyz:value")
+    assert resolve_job("fine_jobs_xyz:Job").__name__ == "Job"
+    for name in ("fine_jobs_xyz", "broken_jobs_xyz"):
+        monkeypatch.delitem(sys.modules, name, raising=False)

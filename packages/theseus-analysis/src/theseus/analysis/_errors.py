@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from theseus.errors import TheseusError
+
 __all__ = ["AnalysisError", "AnalysisSelectionError"]
 
 
-class AnalysisError(RuntimeError):
+class AnalysisError(TheseusError, RuntimeError):
     """An analysis used or written in a way that cannot work."""
 
 

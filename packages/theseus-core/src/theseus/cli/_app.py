@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from theseus.cli._cluster import join_from_context
+from theseus.errors import TheseusError
 from theseus.registry import import_module_or_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -92,7 +93,7 @@ def _report(ctx: click.Context, exc: BaseException) -> None:
     ctx.exit(1)
 
 
-class PluginError(RuntimeError):
+class PluginError(TheseusError, RuntimeError):
     """A plug-in verb from the ``theseus.cli`` entry-point group that cannot be used."""
 
 

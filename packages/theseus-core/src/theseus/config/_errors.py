@@ -5,8 +5,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from theseus.errors import TheseusError
 
-class ConfigError(ValueError):
+
+class ConfigError(TheseusError, ValueError):
     """Base of every configuration error (a ``ValueError``)."""
 
 

@@ -16,6 +16,7 @@ from typing import Literal
 
 import numpy as np
 
+from theseus.data._errors import DataError
 from theseus.data.prepared import PreparedData, Split
 
 __all__ = ["IGNORE", "Batch", "MixturePlan", "Style"]
@@ -30,7 +31,7 @@ def _pmd_draw(tokens: np.ndarray, block_size: int, rng: np.random.Generator, n: 
     """Start offsets of `n` contiguous windows (they may cross document boundaries)."""
     span = tokens.size - block_size - 1
     if span < 0:
-        raise ValueError(
+        raise DataError(
             f"a split of {tokens.size} tokens is too short for windows of block_size "
             f"{block_size} (+1 target); prepare more data or lower architecture/block_size"
         )
@@ -81,17 +82,17 @@ class MixturePlan:
 
     def __post_init__(self) -> None:
         if not (len(self.sources) == len(self.rates) == len(self.styles)) or not self.sources:
-            raise ValueError(
+            raise DataError(
                 "a mixture needs one rate and one style per dataset, and at least one dataset"
             )
         if abs(sum(self.rates) - 1.0) > 1e-6 or min(self.rates) < 0:
-            raise ValueError(
+            raise DataError(
                 f"sampling rates must be non-negative and sum to 1, got {list(self.rates)} "
                 f"(sum {sum(self.rates):g}); rescale them"
             )
         for style in self.styles:
             if style not in ("pmd", "padded"):
-                raise ValueError(f"unknown sampling style {style!r}; use 'pmd' or 'padded'")
+                raise DataError(f"unknown sampling style {style!r}; use 'pmd' or 'padded'")
 
     def batch(
         self,
@@ -109,7 +110,7 @@ class MixturePlan:
             `x` and `y` int32 `[rows / n_hosts, block_size]`, `padding_mask` bool of the same shape.
         """
         if rows % n_hosts:
-            raise ValueError(f"the global batch of {rows} rows does not split over {n_hosts} hosts")
+            raise DataError(f"the global batch of {rows} rows does not split over {n_hosts} hosts")
         rng = np.random.default_rng([self.seed, step, _SPLIT_IDS[split]])
         which = rng.choice(len(self.sources), size=rows, p=np.asarray(self.rates, dtype=np.float64))
         per_host = rows // n_hosts
@@ -132,7 +133,7 @@ class MixturePlan:
             else:
                 doc_starts = source.doc_starts(split)
                 if doc_starts.size == 0:
-                    raise ValueError(f"dataset {source.name!r} has no {split} documents to sample")
+                    raise DataError(f"dataset {source.name!r} has no {split} documents to sample")
                 docs = own.integers(0, doc_starts.size, size=picked.size)
                 pad = source.tokenizer.pad
                 drawn = _padded_rows(tokens, doc_starts, block_size, pad, docs[keep])

@@ -17,15 +17,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from theseus.config import ConfigError
 from theseus.data.prepared import PreparedData, dataset_dir, write_prepared
 from theseus.data.synthetic import MarkovLanguage
 from theseus.data.tokenizer import get_tokenizer
+from theseus.errors import TheseusError
 from theseus.registry import dataset
 
 __all__ = ["Dataset", "FineWeb", "LocalDocuments", "SourceError", "Synthetic", "TextFiles"]
 
 
-class SourceError(FileNotFoundError):
+class SourceError(TheseusError, FileNotFoundError):
     """The files a dataset is prepared from are missing or unreadable."""
 
 
@@ -33,14 +35,14 @@ def _as_int(name: str, value: Any) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"--{name.replace('_', '-')} expects an integer, got {value!r}") from None
+        raise ConfigError(f"--{name.replace('_', '-')} expects an integer, got {value!r}") from None
 
 
 def _as_float(name: str, value: Any) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"--{name.replace('_', '-')} expects a number, got {value!r}") from None
+        raise ConfigError(f"--{name.replace('_', '-')} expects a number, got {value!r}") from None
 
 
 def _progress(total: int, description: str) -> Any:
@@ -177,7 +179,7 @@ def _check_options(name: str, options: dict[str, Any], known: set[str]) -> None:
     if unknown:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in unknown)
         valid = ", ".join(f"--{k.replace('_', '-')}" for k in sorted(known))
-        raise ValueError(f"{name} has no option {flags}; its options are {valid}")
+        raise ConfigError(f"{name} has no option {flags}; its options are {valid}")
 
 
 def _source_files(source: Any, suffixes: tuple[str, ...], name: str) -> list[Path]:

@@ -20,7 +20,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from theseus.data._errors import DataError
 from theseus.data.tokenizer import ByteTokenizer, get_tokenizer
+from theseus.errors import TheseusError
 
 __all__ = [
     "DataNotPreparedError",
@@ -35,7 +37,7 @@ FORMAT_VERSION = 1
 _SPLITS: tuple[Split, ...] = ("train", "val")
 
 
-class DataNotPreparedError(FileNotFoundError):
+class DataNotPreparedError(TheseusError, FileNotFoundError):
     """A dataset was used before `theseus data prepare` wrote it into the root."""
 
 
@@ -87,7 +89,7 @@ def write_prepared(
     for split in _SPLITS:
         tokens = np.ascontiguousarray(splits[split], dtype=tokenizer.dtype)
         if tokens.size and int(tokens.max()) >= tokenizer.vocab_size:
-            raise ValueError(
+            raise DataError(
                 f"{split} ids go up to {int(tokens.max())}, beyond the "
                 f"{tokenizer.name} tokenizer's vocabulary of {tokenizer.vocab_size}"
             )

@@ -15,6 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
+from theseus.config import ConfigError
 from theseus.data.tokenizer import ByteTokenizer
 
 __all__ = ["MarkovLanguage"]
@@ -57,16 +58,16 @@ class MarkovLanguage:
 
     def __post_init__(self) -> None:
         if not 2 <= self.alphabet <= 26:
-            raise ValueError(f"alphabet must be between 2 and 26 letters, got {self.alphabet}")
+            raise ConfigError(f"alphabet must be between 2 and 26 letters, got {self.alphabet}")
         if not 1 <= self.order <= 4:
-            raise ValueError(f"order must be between 1 and 4, got {self.order}")
+            raise ConfigError(f"order must be between 1 and 4, got {self.order}")
         if not 0.0 <= self.smoothing < 1.0 or self.concentration <= 0:
-            raise ValueError(
+            raise ConfigError(
                 "need concentration > 0 and 0 <= smoothing < 1, got "
                 f"concentration={self.concentration}, smoothing={self.smoothing}"
             )
         if self.mean_doc_len < 2:
-            raise ValueError(f"mean_doc_len must be at least 2, got {self.mean_doc_len}")
+            raise ConfigError(f"mean_doc_len must be at least 2, got {self.mean_doc_len}")
 
     @property
     def n_contexts(self) -> int:

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from theseus.data._errors import DataError
+
 __all__ = ["ByteTokenizer", "TokenizerError", "get_tokenizer"]
 
 
-class TokenizerError(ValueError):
+class TokenizerError(DataError):
     """A tokenizer name or token id that this installation cannot handle."""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
 from theseus.config import Tree, configure, dump, load, using
+from theseus.errors import TheseusError
 from theseus.job._hosts import agree_on_nonce, is_primary, sync_hosts
 from theseus.job._spec import JobSpec, store_root
 from theseus.registry import job_key
@@ -26,7 +27,7 @@ from theseus.store import Node, Store
 T = TypeVar("T")
 
 
-class JobError(RuntimeError):
+class JobError(TheseusError, RuntimeError):
     """A job used out of order (not set up, set up twice in different modes, ...)."""
 
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from theseus.errors import TheseusError
+
 logger = logging.getLogger(__name__)
 
 ENV_CLUSTER = "THESEUS_CLUSTER"
@@ -36,11 +38,11 @@ _JAX_GRACE_S = 60
 _HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[^\s:\[\]/]+):(\d{1,5})")
 
 
-class ClusterUsageError(ValueError):
+class ClusterUsageError(TheseusError, ValueError):
     """The settings to join a cluster are incomplete or contradict each other."""
 
 
-class ClusterJoinError(RuntimeError):
+class ClusterJoinError(TheseusError, RuntimeError):
     """This process could not join its cluster (a process never arrived, or JAX failed)."""
 
 

@@ -1,1 +1,56 @@
-"""Language models and their components (Flax linen)."""
+"""Language models (Flax linen), their configurable components, and the debugger.
+
+``GPT`` is built from ``Component``s whose settings are configuration fields
+(``architecture/n_layers``, ...). ``theseus.model.debug`` finds the calls of a module
+type in a trainer's forward pass and replays one eagerly (``trainer.find`` and
+``trainer.debug`` use it).
+"""
+
+from theseus.model.attention.base import (
+    AttentionConfig,
+    SelfAttention,
+    apply_rotary,
+    causal_softmax,
+)
+from theseus.model.component import Component, resolve_dtype
+from theseus.model.debug import (
+    DebugClosedError,
+    DebugInputs,
+    DebugLayer,
+    DebugSession,
+    DebugTargetError,
+    UnknownArgumentError,
+    UnknownPathError,
+)
+from theseus.model.models import (
+    GPT,
+    MLP,
+    Block,
+    GPTConfig,
+    MLPConfig,
+    ModelInputError,
+    cross_entropy,
+)
+
+__all__ = [
+    "GPT",
+    "MLP",
+    "AttentionConfig",
+    "Block",
+    "Component",
+    "DebugClosedError",
+    "DebugInputs",
+    "DebugLayer",
+    "DebugSession",
+    "DebugTargetError",
+    "GPTConfig",
+    "MLPConfig",
+    "ModelInputError",
+    "SelfAttention",
+    "UnknownArgumentError",
+    "UnknownPathError",
+    "apply_rotary",
+    "causal_softmax",
+    "cross_entropy",
+    "resolve_dtype",
+]

@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
+from theseus.config import ConfigError
+
 __all__ = ["Component", "resolve_dtype"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -25,7 +27,7 @@ def resolve_dtype(name: str) -> Any:
     try:
         return _DTYPES[name]
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"unknown dtype {name!r} in architecture/dtype; use one of {sorted(_DTYPES)}"
         ) from None
 

@@ -28,11 +28,15 @@ from typing import Any
 import flax.linen as nn
 import jax
 
+from theseus.errors import TheseusError
+
 __all__ = [
     "DebugClosedError",
     "DebugInputs",
     "DebugLayer",
     "DebugSession",
+    "DebugTargetError",
+    "UnknownArgumentError",
     "UnknownPathError",
     "capture",
     "check_paths",
@@ -42,11 +46,22 @@ __all__ = [
 ]
 
 
-class UnknownPathError(ValueError):
+class UnknownPathError(TheseusError, ValueError):
     """A module path that the trace never calls (the message lists the discovered ones)."""
 
 
-class DebugClosedError(RuntimeError):
+class DebugTargetError(TheseusError, TypeError):
+    """`find()` or `debug()` was given something that is not a module class."""
+
+
+class UnknownArgumentError(TheseusError, KeyError):
+    """`inputs[name]` for a name the recorded call did not take."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DebugClosedError(TheseusError, RuntimeError):
     """A debug layer or its inputs used after `close()`."""
 
 
@@ -87,10 +102,10 @@ def check_paths(wanted: Sequence[Any], discovered: Sequence[str], what: str) -> 
 
 
 def check_target(target: Any, what: str) -> None:
-    """Raise `TypeError` unless `target` is a module class or a tuple of them."""
+    """Raise `DebugTargetError` (a `TypeError`) unless `target` is a module class or a tuple of them."""
     targets = target if isinstance(target, tuple) else (target,)
     if not targets or not all(isinstance(t, type) for t in targets):
-        raise TypeError(
+        raise DebugTargetError(
             f"{what} expects a module class such as SelfAttention (or a tuple of classes); "
             f"got {target!r} ({type(target).__name__})"
         )
@@ -123,7 +138,9 @@ class DebugInputs(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         values = self._live()
         if name not in values:
-            raise KeyError(f"{name!r} is not an argument of this call; it has {sorted(values)}")
+            raise UnknownArgumentError(
+                f"{name!r} is not an argument of this call; it has {sorted(values)}"
+            )
         return values[name]
 
     def __getattr__(self, name: str) -> Any:

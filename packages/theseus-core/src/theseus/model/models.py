@@ -16,10 +16,15 @@ import jax.numpy as jnp
 import optax
 
 from theseus.config import configure, field
+from theseus.errors import TheseusError
 from theseus.model.attention.base import AttentionConfig, SelfAttention
 from theseus.model.component import Component, resolve_dtype
 
-__all__ = ["GPT", "MLP", "Block", "GPTConfig", "MLPConfig", "cross_entropy"]
+__all__ = ["GPT", "MLP", "Block", "GPTConfig", "MLPConfig", "ModelInputError", "cross_entropy"]
+
+
+class ModelInputError(TheseusError, ValueError):
+    """Tokens the model cannot take (a sequence longer than `architecture/block_size`)."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +203,7 @@ class GPT(nn.Module, Component):
             `(logits [batch, seq, vocab_size], loss or None)`.
         """
         if x.shape[-1] > self.config.block_size:
-            raise ValueError(
+            raise ModelInputError(
                 f"sequence length {x.shape[-1]} exceeds architecture/block_size "
                 f"{self.config.block_size}"
             )

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from theseus.errors import TheseusError
 from theseus.store import Node
 
 if TYPE_CHECKING:
     from theseus.quick._session import Quick
 
 
-class QuickError(RuntimeError):
+class QuickError(TheseusError, RuntimeError):
     """A quick session used out of order, or a selection that is not exactly one node."""
 
 

@@ -20,6 +20,25 @@ from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 from theseus.config._errors import suggest
+from theseus.errors import TheseusError
+
+__all__ = [
+    "ANALYSES",
+    "BUILTIN_MODULES",
+    "DATASETS",
+    "JOBS",
+    "ImportFailedError",
+    "PreparableDataset",
+    "Registry",
+    "RegistryError",
+    "UnknownNameError",
+    "analysis",
+    "dataset",
+    "import_module_or_file",
+    "job",
+    "job_key",
+    "resolve_job",
+]
 
 T = TypeVar("T", bound=type)
 
@@ -36,7 +55,7 @@ class PreparableDataset(Protocol):
         ...
 
 
-class RegistryError(ValueError):
+class RegistryError(TheseusError, ValueError):
     """A name registered twice with different classes, or another misuse of a registry."""
 
 
@@ -204,22 +223,47 @@ def resolve_job(name_or_class: str | type) -> type:
     """Return the job class for a registry name, a ``module:QualName`` key, or a class.
 
     Raises:
-        UnknownNameError: no such job.
+        UnknownNameError: no such job (no registered name, or the module has no such class).
+        ImportFailedError: the module of a ``module:QualName`` key failed to import; the
+            message carries the real error (a missing module, or one the module raised).
+        RegistryError: ``QualName`` names something that is not a class.
     """
     if isinstance(name_or_class, type):
         return name_or_class
-    if ":" in name_or_class:
-        module, _, qualname = name_or_class.partition(":")
-        try:
-            obj: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError):
-            pass
-        else:
-            if isinstance(obj, type):
-                return obj
-    return JOBS[name_or_class]
+    if ":" not in name_or_class or name_or_class in JOBS:
+        return JOBS[name_or_class]
+    module, _, qualname = name_or_class.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+    except Exception as exc:
+        absent = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        missing = absent is not None and (module == absent or module.startswith(f"{absent}."))
+        cause = (
+            f"there is no module {absent!r} in this environment"
+            if missing
+            else f"importing {module!r} raised {type(exc).__name__}: {exc}"
+        )
+        raise ImportFailedError(
+            f"Job {name_or_class!r}: {cause}. "
+            + (
+                "Check the module name, or --import the file that defines the job."
+                if missing
+                else "Fix the module (pass --debug for the traceback)."
+            )
+        ) from exc
+    for depth, part in enumerate(qualname.split(".")):
+        if not hasattr(obj, part):
+            where = ".".join([module, *qualname.split(".")[:depth]])
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            raise UnknownNameError(
+                f"Job {name_or_class!r}: {where} has no attribute {part!r}.{suggest(part, names)}"
+            )
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise RegistryError(
+            f"Job {name_or_class!r} names {obj!r}, which is not a class; name the job class."
+        )
+    return obj
 
 
 def _importable_as(path: Path) -> str | None:

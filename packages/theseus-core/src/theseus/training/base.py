@@ -15,6 +15,7 @@ checkpoint of the update that consumed its batch.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +29,7 @@ from flax.training.train_state import TrainState
 from theseus.config import dump, field
 from theseus.data.batches import Batch, MixturePlan
 from theseus.data.datasets import Synthetic
+from theseus.errors import TheseusError
 from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
 from theseus.model import debug as _debug
 from theseus.model.models import GPT
@@ -41,8 +43,10 @@ from theseus.training.sharding import ParameterShardingContext
 
 __all__ = ["BaseTrainer", "BaseTrainerConfig", "TrainerError"]
 
+logger = logging.getLogger(__name__)
 
-class TrainerError(ValueError):
+
+class TrainerError(TheseusError, ValueError):
     """A trainer configuration or setup that cannot work, with the fix in the message."""
 
 
@@ -545,9 +549,23 @@ class BaseTrainer(BasicJob):
                 self._consumed = True
                 step += 1
                 self._after_step(step, total, loss, meta, grad_norm, reporter)
+        except BaseException:
+            self._release_keeper()  # saves already started still commit and register
+            raise
         finally:
             reporter.close()
         return self.state
+
+    def _release_keeper(self) -> None:
+        """After a failed run: finish and register started saves, free the lineage folder."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            try:
+                keeper.close()
+            except Exception:  # the run's own error is the one to report
+                logger.warning(
+                    "Closing the checkpoint keeper after a failed run failed", exc_info=True
+                )
 
     def before_run(self) -> None:
         """Refuse to resume training at a node whose lineage has later checkpoints.
@@ -556,8 +574,15 @@ class BaseTrainer(BasicJob):
         Nodes after the base without checkpoints (a crashed run's last steps) are
         simply written again; registered checkpoints after it are never overwritten.
         """
-        if self.mode is not Mode.RESUME or int(self.state.step) >= self.total_steps:
+        if int(self.state.step) >= self.total_steps:
             return
+        if self.mode is Mode.RESUME:
+            self._refuse_training_over_later_checkpoints()
+        # Take the lineage folder now (its writer lock, strays set aside), not at the
+        # first save: a second process continuing this lineage stops before it logs.
+        self._open_keeper()
+
+    def _refuse_training_over_later_checkpoints(self) -> None:
         base = self.node
         later = [
             c
@@ -647,11 +672,15 @@ class BaseTrainer(BasicJob):
         for view in self._views:
             view.run()
 
-    def save_checkpoint(self) -> None:
-        """Start an asynchronous checkpoint of the live node (registered once committed)."""
+    def _open_keeper(self) -> ckpt.CheckpointKeeper:
         if self._keeper is None:
             directory = ckpt.checkpoint_dir(self.spec.root, self.node)
             self._keeper = ckpt.CheckpointKeeper(directory, self.store if is_primary() else None)
+        return self._keeper
+
+    def save_checkpoint(self) -> None:
+        """Start an asynchronous checkpoint of the live node (registered once committed)."""
+        keeper = self._open_keeper()
         step = int(self.state.step)
         meta = {
             "cursor": self.cursor,
@@ -661,7 +690,7 @@ class BaseTrainer(BasicJob):
             "node": self.node.serialize(),
             "config": dump(self.configuration),
         }
-        self._keeper.save(step, self.node, _only_arrays(self.state), meta)
+        keeper.save(step, self.node, _only_arrays(self.state), meta)
 
     def on_finish(self) -> None:
         """Wait for checkpoints to commit and register them."""

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from theseus.errors import TheseusError
 from theseus.job import sync_hosts
 from theseus.store import (
     FolderBusyError,
@@ -50,7 +51,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(TheseusError, ValueError):
     """A checkpoint's parameter shapes differ from the model being restored into."""
 
 
@@ -79,10 +80,16 @@ class CheckpointKeeper:
         if store is not None:
             lock = FolderLock(directory)
             if not lock.acquire():
+                holder = lock.holder()
+                who = (
+                    "An earlier run in this process, not yet finished or closed,"
+                    if holder.startswith(f"pid {os.getpid()} ")
+                    else f"Another process ({holder})"
+                )
                 raise FolderBusyError(
-                    f"Another process ({lock.holder()}) is writing checkpoints in {directory}. "
-                    "Two runs cannot continue one lineage at once: wait for that run to end, "
-                    "or branch() from the node to train a new lineage."
+                    f"{who} is writing checkpoints in {directory}. Two runs cannot continue "
+                    "one lineage at once: wait for that run to end, or branch() from the node "
+                    "to train a new lineage."
                 )
             self._lock = lock
             try:

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 import optax
 
-from theseus.config import field
+from theseus.config import ConfigError, ConfigTypeError, field
 
 __all__ = ["AdamW", "AdamWConfig", "Optimizer"]
 
@@ -43,7 +43,7 @@ class Optimizer(Generic[C]):
     ) -> optax.GradientTransformation:
         """The optax transformation for hydrated `settings` and a learning rate or schedule."""
         if not isinstance(settings, self.config):
-            raise TypeError(
+            raise ConfigTypeError(
                 f"optimizer {self.name!r} expects settings of type {self.config.__name__}, "
                 f"got {type(settings).__name__}"
             )
@@ -74,7 +74,7 @@ def _decay_mask(params: Any) -> Any:
 
 def _adamw(cfg: AdamWConfig, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
     if cfg.clip_norm < 0:
-        raise ValueError(
+        raise ConfigError(
             f"optimization/clip_norm must be >= 0 (0 disables clipping), got {cfg.clip_norm}"
         )
     adamw = optax.adamw(

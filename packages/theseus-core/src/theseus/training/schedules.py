@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 import jax.numpy as jnp
 import optax
 
-from theseus.config import field
+from theseus.config import ConfigError, field
 
 __all__ = ["WSD", "Schedule", "WSDConfig", "constant"]
 
@@ -31,7 +31,7 @@ class Schedule(Generic[C]):
     def build(self, settings: C, peak_lr: float, total_steps: int) -> optax.Schedule:
         """The schedule for hydrated `settings`, the peak rate and the run's length in steps."""
         if total_steps < 1:
-            raise ValueError(f"a schedule needs at least one step, got total_steps={total_steps}")
+            raise ConfigError(f"a schedule needs at least one step, got total_steps={total_steps}")
         return self.factory(settings, peak_lr, total_steps)
 
 
@@ -55,7 +55,7 @@ class WSDConfig:
 def _wsd(cfg: WSDConfig, peak_lr: float, total_steps: int) -> optax.Schedule:
     parts = (cfg.warmup, cfg.stable, cfg.decay)
     if min(parts) < 0 or abs(sum(parts) - 1.0) > 1e-6:
-        raise ValueError(
+        raise ConfigError(
             "optimization/schedule/{warmup,stable,decay} must be non-negative fractions summing "
             f"to 1, got {parts} (sum {sum(parts):g})"
         )

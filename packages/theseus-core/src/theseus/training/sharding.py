@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from theseus.config import ConfigError
+
 __all__ = ["DEFAULT_RULES", "ParameterShardingContext", "make_mesh"]
 
 Rules = tuple[tuple[str, str | None], ...]
@@ -39,7 +41,7 @@ def make_mesh(shard: int = 1, devices: Sequence[jax.Device] | None = None) -> Me
     """
     devices = list(jax.devices() if devices is None else devices)
     if shard < 1 or len(devices) % shard:
-        raise ValueError(
+        raise ConfigError(
             f"training/shard = {shard} must divide the number of devices ({len(devices)}); "
             "choose a divisor such as 1"
         )

@@ -2,11 +2,13 @@
 
 Every error raised at the boundary of :mod:`theseus.analysis.inspector` says what
 was expected, what arrived and how to fix it. Catch :class:`InspectorError` to
-handle all of them at once, or the built-in base (``ValueError``, ``TypeError``,
+handle all of them at once (it is a `theseus.errors.TheseusError`), or the built-in base (``ValueError``, ``TypeError``,
 ...) where that reads better.
 """
 
 from __future__ import annotations
+
+from theseus.errors import TheseusError
 
 __all__ = [
     "CaptureTraceError",
@@ -21,7 +23,7 @@ __all__ = [
 ]
 
 
-class InspectorError(Exception):
+class InspectorError(TheseusError):
     """Base class of every error raised by the forward recorder."""
 
 

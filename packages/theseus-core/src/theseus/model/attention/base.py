@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.config import field
+from theseus.config import ConfigError, field
 from theseus.model.component import Component, resolve_dtype
 
 __all__ = ["AttentionConfig", "SelfAttention", "apply_rotary", "causal_softmax"]
@@ -59,7 +59,7 @@ class SelfAttention(nn.Module, Component):
     def setup(self) -> None:
         cfg = self.config
         if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
-            raise ValueError(
+            raise ConfigError(
                 f"architecture/n_embd ({cfg.n_embd}) must split into architecture/n_head "
                 f"({cfg.n_head}) heads of even width for rotary positions"
             )

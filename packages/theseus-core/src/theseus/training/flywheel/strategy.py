@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from theseus.config import ConfigError, ConfigTypeError
 from theseus.data.batches import MixturePlan, Style
 from theseus.data.datasets import Dataset
 
@@ -34,13 +35,13 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.dataset, type) and issubclass(self.dataset, Dataset)):
-            raise TypeError(
+            raise ConfigTypeError(
                 f"Sampling needs a dataset class such as Synthetic or FineWeb, got {self.dataset!r}"
             )
         if not 0.0 <= self.rate <= 1.0:
-            raise ValueError(f"Sampling rate must be between 0 and 1, got {self.rate}")
+            raise ConfigError(f"Sampling rate must be between 0 and 1, got {self.rate}")
         if self.style not in ("pmd", "padded"):
-            raise ValueError(f"unknown sampling style {self.style!r}; use 'pmd' or 'padded'")
+            raise ConfigError(f"unknown sampling style {self.style!r}; use 'pmd' or 'padded'")
 
 
 DatasetDeclaration = type[Dataset] | Sampling | Sequence[Any]
@@ -54,7 +55,9 @@ def normalize(declaration: DatasetDeclaration) -> list[Sampling]:
         total = sum(s.rate for s in out)
         if abs(total - 1.0) > 1e-6:
             listing = ", ".join(f"{s.dataset.__name__}={s.rate:g}" for s in out)
-            raise ValueError(f"DATASET sampling rates must sum to 1, got {listing} (sum {total:g})")
+            raise ConfigError(
+                f"DATASET sampling rates must sum to 1, got {listing} (sum {total:g})"
+            )
     return out
 
 
