@@ -1,12 +1,14 @@
-"""Nox sessions: tests per JAX version, each package installed alone, slow tests,
-PyTorch tests, lint and types.
+"""Nox sessions: tests per (Python, JAX) pair, each package installed alone, slow tests,
+PyTorch tests, lint, types, and the suite on an accelerator.
 
-Run `uv run nox -l` to list them, `uv run nox -s isolated` for the packaging proof.
+Run `uv run nox -l` to list them, `uv run nox -s isolated` for the packaging proof,
+`uv run nox -s "tests(newest)"` for the newest JAX on the newest Python.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -57,10 +59,15 @@ MODULES = {
         "theseus.analysis.inspector",
     ],
 }
-# The oldest JAX the packages declare (theseus-core: jax>=0.9.0) and the newest
-# release that installs on the Python we test with. (On JAX 0.8 the forward recorder
-# records nothing under jit, so 0.9.0 is the floor.)
-JAX_VERSIONS = ["0.9.0", "0.10.2"]
+# (Python, JAX) pairs for `tests`: the oldest JAX the packages declare (theseus-core:
+# jax>=0.9.0; on 0.8 the forward recorder records nothing under jit) on the oldest Python
+# we declare (requires-python >= 3.11), the newest JAX that installs on that Python, and
+# the newest JAX on the newest Python (what most users install today).
+TEST_MATRIX = {
+    "oldest": ("3.11", "0.9.0"),
+    "py311-newest": ("3.11", "0.10.2"),
+    "newest": ("3.13", "0.12.0.1"),
+}
 TORCH_VERSION = "2.13.0"
 
 
@@ -84,10 +91,25 @@ def types(session: nox.Session) -> None:
     session.run("mypy", *(f"packages/{name}/src" for name in PACKAGES))
 
 
+def _interpreter(version: str) -> str:
+    """`version`, or the path of a pyenv-installed interpreter of it when one exists.
+
+    pyenv's shims answer only for the versions pyenv has activated, so uv would not
+    find a 3.13 that pyenv installed; pointing at the interpreter itself always works.
+    """
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(root.glob(f"{version}.*/bin/python{version}")) if root.is_dir() else []
+    return str(found[-1]) if found else version
+
+
 @nox.session
-@nox.parametrize("jax", JAX_VERSIONS)
+@nox.parametrize(
+    "python,jax",
+    [(_interpreter(py), jax) for py, jax in TEST_MATRIX.values()],
+    ids=list(TEST_MATRIX),
+)
 def tests(session: nox.Session, jax: str) -> None:
-    """The default suite against one JAX release (oldest declared, newest available)."""
+    """The default suite on one (Python, JAX) pair of TEST_MATRIX."""
     session.install(
         *_editable_packages(),
         f"jax=={jax}",
@@ -97,8 +119,44 @@ def tests(session: nox.Session, jax: str) -> None:
         "pandas",
         "equinox",
     )
-    session.run("python", "-c", "import jax; print('jax', jax.__version__)")
+    session.run(
+        "python", "-c", "import sys, jax; print(sys.version.split()[0], 'jax', jax.__version__)"
+    )
     session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+def _accelerator(session: nox.Session, extra: str, platform: str) -> None:
+    """Install `jax[extra]`, check that JAX sees `platform`, train and analyze on it, then
+    run the default suite (which pins itself to virtual CPU devices) beside that JAX."""
+    session.install(*_editable_packages(), f"jax[{extra}]", "pytest", "pytest-timeout", "pandas")
+    probe = (
+        "import jax, sys\n"
+        "try:\n"
+        "    kinds = sorted({d.platform for d in jax.devices()})\n"
+        "except RuntimeError as exc:  # JAX_PLATFORMS names a backend that cannot start\n"
+        "    kinds = ['no device: ' + str(exc).splitlines()[0]]\n"
+        f"if {platform!r} not in kinds:\n"
+        f"    sys.exit('No {platform.upper()} is visible to JAX (it sees ' + ', '.join(kinds) + "
+        "'). Run this session on a machine that has one; on this machine use nox -s tests.')\n"
+        "print('JAX sees', jax.device_count(), 'device(s):', jax.devices())\n"
+    )
+    session.run("python", "-c", probe, env={"JAX_PLATFORMS": platform})
+    root = Path(session.create_tmp()) / "accelerator-demo"
+    shutil.rmtree(root, ignore_errors=True)
+    session.run("theseus", "demo", str(root), "--steps", "40", env={"JAX_PLATFORMS": platform})
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """On an NVIDIA GPU machine: jax[cuda12], a check that JAX sees the GPU, the suite."""
+    _accelerator(session, "cuda12", "gpu")
+
+
+@nox.session
+def tpu(session: nox.Session) -> None:
+    """On a Cloud TPU VM: jax[tpu], a check that JAX sees the TPU, the suite."""
+    _accelerator(session, "tpu", "tpu")
 
 
 @nox.session(python=False)

@@ -59,19 +59,19 @@ def test_torch_keys_values_inputs_and_hook_removal(torch_net, batch, tmp_path):
         fm(x[:2])
     data = read_from_safetensors(tmp_path, framework="torch")
     assert list(data) == [
-        "fc1.forward.input",
-        "fc1.forward",
-        "norm.forward.input",
-        "norm.forward",
-        "fc2.forward.input",
-        "fc2.forward",
+        "fc1.__call__.input",
+        "fc1.__call__",
+        "norm.__call__.input",
+        "norm.__call__",
+        "fc2.__call__.input",
+        "fc2.__call__",
     ]
     with torch.no_grad():
         h = torch_net.fc1(torch.cat([x, x[:2]]))
         expected_norm = torch_net.norm(h)
-    torch.testing.assert_close(data["fc1.forward.input"], torch.cat([x, x[:2]]), rtol=0, atol=0)
-    torch.testing.assert_close(data["fc1.forward"], h, rtol=0, atol=0)
-    torch.testing.assert_close(data["norm.forward"], expected_norm, rtol=0, atol=0)
+    torch.testing.assert_close(data["fc1.__call__.input"], torch.cat([x, x[:2]]), rtol=0, atol=0)
+    torch.testing.assert_close(data["fc1.__call__"], h, rtol=0, atol=0)
+    torch.testing.assert_close(data["norm.__call__"], expected_norm, rtol=0, atol=0)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in torch_net.modules())
     assert is_torch_model(torch_net) and not is_jax_model(torch_net)
 
@@ -84,9 +84,12 @@ def test_torch_separate_and_nested(torch_net, batch, tmp_path):
     ):
         inner(x)
         inner(x)
-    assert list(read_from_safetensors(tmp_path / "outer")) == ["fc2.forward"]
-    assert read_from_safetensors(tmp_path / "outer")["fc2.forward"].shape == (10, 3)
-    assert list(read_from_safetensors(tmp_path / "inner"))[:2] == ["fc1.forward#0", "fc1.forward#1"]
+    assert list(read_from_safetensors(tmp_path / "outer")) == ["fc2.__call__"]
+    assert read_from_safetensors(tmp_path / "outer")["fc2.__call__"].shape == (10, 3)
+    assert list(read_from_safetensors(tmp_path / "inner"))[:2] == [
+        "fc1.__call__#0",
+        "fc1.__call__#1",
+    ]
 
 
 def _equinox_port(net):
@@ -131,33 +134,37 @@ def test_torch_and_equinox_port_diff_close_then_perturbed(torch_net, batch, tmp_
         fm(torch.from_numpy(batch))
     jax_keys = list(read_from_safetensors(tmp_path / "jax"))
     torch_keys = list(read_from_safetensors(tmp_path / "torch"))
-    assert jax_keys == ["fc1.__call__", "norm.__call__", "fc2.__call__"]
-    assert [k.replace(".forward", ".__call__") for k in torch_keys] == jax_keys
-
-    # recorded to the same key names directly: no --key-map needed
-    same_names = [(r"\.forward$", ".__call__")]
-    with tail(torch_net, tmp_path / "torch-named", key_map=same_names) as fm:
-        fm(torch.from_numpy(batch))
-    assert list(read_from_safetensors(tmp_path / "torch-named")) == jax_keys
-    direct = CliRunner().invoke(
-        inspect, ["diff", str(tmp_path / "torch-named"), str(tmp_path / "jax"), "--atol", "1e-5"]
-    )
-    assert direct.exit_code == 0 and "3 close, 0 differ" in direct.output, direct.output
-
-    key_map = ["--key-map", r"\.forward$", ".__call__", "--rtol", "1e-5", "--atol", "1e-5"]
+    # one naming for both frameworks: the recordings compare key by key, no --key-map
+    assert jax_keys == torch_keys == ["fc1.__call__", "norm.__call__", "fc2.__call__"]
+    tolerances = ["--rtol", "1e-5", "--atol", "1e-5"]
     runner = CliRunner()
     close = runner.invoke(
-        inspect, ["diff", str(tmp_path / "torch"), str(tmp_path / "jax"), *key_map]
+        inspect, ["diff", str(tmp_path / "torch"), str(tmp_path / "jax"), *tolerances]
     )
     assert close.exit_code == 0, close.output
     assert close.output.count(" close ") == 3 and "3 close, 0 differ" in close.output
+
+    # a recording from before PyTorch keys were `__call__` (they ended in `.forward`)
+    # still compares, through a key map
+    old_names = [(r"\.__call__$", ".forward")]
+    with tail(torch_net, tmp_path / "torch-old", key_map=old_names) as fm:
+        fm(torch.from_numpy(batch))
+    assert next(iter(read_from_safetensors(tmp_path / "torch-old"))) == "fc1.forward"
+    mapped = runner.invoke(
+        inspect,
+        [
+            "diff", str(tmp_path / "torch-old"), str(tmp_path / "jax"),
+            "--key-map", r"\.forward$", ".__call__", *tolerances,
+        ],
+    )  # fmt: skip
+    assert mapped.exit_code == 0 and "3 close, 0 differ" in mapped.output, mapped.output
 
     with torch.no_grad():
         torch_net.fc2.weight[0] += 0.5
     with tail(torch_net, tmp_path / "torch") as fm:
         fm(torch.from_numpy(batch))
     differs = runner.invoke(
-        inspect, ["diff", str(tmp_path / "torch"), str(tmp_path / "jax"), *key_map]
+        inspect, ["diff", str(tmp_path / "torch"), str(tmp_path / "jax"), *tolerances]
     )
     assert differs.exit_code == 1
     fc2_line = next(line for line in differs.output.splitlines() if line.startswith("fc2"))
@@ -172,10 +179,10 @@ def test_documented_torch_example(tmp_path, monkeypatch):
     with tail(model, path=".clouseau/trace-torch.safetensors") as fmodel:
         out = fmodel(x)
     data = read_from_safetensors(".clouseau/trace-torch.safetensors", framework="torch")
-    assert list(data) == ["forward"]
-    torch.testing.assert_close(data["forward"], out.detach(), rtol=0, atol=0)
+    assert list(data) == ["__call__"]
+    torch.testing.assert_close(data["__call__"], out.detach(), rtol=0, atol=0)
     numpy_data = read_from_safetensors(tmp_path / ".clouseau" / "trace-torch.safetensors")
-    np.testing.assert_array_equal(numpy_data["forward"], out.detach().numpy())
+    np.testing.assert_array_equal(numpy_data["__call__"], out.detach().numpy())
 
 
 def test_torch_bfloat16_and_string_filters(torch_net, batch, tmp_path):
@@ -184,7 +191,7 @@ def test_torch_bfloat16_and_string_filters(torch_net, batch, tmp_path):
     with tail(net, tmp_path, filter_=lambda p, m: p.startswith("fc") and "1" in p) as fm:
         fm(x)
     data = read_from_safetensors(tmp_path, framework="torch")
-    assert list(data) == ["fc1.forward"]
-    assert data["fc1.forward"].dtype == torch.bfloat16
+    assert list(data) == ["fc1.__call__"]
+    assert data["fc1.__call__"].dtype == torch.bfloat16
     with torch.no_grad():
-        torch.testing.assert_close(data["fc1.forward"], net.fc1(x), rtol=0, atol=0)
+        torch.testing.assert_close(data["fc1.__call__"], net.fc1(x), rtol=0, atol=0)

@@ -204,8 +204,7 @@ def tail(
             a value is recorded (e.g. ``lambda k, x: x[:, :8]`` to crop).
         key_map: ``(pattern, replacement)`` renames of the keys, applied in order
             (each ``re.sub`` on the previous result) before they are stored; e.g.
-            ``[(r"\.forward$", ".__call__")]`` records a PyTorch model under the
-            key names of its JAX port.
+            ``[(r"^blocks\.", "h.")]`` records a port under its original's names.
 
     Returns:
         The recorder, a context manager; after the block its ``files`` lists the

@@ -2,8 +2,10 @@
 
 A pre-hook records a module's arguments (by name, from ``forward``'s signature)
 and a hook its output, for every submodule below the root that the filter keeps,
-under ``path.forward``; the hooks are removed when the recording ends. Tensors
-are detached and cloned, so later in-place updates cannot change them.
+under ``path.__call__``, the key a JAX module's call gets, so recordings of a
+PyTorch model and its JAX port compare key by key; the hooks are removed when the
+recording ends. Tensors are detached and cloned, so later in-place updates cannot
+change them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import Any
 from ._paths import PATH_SEP, ModulePath, leaf_items
 from ._tap import Tap, _named_arguments
 
-__all__ = ["hook_model"]
+__all__ = ["CALL", "hook_model"]
+
+# What a module call is recorded under, for PyTorch as for JAX (`nn.Module.__call__`
+# runs `forward` and its hooks).
+CALL = "__call__"
 
 
 def hook_model(
@@ -64,7 +70,7 @@ def hook_model(
         if node is None or (is_leaf is not None and is_leaf(path, node)):
             return
         if path or lone:
-            key = (path + PATH_SEP if path else "") + "forward"
+            key = (path + PATH_SEP if path else "") + CALL
             seen.append(key)
             if filter_(path, node) if filter_ else isinstance(node, nn.Module):
                 if tap.record != "outputs":
