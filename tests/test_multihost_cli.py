@@ -31,24 +31,19 @@ from theseus.cli import main
 from theseus.data.datasets import Synthetic
 from theseus.job import ClusterJoinError, ClusterPlan, ClusterUsageError, plan_cluster, store_root
 from theseus.job._cluster import _never_joined
+from theseus.registry import import_module_or_file
 from theseus.store import Store
 
 HERE = Path(__file__).resolve().parent
 JOBS = str(HERE.parent / "packages" / "theseus-core" / "tests" / "trainer_jobs.py")
 CORE_JOBS = str(HERE.parent / "packages" / "theseus-core" / "tests" / "core_jobs.py")
 JOB = "test/synthetic/train"
-# trainer_jobs.tiny() with a checkpoint every 3 steps; `training/tokens` sets the steps.
+# trainer_jobs.TINY with validation and a checkpoint every 3 steps; `training/tokens`
+# sets the steps.
 SETTINGS = {
-    "architecture/n_layers": 1,
-    "architecture/n_embd": 32,
-    "architecture/n_head": 2,
-    "architecture/block_size": 32,
-    "training/batch_size": 8,
-    "training/validation_steps": 2,
-    "logging/report_interval": 2,
+    **import_module_or_file(JOBS).TINY,
     "logging/validation_interval": 3,
     "logging/checkpoint_interval": 3,
-    "optimization/lr": 3e-3,
 }
 STEPS, MORE = 6, 12  # the two-process run, then resumed to 12 steps
 TOKENS_PER_STEP = 8 * 32

@@ -73,11 +73,7 @@ def test_a_second_writer_of_one_lineage_is_refused(root: Path, tmp_path: Path) -
 def test_resuming_before_a_later_checkpoint_refuses_and_branching_reproduces_it(
     root: Path,
 ) -> None:
-    with quick(root) as q:
-        q.build(jobs.SyntheticTrainer, "history")
-        jobs.tiny(q.config, steps=8, **{"logging/checkpoint_interval": 4})
-        original = q.create()
-        original()
+    original = jobs.train_tiny(root, jobs.SyntheticTrainer, "history", 8)
     directory = checkpoint_dir(root, original.node)
     with Store(store_root(root)) as store:
         before = [(c.node, c.path) for c in store.query().nonce(original.node.nonce).checkpoints()]
@@ -120,11 +116,7 @@ def _abstract(leaf: jax.Array) -> jax.ShapeDtypeStruct:
 
 
 def test_resuming_a_node_without_a_checkpoint_names_the_closest_one(root: Path) -> None:
-    with quick(root) as q:
-        q.build(jobs.SyntheticTrainer, "sparse")
-        jobs.tiny(q.config, steps=6, **{"logging/checkpoint_interval": 4})
-        trainer = q.create()
-        trainer()
+    trainer = jobs.train_tiny(root, jobs.SyntheticTrainer, "sparse", 6)
     nonce = trainer.node.nonce
     with quick(root) as q:
         q.build(jobs.SyntheticTrainer, "sparse")
@@ -138,11 +130,7 @@ def test_resuming_a_node_without_a_checkpoint_names_the_closest_one(root: Path) 
 
 
 def test_an_interrupted_save_is_set_aside_when_the_lineage_resumes(root: Path) -> None:
-    with quick(root) as q:
-        q.build(jobs.SyntheticTrainer, "interrupted-save")
-        jobs.tiny(q.config, steps=4, **{"logging/checkpoint_interval": 4})
-        first = q.create()
-        first()
+    first = jobs.train_tiny(root, jobs.SyntheticTrainer, "interrupted-save", 4)
     directory = checkpoint_dir(root, first.node)
     temp = directory / "8.orbax-checkpoint-tmp-1733000000"
     temp.mkdir()  # what SIGKILL during orbax's write leaves behind

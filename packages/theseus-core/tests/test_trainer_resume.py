@@ -181,11 +181,7 @@ def test_a_committed_but_unregistered_step_is_set_aside_on_resume(tmp_path: Path
     from theseus.store._folders import SET_ASIDE
 
     Synthetic.prepare(tmp_path, tokens=60_000, val_tokens=8_000)
-    with quick(tmp_path) as q:
-        q.build(jobs.SyntheticTrainer, "orphan")
-        jobs.tiny(q.config, steps=4, **{"logging/checkpoint_interval": 4})
-        first = q.create()
-        first()
+    first = jobs.train_tiny(tmp_path, jobs.SyntheticTrainer, "orphan", 4)
     directory = checkpoint_dir(tmp_path, first.node)
     assert sorted(p.name for p in directory.iterdir() if p.name.isdigit()) == ["4"]
     shutil.copytree(directory / "4", directory / "8")  # a committed, unregistered step 8

@@ -109,6 +109,18 @@ def tiny(config, steps=8, **extra):
     return config
 
 
+def train_tiny(root, cls, run, steps, **extra):
+    """Train `cls` as run `run` under `root` with the tiny settings; return the trainer."""
+    from theseus.quick import quick
+
+    with quick(root) as q:
+        q.build(cls, run)
+        tiny(q.config, steps=steps, **extra)
+        trainer = q.create()
+        trainer()
+    return trainer
+
+
 @job("test/synthetic/train")
 class SyntheticTrainer(BaseTrainer):
     """A trainer on the offline synthetic language with a constant learning rate."""
