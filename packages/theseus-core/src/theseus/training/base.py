@@ -9,8 +9,14 @@ composed configuration. Its overridable pieces are `batch`, `forward`, `train_st
                -> validation, evaluations, tandem analyses (every `logging/validation_interval`)
                -> checkpoint (every `logging/checkpoint_interval`, and at the end) -> tick
 
-"Every N steps" means after steps N, 2N, ... The node at seq `n` holds the metrics and
-checkpoint of the update that consumed its batch.
+"Every N steps" means after steps N, 2N, ... (and after the last step). The node at seq
+`n` holds the metrics and checkpoint of the update that consumed its batch.
+
+The data cursor is the position of a batch in the data plan. The live node's batch is
+at `cursor = node.seq + offset` (the offset is 0 for a fresh run and is read from the
+checkpoint on resume and branch), and `_next_cursor` is the position the next update
+reads: while the live node's batch is still unread the two are equal; once it is spent
+the loop ticks to a new node first.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax.training.train_state import TrainState
 
 from theseus.config import dump, field
 from theseus.data.batches import Batch, MixturePlan
@@ -34,6 +39,7 @@ from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
 from theseus.model import debug as _debug
 from theseus.model.models import GPT
 from theseus.training import checkpoints as ckpt
+from theseus.training import state as train_state
 from theseus.training.evaluation import Evaluation, TandemAnalysis, TandemView
 from theseus.training.flywheel.strategy import DatasetDeclaration, plan
 from theseus.training.optimizers import AdamW, Optimizer
@@ -115,12 +121,19 @@ class BaseTrainer(BasicJob):
             self.model = self.MODEL.build()
         self.state: Any = None
         self._sharding: ParameterShardingContext | None = None
+        # set up by on_setup()
         self._plan: MixturePlan | None = None
+        self._tx: optax.GradientTransformation | None = None
+        self._lr: optax.Schedule | None = None
+        self._layout: train_state.StateLayout | None = None
+        # data position of the live node's batch is node.seq + _cursor_offset; the next
+        # update reads the batch at _next_cursor (see the module docstring)
         self._cursor_offset = 0
-        self._consumed = False
+        self._next_cursor = 0
+        # host batches of the live node, by (node, slice, validation index)
         self._batches: dict[tuple[Any, ...], Batch] = {}
-        self._val_index = 0
-        self._compiled: dict[str, Any] = {}
+        self._val_index = 0  # which validation batch batch("val") returns
+        self._compiled: dict[str, Any] = {}  # "train" and "val": their jitted programs
         self._keeper: ckpt.CheckpointKeeper | None = None
         self._views: list[TandemView] = []
         self._check_analyses()
@@ -183,8 +196,8 @@ class BaseTrainer(BasicJob):
         """Host arrays `x`, `y`, `padding_mask` `[rows_on_this_host, block_size]` for the live node.
 
         Cached per node: calling it again at the same node returns the same batch;
-        ticking advances the cursor. During validation, `batch("val")` returns the
-        current validation batch.
+        ticking advances the cursor. `batch("val")` returns the validation batch that
+        `validate()` is reading (the first one outside validation).
         """
         key = (self.node, slice, self._val_index if slice == "val" else 0)
         if key not in self._batches:
@@ -377,38 +390,17 @@ class BaseTrainer(BasicJob):
         return self.state
 
     # -------------------------------------------------------------------- setup
-    def _abstract_state(self) -> tuple[Any, Any]:
-        """`(abstract_state, shardings)`: shapes of the train state and where each part lives."""
-        tx = self._optimizer()
-        example = jnp.zeros((1, self.block_size), jnp.int32)
-
-        def init(key: jax.Array) -> TrainState:
-            with self.sharding.rules():
-                variables = self.model.init(key, example)
-            return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=tx)
-
-        boxed = jax.eval_shape(init, jax.random.key(0))
-        shardings = self.sharding.shardings_of(boxed)
-        abstract = jax.tree_util.tree_map(
-            lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
-            nn.unbox(boxed),
-            shardings,
-        )
-        self._tx = tx
-        self._init = lambda key: nn.unbox(init(key))
-        return abstract, shardings
-
-    def _optimizer(self) -> optax.GradientTransformation:
+    def _optimizer(self) -> tuple[optax.GradientTransformation, optax.Schedule]:
+        """`(tx, lr)`: `OPTIMIZER` built with `SCHEDULE` (constant `optimization/lr` if None)."""
         with self.activated():
             settings = self.configure(self.OPTIMIZER.config)
             if self.SCHEDULE is None:
-                lr: Any = constant(self.args.lr)
+                lr: optax.Schedule = constant(self.args.lr)
             else:
                 lr = self.SCHEDULE.build(
                     self.configure(self.SCHEDULE.config), self.args.lr, self.total_steps
                 )
-        self._lr = lr
-        return self.OPTIMIZER.build(settings, lr)
+        return self.OPTIMIZER.build(settings, lr), lr
 
     def _check_vocabulary(self) -> None:
         if self._plan is None:
@@ -428,32 +420,23 @@ class BaseTrainer(BasicJob):
         self._plan = plan(self.DATASET, self.spec.root, self.args.data_seed)
         self._check_vocabulary()
         self.accumulate_steps  # validate the batch geometry before any work  # noqa: B018
-        abstract, shardings = self._abstract_state()
-        self._state_shardings = shardings
+        self._tx, self._lr = self._optimizer()
+        self._layout = train_state.layout(self.model, self._tx, self.block_size, self.sharding)
         if mode is Mode.FRESH:
-            init = jax.jit(self._init, out_shardings=nn.unbox(shardings))
-            self.state = init(jax.random.key(self.args.seed))
-            self._cursor_offset, self._consumed = 0, False
-            self._attach_analyses()
-            return
-        assert self.base is not None
-        saved = self.store.checkpoints(self.base)
-        if not saved:
-            raise TrainerError(self._no_checkpoint_message(self.base, mode))
-        surgery = getattr(self, "surgery", None)
-        restored, meta = ckpt.restore(saved[-1].path, _only_arrays(abstract), surgery)
-        self.state = TrainState(
-            step=restored["step"],
-            apply_fn=self.model.apply,
-            params=restored["params"],
-            tx=self._tx,
-            opt_state=restored["opt_state"],
-        )
-        cursor = int(meta["cursor"])
-        if mode is Mode.RESUME:
-            self._cursor_offset, self._consumed = cursor - self.node.seq, True
+            self.state = train_state.initialize(self._layout, self.args.seed)
+            self._cursor_offset, self._next_cursor = 0, 0
         else:
-            self._cursor_offset, self._consumed = cursor + 1, False
+            assert self.base is not None
+            saved = self.store.checkpoints(self.base)
+            if not saved:
+                raise TrainerError(self._no_checkpoint_message(self.base, mode))
+            surgery = getattr(self, "surgery", None)
+            self.state, meta = train_state.restore(saved[-1].path, self._layout, surgery)
+            spent = int(meta["cursor"])  # the checkpointed update consumed this batch
+            # Resume continues the checkpoint's own node (its batch is spent); a branch
+            # starts a new lineage whose first node reads the batch after it.
+            live = spent if mode is Mode.RESUME else spent + 1
+            self._cursor_offset, self._next_cursor = live - self.node.seq, spent + 1
         self._attach_analyses()
 
     def _no_checkpoint_message(self, base: Any, mode: Mode) -> str:
@@ -492,7 +475,8 @@ class BaseTrainer(BasicJob):
         if "train" not in self._compiled:
             accumulate, sharding, cls = self.accumulate_steps, self.sharding, type(self)
             seed = self.args.seed
-            out = (nn.unbox(self._state_shardings), None, None, None)
+            assert self._layout is not None, "setup() builds the state layout"
+            out = (self._layout.shardings, None, None, None)
             self._compiled["train"] = jax.jit(
                 lambda state, batch, cursor: cls.train_step(
                     state, batch, _key_for(seed, cursor), accumulate, sharding=sharding
@@ -519,11 +503,7 @@ class BaseTrainer(BasicJob):
         """Validation loss (and `val_step` metadata) over `training/validation_steps` batches."""
         total, count, metas = 0.0, 0, []
         for index in range(self.args.validation_steps):
-            self._val_index = index
-            try:
-                placed = self.sharding.place_batch(self.batch("val"))
-            finally:
-                self._val_index = 0
+            placed = self.sharding.place_batch(self._validation_batch(index))
             loss_sum, n, meta = self._compiled_val()(self.state, placed)
             total, count = total + float(loss_sum), count + int(n)
             metas.append(meta)
@@ -531,6 +511,18 @@ class BaseTrainer(BasicJob):
         for key in _scalar_keys(metas[0] if metas else {}):
             values[f"val/{key}"] = float(np.mean([float(m[key]) for m in metas]))
         return values
+
+    def _validation_batch(self, index: int) -> Batch:
+        """`batch("val")` for validation batch `index`.
+
+        A trainer's `batch(slice)` override is public API with that one argument, so the
+        index reaches the base method through `_val_index` for the length of this call.
+        """
+        self._val_index = index
+        try:
+            return self.batch("val")
+        finally:
+            self._val_index = 0
 
     def run(self) -> Any:
         """Train until `training/tokens` are consumed; returns the final state."""
@@ -540,13 +532,13 @@ class BaseTrainer(BasicJob):
         train = self._compiled_train()
         try:
             while step < total:
-                if self._consumed:
-                    self.tick()
+                if self.cursor < self._next_cursor:
+                    self.tick()  # the live node's batch is spent: the update gets a new node
                 placed = self.sharding.place_batch(self.batch("train"))
                 self.state, loss, meta, grad_norm = train(
                     self.state, placed, np.uint32(self.cursor)
                 )
-                self._consumed = True
+                self._next_cursor = self.cursor + 1
                 step += 1
                 self._after_step(step, total, loss, meta, grad_norm, reporter)
         except BaseException:
@@ -611,7 +603,8 @@ class BaseTrainer(BasicJob):
         reporter: Reporter,
     ) -> None:
         cfg = self.args
-        if step % cfg.report_interval == 0 or step == total:
+        assert self._lr is not None, "setup() builds the optimizer and its schedule"
+        if _due(step, cfg.report_interval, total):
             loss_value = float(loss)
             rate = reporter.throughput(step)
             values = {
@@ -627,11 +620,11 @@ class BaseTrainer(BasicJob):
             reporter.report(step, loss_value, rate)
         else:
             reporter.advance(step)
-        if step % cfg.validation_interval == 0 or step == total:
+        if _due(step, cfg.validation_interval, total):
             self.log(self.validate())
             self._evaluate()
             self._analyze()
-        if step % cfg.checkpoint_interval == 0 or step == total:
+        if _due(step, cfg.checkpoint_interval, total):
             self.save_checkpoint()
         if self._keeper is not None:
             self._keeper.poll()
@@ -690,7 +683,7 @@ class BaseTrainer(BasicJob):
             "node": self.node.serialize(),
             "config": dump(self.configuration),
         }
-        keeper.save(step, self.node, _only_arrays(self.state), meta)
+        keeper.save(step, self.node, train_state.checkpoint_arrays(self.state), meta)
 
     def on_finish(self) -> None:
         """Wait for checkpoints to commit and register them."""
@@ -705,9 +698,9 @@ def _name(cls: Any) -> str:
     return str(getattr(cls, "__name__", cls))
 
 
-def _only_arrays(state: Any) -> dict[str, Any]:
-    """The parts of a train state that a checkpoint holds."""
-    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+def _due(step: int, interval: int, total: int) -> bool:
+    """Whether an every-`interval`-steps action runs after `step` (always after the last)."""
+    return step % interval == 0 or step == total
 
 
 def _key_for(seed: int, cursor: Any) -> jax.Array:
