@@ -1,8 +1,12 @@
 """The analysis engine: tandem cost, host bytes, recompilations, debugger agreement.
 
-Run: ``uv run python benchmarks/analysis.py [--repeats 120 --steps 1000 --breakdown 5]``
-(3.5-4.5 minutes on the shared 2-core CPU machine, more under load); ``--quick`` is
-a smoke run (under 1.5 minutes). One CPU device (JAX's default here) and the trainer's own mesh.
+Run: ``uv run python benchmarks/analysis.py [--repeats 120 --steps 1000 --breakdown 5]
+[--quick] [--json PATH]`` (3.5-4.5 minutes on the shared 2-core CPU machine, more under
+load); ``--quick`` is a smoke run (under 1.5 minutes). One CPU device (JAX's default
+here) and the trainer's own mesh. ``--json PATH`` also writes the rows of the benchmarks
+table (``benchmarks/_report.py``). ``--checks`` picks some of the four checks and
+``--layers/--width/--heads/--block/--batch/--vocab/--dtype`` change the model of checks
+1, 2 and 4 (``gpu.sh`` runs the tandem cost on the 124M-parameter GPT).
 
 1. **Tandem cost.** The default ``PretrainGPT`` (4 layers, n_embd 128, block 128,
    batch 16, 4 validation batches) with one tandem analysis: the input of the first
@@ -59,12 +63,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from jax import monitoring
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
+from benchmarks import _report
 from theseus.analysis import AnalysisBase
 from theseus.analysis._publish import render, write_atomic
 from theseus.data.datasets import Synthetic
@@ -79,6 +86,16 @@ REL_ERR_GOAL = 1e-6
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 PDF_EVERY = 4  # rounds per PDF sample
 WARMUP_STEPS = 10  # the first validation (and analysis) happens after step 10
+CHECKS = ("tandem", "bytes", "recompile", "debugger")
+MODEL = {  # option -> configuration key (the model of checks 1, 2 and 4)
+    "layers": "architecture/n_layers",
+    "width": "architecture/n_embd",
+    "heads": "architecture/n_head",
+    "block": "architecture/block_size",
+    "batch": "training/batch_size",
+    "vocab": "architecture/vocab_size",
+    "dtype": "architecture/dtype/activation",
+}
 
 
 # ----------------------------------------------------------------------- analyses
@@ -200,9 +217,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=1000, help="training steps of the recompile check")
     p.add_argument("--breakdown", type=int, default=5, help="repeats of each run() piece")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 rounds, 100 steps")
+    p.add_argument("--checks", default=",".join(CHECKS), help="some of " + ",".join(CHECKS))
+    for option, key in MODEL.items():
+        p.add_argument(
+            f"--{option}", type=str if option == "dtype" else int, help=f"{key} (default: as is)"
+        )
+    _report.add_arguments(p, quick=False)
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.steps, args.breakdown = 4, 100, 1
+    args.checks = args.checks.split(",")
+    unknown = sorted(set(args.checks) - set(CHECKS))
+    if unknown:
+        p.error(f"--checks: unknown {unknown}; choose from {','.join(CHECKS)}")
     return args
 
 
@@ -223,24 +250,45 @@ def nbytes(tree: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     compiles = CompileLog()
+    settings = {MODEL[k]: getattr(args, k) for k in MODEL if getattr(args, k) is not None}
+    rows: list[_report.Row] = []
+    ok = True
     with tempfile.TemporaryDirectory() as root:
-        Synthetic.prepare(root, tokens=300_000, val_tokens=50_000)
+        # enough validation tokens for 4 batches of the largest model asked for
+        rows_needed = 4 * (args.batch or 16) * ((args.block or 128) + 1)
+        Synthetic.prepare(root, tokens=300_000, val_tokens=max(50_000, 2 * rows_needed))
         print(
             f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} device(s); "
-            f"{args.repeats} rounds, {args.steps} training steps"
+            f"{args.repeats} rounds, {args.steps} training steps; checks {','.join(args.checks)}"
         )
         with quick(root) as q:
             q.build(WithCrop, "default")
+            for key, value in settings.items():
+                q.config[key] = value
             trainer: Any = q.create()
-            ok = tandem_cost(trainer, args)
-            ok = host_bytes(trainer) and ok
-            ok = recompilations(q, args, compiles) and ok
-            ok = debugger_agreement(trainer) and ok
+            if "tandem" in args.checks:
+                ok = tandem_cost(trainer, args, rows) and ok
+            if "bytes" in args.checks:
+                ok = host_bytes(trainer, rows) and ok
+            if "recompile" in args.checks:
+                ok = recompilations(q, args, compiles, rows) and ok
+            if "debugger" in args.checks:
+                ok = debugger_agreement(trainer, rows) and ok
+            model = model_text(trainer)
+    _report.write(args.json, "analysis", args.quick, rows, {"model": model})
     return 0 if ok else 1
 
 
+def model_text(trainer: Any) -> str:
+    cfg = trainer.configuration
+    return (
+        f"PretrainGPT {cfg['architecture/n_layers']}x{cfg['architecture/n_embd']}, block "
+        f"{cfg['architecture/block_size']}, batch {cfg['training/batch_size']}"
+    )
+
+
 # ------------------------------------------------------------------ 1. tandem cost
-def tandem_cost(trainer: Any, args: argparse.Namespace) -> bool:
+def tandem_cost(trainer: Any, args: argparse.Namespace, rows: list[_report.Row]) -> bool:
     [crop] = trainer._views
     pdf = CropPDF.from_trainer(trainer)
     cfg = trainer.configuration
@@ -265,6 +313,7 @@ def tandem_cost(trainer: Any, args: argparse.Namespace) -> bool:
     totals: dict[str, list[float]] = {n: [] for n in names}
     parts: dict[str, list[float]] = {n: [] for n in names}
     ratios: dict[str, list[float]] = {n: [] for n in names}
+    bases: dict[str, list[float]] = {n: [] for n in names}  # plain, in the same rounds
 
     def sample(name: str) -> tuple[float, float]:
         extra = extras[name]
@@ -298,6 +347,7 @@ def tandem_cost(trainer: Any, args: argparse.Namespace) -> bool:
             totals[name].append(total)
             parts[name].append(part)
             ratios[name].append(total / base)
+            bases[name].append(base)
             controls[name].append((total - part) / base)
             estimates[name].append(1 + part / base)
 
@@ -340,6 +390,30 @@ def tandem_cost(trainer: Any, args: argparse.Namespace) -> bool:
             f"{estimate:.4f} from the parts ({'within' if estimate_passed else 'ABOVE'} the "
             f"goal); goal <= {TANDEM_GOAL}{note}"
         )
+        rows.append(
+            _report.compare(
+                f"tandem analysis: validation step {name} vs plain ({model_text(trainer)})",
+                totals[name],
+                bases[name],
+                unit="s",
+                fmt="{:.4f} s",
+                ratio="ours/theirs",
+                meaning="(validation step + analysis) time / plain validation step time in "
+                "the same round; 1 means free",
+                goal=("<=", TANDEM_GOAL),
+                note=(
+                    f"{len(totals[name])} rounds; the cost timed inside the sample, 1 + extra = "
+                    f"{estimate:.4f} ({med(parts[name]) * 1e3:.2f} ms); control (its own "
+                    f"validate() / plain) {med(controls[name]):.4f}"
+                    + (
+                        "; not in analysis.py's exit status: the cost is matplotlib's heatmap "
+                        "and PDF writing"
+                        if name == "+run pdf"
+                        else ""
+                    )
+                ),
+            )
+        )
     breakdown(crop, pdf, args.breakdown)
     return ok
 
@@ -379,7 +453,7 @@ def breakdown(crop: Any, pdf: Any, repeats: int) -> None:
 
 
 # -------------------------------------------------------------------- 2. host bytes
-def host_bytes(trainer: Any) -> bool:
+def host_bytes(trainer: Any, rows: list[_report.Row]) -> bool:
     view = Sites.from_trainer(trainer)
     paths = view._prepare().paths
     values = view.compute()
@@ -430,11 +504,29 @@ def host_bytes(trainer: Any) -> bool:
     )
     verdict = "PASS" if ratio >= BYTES_GOAL else "FAIL"
     print(f"   {verdict}: {ratio:,.0f}x fewer bytes with the analysis; goal >= {BYTES_GOAL:,}x")
+    rows.append(
+        _report.compare(
+            f"analysis host bytes vs flax capture_intermediates ({len(paths)} sites, "
+            f"{model_text(trainer)})",
+            [analysis],
+            [captured],
+            unit="bytes",
+            fmt="{:,.0f} B",
+            ratio="theirs/ours",
+            meaning="capture_intermediates bytes / analysis bytes reaching the host; above 1 "
+            "means the analysis keeps fewer",
+            goal=(">=", BYTES_GOAL),
+            note=(
+                f"crops [8, 16] of {len(paths)} inputs vs every module output ({n_modules}) + "
+                f"logits + loss of the same forward; one count (deterministic)"
+            ),
+        )
+    )
     return ratio >= BYTES_GOAL
 
 
 # ------------------------------------------------------------ 4. debugger agreement
-def debugger_agreement(trainer: Any) -> bool:
+def debugger_agreement(trainer: Any, rows: list[_report.Row]) -> bool:
     view = Replay.from_trainer(trainer)
     paths = view._prepare().paths
     compiled = view.compute()
@@ -454,11 +546,24 @@ def debugger_agreement(trainer: Any) -> bool:
         ok = ok and rel <= REL_ERR_GOAL
     verdict = "PASS" if ok else "FAIL"
     print(f"   {verdict}: worst max relative error {worst:.2e}; goal <= {REL_ERR_GOAL:g}")
+    rows.append(
+        _report.info_row(
+            "analysis: debugger (eager) vs compiled engine, max relative error",
+            f"{worst:.2e}",
+            [worst],
+            unit="relative error",
+            goal=("<=", REL_ERR_GOAL),
+            met=ok,
+            note=f"layer(inputs.x)[0, :64, :128] at {len(paths)} attention paths",
+        )
+    )
     return ok
 
 
 # -------------------------------------------------------------- 3. recompilations
-def recompilations(q: Any, args: argparse.Namespace, compiles: CompileLog) -> bool:
+def recompilations(
+    q: Any, args: argparse.Namespace, compiles: CompileLog, rows: list[_report.Row]
+) -> bool:
     block, batch = 32, 8
     q.build(WithCrop, "tiny")
     settings = {
@@ -552,6 +657,23 @@ def recompilations(q: Any, args: argparse.Namespace, compiles: CompileLog) -> bo
         )
     else:
         print(f"   PASS: nothing compiled in steps {WARMUP_STEPS + 1}-{trainer.total_steps}")
+    where = "all in the final checkpoint save" if late and not late_plain else "outside saves"
+    rows.append(
+        _report.info_row(
+            f"analysis: recompilations over {trainer.total_steps} training steps with the "
+            "tandem analysis",
+            f"{len(again)} programs compiled twice; traces {view.traces}; "
+            f"{len(late)} first compilations after warm-up" + (f" ({where})" if late else ""),
+            [float(len(again))],
+            unit="programs",
+            goal=("<=", 0),
+            met=ok and not late_plain,
+            note=(
+                f"tiny GPT, analysis every 10 steps ({runs[0]} runs); {len(events)} XLA "
+                f"compilations in all, {len(warm)} in steps 1-{WARMUP_STEPS}"
+            ),
+        )
+    )
     return ok and not late_plain
 
 

@@ -1,6 +1,7 @@
 """theseus-store at scale: 10,000 nodes, 100,000 artifacts, 10,000 checkpoints.
 
-Run: ``uv run python benchmarks/store_scale.py [--runs 100 --nodes 100 --artifacts 10]``
+Run: ``uv run python benchmarks/store_scale.py [--runs 100 --nodes 100 --artifacts 10]
+[--quick] [--json PATH]``
 
 Builds the store (100 runs x 100 nodes; 10 artifacts, 1 checkpoint and 3 values
 per node; written in one batch per run), then measures, over random
@@ -15,6 +16,9 @@ runs and nodes:
 
 Each prints p50 and p99 against the 1 ms target. A fresh process reopens the
 store for the measurements, so nothing is served from the writer's caches.
+``--quick`` builds 10 runs (10,000 artifacts) and takes 500 samples; ``--json PATH``
+also writes the rows of the benchmarks table (``benchmarks/_report.py``): absolute
+percentiles against their targets, no side-by-side ratio.
 """
 
 from __future__ import annotations
@@ -22,12 +26,17 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
+from benchmarks import _report
 from theseus.store import Node, Store
+
+QUICK = {"runs": 10, "samples": 500}
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float]:
@@ -87,7 +96,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=100, help="nodes per run")
     parser.add_argument("--artifacts", type=int, default=10, help="artifacts per node")
     parser.add_argument("--samples", type=int, default=2000)
+    _report.add_arguments(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.samples = QUICK["runs"], QUICK["samples"]
     rng = random.Random(0)
     with tempfile.TemporaryDirectory(prefix="store-scale-") as tmp:
         root = Path(tmp)
@@ -129,6 +141,16 @@ def main() -> None:
                 ("query+read one artifact", _measure(read, args.samples), None),
             ]
         print("(wall = elapsed time; cpu = this process's CPU time for the same calls)")
+        scale = f"{totals[0]:,} nodes, {totals[1]:,} artifacts"
+        rows = [
+            _report.info_row(
+                f"store build ({scale}, one batch per run)",
+                f"{built:.1f} s ({built / totals[1] * 1e3:.2f} ms per artifact)",
+                [built],
+                unit="s",
+                note="information: one store.batch() per run",
+            )
+        ]
         for label, (wall, cpu), target in results:
             p50, p99 = _percentiles(wall)
             c50, c99 = _percentiles(cpu)
@@ -142,6 +164,21 @@ def main() -> None:
                 f"{label:27s} wall p50 {p50:6.3f} ms  p99 {p99:6.3f} ms  "
                 f"cpu p50 {c50:6.3f} ms  p99 {c99:6.3f} ms{verdict}"
             )
+            rows.append(
+                _report.info_row(
+                    f"store {label} at scale ({scale})",
+                    f"p99 {p99:.3f} ms (p50 {p50:.3f} ms)",
+                    [x * 1e3 for x in wall],
+                    unit="ms",
+                    goal=None if target is None else ("<", target),
+                    met=None if target is None else p99 < target,
+                    note=(
+                        f"wall time of {len(wall)} calls (the goal is on their p99); CPU-time "
+                        f"p99 {c99:.3f} ms"
+                    ),
+                )
+            )
+        _report.write(args.json, "store_scale", args.quick, rows)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """theseus-store against MLflow's local tracking (SQLite backend), side by side.
 
-Run: ``uv run --group bench python benchmarks/store_vs_mlflow.py [--n 200]``
+Run: ``uv run --group bench python benchmarks/store_vs_mlflow.py [--n 200] [--quick]
+[--json PATH]``
 
 Both sides do the same work in the same process on the same disk, alternating
 operation by operation so that both meet the same machine load, with the garbage
@@ -23,7 +24,11 @@ flushes what the previous operation left dirty (see ``_interleaved``):
   back (a warm loop of each side, as ``timeit`` measures).
 
 Every read is checked byte-exact against what was written. Targets: theseus-store
-at least 5x faster per write and 100x faster per query+read.
+at least 5x faster per write and 100x faster per query+read, judged on the median of
+the paired ratios (MLflow's time over theseus-store's for the i-th operation of each
+side; adjacent in time when alternating); the ratio of the medians is printed too.
+``--quick`` measures 30 operations after 5 warm-up ones; ``--json PATH`` also writes
+the rows of the benchmarks table (``benchmarks/_report.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import logging
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -43,8 +49,12 @@ from pathlib import Path
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
 
+from benchmarks import _report
 from theseus.store import Node, Store
+
+QUICK = {"n": 30, "warmup": 5}
 
 
 def _phase(fn: Callable[[], tuple[list[float], list[float]]]) -> tuple[list[float], list[float]]:
@@ -117,7 +127,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200, help="counted operations per measurement")
     parser.add_argument("--size", type=int, default=4096, help="artifact size in bytes")
     parser.add_argument("--warmup", type=int, default=20, help="uncounted operations first")
+    _report.add_arguments(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.n, args.warmup = QUICK["n"], QUICK["warmup"]
     n = args.n
     rng = random.Random(0)
     total = n + args.warmup
@@ -199,8 +212,11 @@ def main() -> None:
         ("query + read, back to back", *query_warm, 100.0),
     ]
     ok = True
+    table = []
     for label, ours, theirs, target in rows:
-        ratio = statistics.median(theirs) / statistics.median(ours)
+        paired = [b / a for a, b in zip(ours, theirs, strict=True)]
+        ratio = statistics.median(paired)
+        of_medians = statistics.median(theirs) / statistics.median(ours)
         verdict = ""
         if target is not None:
             passed = ratio >= target
@@ -208,9 +224,41 @@ def main() -> None:
             verdict = f" (target >= {target:.0f}x: {'ok' if passed else 'MISSED'})"
         print(
             f"{label:28s} theseus-store {_ms(ours)} | MLflow {_ms(theirs)} | "
-            f"ratio {ratio:6.1f}x{verdict}"
+            f"ratio {ratio:6.1f}x (of the medians {of_medians:6.1f}x){verdict}"
         )
+        table.append(_row(label, ours, theirs, target, n, args.warmup))
+    print("ratio: median of the paired ratios, MLflow time / theseus-store time")
     print("all targets met" if ok else "SOME TARGETS MISSED")
+    _report.write(args.json, "store_vs_mlflow", args.quick, table)
+
+
+NOTES = {
+    "write (new node / new run)": "one 4 KiB artifact at a new address, durable on return "
+    "for theseus-store; os.sync() before each call",
+    "write (existing; info only)": "information: MLflow only copies a file (no fsync), "
+    "theseus-store still fsyncs its log",
+    "query + read, alternating": "find by query, read back, check; each call follows the "
+    "other library's work (cold caches)",
+    "query + read, back to back": "a warm loop of each side, as timeit measures; pairs "
+    "are i-th calls of the two loops, not adjacent in time",
+}
+
+
+def _row(
+    label: str, ours: list[float], theirs: list[float], target: float | None, n: int, warmup: int
+) -> _report.Row:
+    return _report.compare(
+        f"store {label} vs MLflow",
+        ours,
+        theirs,
+        unit="s",
+        fmt="{:.4f} s",
+        ratio="theirs/ours",
+        meaning="MLflow time / theseus-store time for the i-th operation; above 1 means "
+        "theseus-store is faster",
+        goal=None if target is None else (">=", target),
+        note=f"{NOTES[label]}; n={n} after {warmup} warm-up",
+    )
 
 
 if __name__ == "__main__":
