@@ -1,0 +1,341 @@
+"""Run every benchmark, one subprocess after another, and write one table.
+
+Run: ``uv run --group bench python -m benchmarks [--quick] [--only NAME,...] [--out DIR]
+[--note TEXT]``
+
+Each script of ``BENCHMARKS`` runs in its own process (``python benchmarks/NAME.py
+--json FILE [--quick]``), so a JAX device-count flag or a crash in one leaves the others
+alone; its output is echoed as it comes. The rows of the files (``_report.py``) become
+``results.md``, a table of medians and paired ratios, and ``results.json``, every sample
+plus the machine and the run. The command prints the table and exits 1 when a benchmark
+crashed (no valid results file); a goal not met is a row of the table, not a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+QUICK_LIMIT_S, FULL_LIMIT_S = 240, 1200  # per benchmark; a run past it counts as a crash
+ROW_KEYS = {
+    "what": str,
+    "ours": str,
+    "theirs": str,
+    "unit": str,
+    "ours_samples": list,
+    "theirs_samples": list,
+    "ratios": list,
+    "ratio_meaning": str,
+    "note": str,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """One script of the table; `what` names its row when it does not run."""
+
+    name: str
+    what: str
+    args: tuple[str, ...] = ()
+
+
+BENCHMARKS = (
+    Benchmark("train_step", "train step vs hand-written Flax+optax loop"),
+    Benchmark("store_vs_mlflow", "store write and query+read vs MLflow"),
+    Benchmark("recorder", "recorder vs clouseau, eager and under jit"),
+    Benchmark("checkpoint", "checkpoint save: loop blocked by the async save vs a sync save"),
+    Benchmark("analysis", "tandem analysis vs plain validation; bytes vs capture_intermediates"),
+    Benchmark("scaling", "training tokens/s on 1, 2 and 4 virtual CPU devices"),
+    Benchmark("store_scale", "store at scale: latest checkpoint and get(node) p99"),
+)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke run of every benchmark (< 5 min)")
+    names = ",".join(b.name for b in BENCHMARKS)
+    p.add_argument("--only", help=f"comma-separated subset of {names}")
+    p.add_argument("--out", type=Path, default=HERE, help="folder of results.md/.json")
+    p.add_argument("--note", default="", help="what else ran on the machine (for the header)")
+    args = p.parse_args(argv)
+    known = {b.name for b in BENCHMARKS}
+    args.only = args.only.split(",") if args.only else None
+    if args.only and set(args.only) - known:
+        p.error(f"--only: unknown {sorted(set(args.only) - known)}; choose from {names}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    chosen = [b for b in BENCHMARKS if args.only is None or b.name in args.only]
+    machine = describe_machine(args.quick)
+    started = time.perf_counter()
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="benchmarks-") as scratch:
+        for bench in chosen:
+            runs.append(run_one(bench, Path(scratch) / f"{bench.name}.json", args.quick))
+    machine["seconds"] = round(time.perf_counter() - started, 1)
+    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    partial = None if args.only is None else [b.name for b in chosen]
+    table = markdown(runs, machine, args.note, partial)
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = {"machine": machine, "note": args.note, "only": partial, "benchmarks": runs}
+    _write(args.out / "results.json", json.dumps(record, indent=1) + "\n")
+    _write(args.out / "results.md", table)
+    print("\n" + table)
+    crashed = [r["name"] for r in runs if r["status"] == "crashed"]
+    if crashed:
+        print(f"crashed: {', '.join(crashed)} (their output is above and in results.json)")
+    return 1 if crashed else 0
+
+
+def describe_machine(quick: bool) -> dict[str, Any]:
+    """CPU, Python, library versions, date, git commit: what the numbers depend on."""
+
+    def version(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def git(*command: str) -> str:
+        done = subprocess.run(["git", *command], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+    model = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        lines = [x for x in cpuinfo.read_text().splitlines() if x.startswith("model name")]
+        model = lines[0].split(":", 1)[1].strip() if lines else ""
+    return {
+        "quick": quick,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {
+            name: version(name)
+            for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "mlflow", "clouseau")
+        },
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def run_one(bench: Benchmark, out: Path, quick: bool) -> dict[str, Any]:
+    """Run one script to its results file; a crash becomes a record, never an exception."""
+    script = HERE / f"{bench.name}.py"
+    command = [sys.executable, str(script), "--json", str(out), *bench.args]
+    if quick:
+        command.append("--quick")
+    shown = " ".join(["python", str(script.relative_to(ROOT)), *command[2:]])
+    record: dict[str, Any] = {
+        "name": bench.name,
+        "what": bench.what,
+        "command": shown.replace(str(out), "FILE"),
+        "status": "crashed",
+        "returncode": None,
+        "seconds": 0.0,
+        "error": None,
+        "results": None,
+    }
+    if bench.name == "recorder" and "--json" not in script.read_text():
+        record.update(status="not run", error="not run: recorder.py has no --json yet")
+        print(f"\n== {bench.name}: {record['error']}", flush=True)
+        return record
+    print(f"\n== {bench.name}: {record['command']}", flush=True)
+    limit = QUICK_LIMIT_S if quick else FULL_LIMIT_S
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    timer = threading.Timer(limit, proc.kill)
+    timer.start()
+    tail: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(f"   | {line}", end="", flush=True)
+            tail = [*tail[-39:], line.rstrip("\n")]
+        returncode = proc.wait()
+    finally:
+        timed_out = not timer.is_alive() and proc.returncode not in (0, 1)
+        timer.cancel()
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    record["returncode"] = returncode
+    problem = None
+    if timed_out:
+        problem = f"killed after the {limit} s limit"
+    elif returncode not in (0, 1):
+        problem = f"exit status {returncode}"
+    elif not out.exists():
+        problem = f"exit status {returncode} without writing its results file"
+    else:
+        try:
+            results = json.loads(out.read_text())
+            check_results(results, bench.name)
+            record["results"] = results
+        except (ValueError, KeyError, TypeError) as exc:
+            problem = f"invalid results file: {exc}"
+    if problem is None:
+        record["status"] = "ok"
+        if returncode == 1:
+            record["error"] = "exit status 1: a goal or check of the script was missed"
+        return record
+    last = next((x for x in reversed(tail) if x.strip()), "")
+    hint = " (run the command with `uv run --group bench`)" if "No module named" in last else ""
+    record["error"] = f"{problem}; last line: {last.strip()[:300]}{hint}"
+    record["output_tail"] = tail
+    return record
+
+
+def check_results(results: dict[str, Any], name: str) -> None:
+    """Raise ValueError when `results` does not follow the schema of `_report.py`."""
+    if not isinstance(results.get("rows"), list) or not results["rows"]:
+        raise ValueError(f"{name}: no rows")
+    for row in results["rows"]:
+        for key, kind in ROW_KEYS.items():
+            if not isinstance(row.get(key), kind):
+                raise ValueError(f"{name}: row {row.get('what')!r}: {key} is not a {kind.__name__}")
+        for key in ("goal", "goal_value", "met"):
+            if key not in row:
+                raise ValueError(f"{name}: row {row.get('what')!r} has no {key}")
+
+
+# ------------------------------------------------------------------------ the table
+def _number(value: float) -> str:
+    size = abs(value)
+    if size >= 1000:
+        return f"{value:,.0f}"
+    if size >= 100:
+        return f"{value:.0f}"
+    if size >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}" if size >= 0.01 or size == 0 else f"{value:.2e}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def rows_of(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table rows of one benchmark run; one placeholder row when it has none."""
+    if run["status"] == "ok":
+        return list(run["results"]["rows"])
+    label = "not run" if run["status"] == "not run" else "crashed"
+    return [
+        {
+            "what": run["what"],
+            "ours": label,
+            "theirs": label,
+            "ratios": [],
+            "ratio_meaning": "",
+            "goal": None,
+            "met": None,
+            "note": run["error"],
+            "status": label,
+        }
+    ]
+
+
+def markdown(
+    runs: list[dict[str, Any]],
+    machine: dict[str, Any],
+    note: str,
+    partial: list[str] | None,
+) -> str:
+    """`results.md`: a header (machine, run), the table, then how to read each row."""
+    quick = machine["quick"]
+    title = "# Benchmarks" + (
+        ": QUICK run (smoke test: few repeats, not a measurement)" if quick else ""
+    )
+    versions = machine["versions"]
+    commit = machine["git_commit"][:10] + (
+        " with uncommitted changes" if machine["git_uncommitted_changes"] else ""
+    )
+    lines = [
+        title,
+        "",
+        f"`uv run --group bench python -m benchmarks{' --quick' if quick else ''}` on "
+        f"{machine['date']}, commit {commit}; {machine['cpus_usable']} usable of "
+        f"{machine['cpu_count']} CPUs ({machine['cpu_model'] or 'unknown model'}), Python "
+        f"{machine['python']}, JAX {versions['jax']}; the run took "
+        f"{machine['seconds'] / 60:.1f} min; load average (1 min) "
+        f"{machine['load_average_start'][0]} at the start, {machine['load_average_end'][0]} "
+        "at the end.",
+    ]
+    if partial is not None:
+        lines += ["", f"Partial run: only {', '.join(partial)}."]
+    if note:
+        lines += ["", f"Also on the machine: {note}"]
+    lines += [
+        "",
+        "Each ratio is the median of paired ratios: two measurements taken side by side "
+        "(the same round, in alternating order), so that both meet the same load on the "
+        "shared CPUs; the range is the smallest and largest paired ratio over the repeats. "
+        "What each ratio divides is under the table. Samples are in `results.json`.",
+        "",
+        "| # | what | ours | theirs | ratio (median of paired ratios) | range over repeats "
+        "| goal | met? |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    explained = []
+    number = 0
+    for run in runs:
+        for row in rows_of(run):
+            number += 1
+            ratios = row["ratios"]
+            ratio = _number(statistics.median(ratios)) if ratios else "—"
+            spread = (
+                f"{_number(min(ratios))}\N{EN DASH}{_number(max(ratios))}"
+                if len(ratios) > 1
+                else "—"
+            )
+            if row.get("status"):
+                met = row["status"]
+            elif row["met"] is None:
+                met = "—"
+            else:
+                met = "yes" if row["met"] else "**no**"
+            what = ("[quick] " if quick else "") + row["what"]
+            cells = [str(number), what, row["ours"], row["theirs"] or "—", ratio, spread]
+            cells += [row["goal"] or "—", met]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            reading = f"ratio: {row['ratio_meaning']}. " if row["ratio_meaning"] else ""
+            explained.append(f"{number}. {reading}{row['note']}".rstrip())
+    lines += ["", "How to read each row:", "", *explained, "", "Benchmarks run:", ""]
+    for run in runs:
+        error = run["error"] or ""
+        status = error if error.startswith(run["status"]) else run["status"]
+        status += f" ({error})" if error and status != error else ""
+        lines.append(f"- `{run['command']}`: {status}, {run['seconds']:.0f} s")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    scratch = path.with_name(path.name + ".partial")
+    scratch.write_text(text)
+    scratch.replace(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
