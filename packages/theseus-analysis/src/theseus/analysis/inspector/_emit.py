@@ -1,13 +1,15 @@
 """Getting values out of a JAX computation: directly, by callback, or as outputs.
 
-A *sink* receives ``(key, value)`` pairs from a call site. :class:`RecordSink`
-feeds a recording's host cache: concrete values go straight to the host; traced
-values (under ``jit``, ``grad``, ``vmap``, ``scan``) travel by ``jax.debug.callback``,
-wrapped in a ``custom_vmap`` so that under ``vmap`` the host receives the whole
-batch once, batch axis first, instead of one callback per example.
-:class:`CaptureSink` is the path for a jitted call that theseus owns: values are
-collected while tracing and returned from the compiled program as outputs, with
-no callback at all.
+A *sink* receives ``(key, value)`` pairs from a call site. :class:`SinkSlot`, what
+call sites hold, feeds the recording that holds its slot (a :class:`RecordSink`):
+concrete values go straight to its host cache; traced values (under ``jit``,
+``grad``, ``vmap``, ``scan``) travel by one host callback per outer call (see
+``_callback``). Whether a traced call sends its callback depends only on the
+slot, never on whether a recording holds it while tracing, so the compiled
+program is a function of the wrapped model's structure alone and can be reused
+by every later recording of that slot. :class:`CaptureSink` is the path for a
+jitted call that theseus owns: values are collected while tracing and returned
+from the compiled program as outputs, with no callback at all.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ._callback import is_tracer, send, trace_state
 from ._errors import CaptureTraceError
 from ._paths import KeyMap
 from ._store import RecordingStore
@@ -30,12 +33,7 @@ __all__ = ["CaptureSink", "RecordSink", "SinkSlot", "assemble"]
 _SLOTS: dict[int, RecordSink] = {}
 _SITES = itertools.count()  # call sites, numbered in program order as they are traced or run
 _SLOTS_LOCK = threading.Lock()
-
-
-def _is_tracer(value: Any) -> bool:
-    import jax
-
-    return isinstance(value, jax.core.Tracer)
+_LOCAL = threading.local()  # per thread: {slot: [open frames of traced calls]}
 
 
 def _host(value: Any) -> Any:
@@ -50,16 +48,22 @@ class _Frame:
         self.items: list[tuple[str, Any, int]] = []
 
 
-def _trace_state() -> Any:
-    try:  # exported here by newer JAX releases
-        from jax.extend.core import get_opaque_trace_state
-    except ImportError:  # JAX 0.9 exports it from jax.core only
-        from jax.core import get_opaque_trace_state
-    return get_opaque_trace_state(convention="flax")
+def _frames(slot: int) -> list[_Frame]:
+    if not hasattr(_LOCAL, "frames"):
+        _LOCAL.frames = {}
+    frames: list[_Frame] = _LOCAL.frames.setdefault(slot, [])
+    return frames
+
+
+def _deliver(slot: int, keys: Sequence[str], sites: Sequence[int], arrays: Sequence[Any]) -> None:
+    """Host side: add the arrays to the recording that holds ``slot`` now, if any."""
+    sink = _SLOTS.get(slot)
+    if sink is not None:
+        sink.store.add_calls(keys, arrays, sites)
 
 
 class RecordSink:
-    """Deliver a call's values to a recording's host cache.
+    """A recording's claim on a slot, and the host cache its deliveries go to.
 
     An open sink holds the lowest free *slot* number; call sites and compiled
     callbacks name the slot, not the sink. Two recordings open at once hold two
@@ -67,19 +71,12 @@ class RecordSink:
     slot, so the wrapped model has the same static structure and a jitted
     forward compiled for the first recording is reused by the next.
 
-    Traced values are batched per *frame*: the outermost recorded call of a
-    trace opens one, the calls nested in it (in the same trace) add their values
-    to it, and one callback carries them all when the outer call returns. Calls
-    inside a transformation opened within the frame (``vmap``, ``scan``) send
-    their own callback.
-
     Args:
         store: the cache of the recording.
     """
 
     def __init__(self, store: RecordingStore) -> None:
         self.store = store
-        self._local = threading.local()
         with _SLOTS_LOCK:
             self.slot = next(i for i in range(len(_SLOTS) + 1) if i not in _SLOTS)
             _SLOTS[self.slot] = self
@@ -90,15 +87,46 @@ class RecordSink:
             if _SLOTS.get(self.slot) is self:
                 del _SLOTS[self.slot]
 
-    def _frames(self) -> list[_Frame]:
-        if not hasattr(self._local, "frames"):
-            self._local.frames = []
-        frames: list[_Frame] = self._local.frames
-        return frames
+
+@dataclass(frozen=True)
+class SinkSlot:
+    """A recording's slot, as call sites hold it (static, compared by value).
+
+    Traced values are batched per *frame*: the outermost recorded call of a trace
+    opens one, the calls nested in it (in the same trace) add their values to it,
+    and one callback carries them all when the outer call returns. Calls inside a
+    transformation opened within the frame (``vmap``, ``scan``) send their own.
+    """
+
+    slot: int
+
+    def emit(self, pairs: list[tuple[str, Any]]) -> None:
+        """Record ``pairs`` now (concrete values) or when the program runs (traced ones)."""
+        if not pairs:
+            return
+        site = next(_SITES)
+        if not any(is_tracer(value) for _, value in pairs):
+            sink = _SLOTS.get(self.slot)
+            if sink is not None:
+                keys = [key for key, _ in pairs]
+                sink.store.add_calls(keys, [_host(value) for _, value in pairs], [site] * len(keys))
+            return
+        import jax
+
+        items = [(key, jax.lax.stop_gradient(value), site) for key, value in pairs]
+        frames = _frames(self.slot)
+        if frames and frames[-1].state == trace_state():
+            frames[-1].items += items
+            return
+        self._send(items)
+
+    def _send(self, items: list[tuple[str, Any, int]]) -> None:
+        keys, values, sites = zip(*items, strict=True)
+        send(partial(_deliver, self.slot, keys, sites), list(values))
 
     def open_call(self) -> bool:
         """Open a frame unless one is open in the current trace; return whether it did."""
-        frames, state = self._frames(), _trace_state()
+        frames, state = _frames(self.slot), trace_state()
         if frames and frames[-1].state == state:
             return False
         frames.append(_Frame(state))
@@ -108,82 +136,9 @@ class RecordSink:
         """Close the frame ``open_call`` opened, sending its values in one callback."""
         if not opened:
             return
-        frame = self._frames().pop()
+        frame = _frames(self.slot).pop()
         if frame.items and not failed:
-            keys, values, sites = zip(*frame.items, strict=True)
-            _send(self.slot, keys, sites, list(values))
-
-    def emit(self, pairs: list[tuple[str, Any]]) -> None:
-        """Record ``pairs`` now (concrete values) or when the program runs (traced ones)."""
-        if not pairs:
-            return
-        site = next(_SITES)
-        if not any(_is_tracer(value) for _, value in pairs):
-            for key, value in pairs:
-                self.store.add(key, _host(value), site)
-            return
-        import jax
-
-        items = [(key, jax.lax.stop_gradient(value), site) for key, value in pairs]
-        frames = self._frames()
-        if frames and frames[-1].state == _trace_state():
-            frames[-1].items += items
-            return
-        keys, values, sites = zip(*items, strict=True)
-        _send(self.slot, keys, sites, list(values))
-
-
-@dataclass(frozen=True)
-class SinkSlot:
-    """A recording's slot, as call sites hold it (static, compared by value)."""
-
-    slot: int
-
-    def emit(self, pairs: list[tuple[str, Any]]) -> None:
-        """Pass ``pairs`` to the recording that holds the slot now, if any."""
-        sink = _SLOTS.get(self.slot)
-        if sink is not None:
-            sink.emit(pairs)
-
-    def open_call(self) -> bool:
-        """See :meth:`RecordSink.open_call`."""
-        sink = _SLOTS.get(self.slot)
-        return sink.open_call() if sink is not None else False
-
-    def close_call(self, opened: bool, failed: bool = False) -> None:
-        """See :meth:`RecordSink.close_call`."""
-        sink = _SLOTS.get(self.slot)
-        if sink is not None:
-            sink.close_call(opened, failed)
-
-
-def _deliver(slot: int, keys: tuple[str, ...], sites: tuple[int, ...], *arrays: Any) -> None:
-    """Host side of the callback: add the arrays to the slot's recording."""
-    sink = _SLOTS.get(slot)
-    if sink is None:
-        return
-    for key, site, array in zip(keys, sites, arrays, strict=True):
-        sink.store.add(key, np.asarray(array), site)
-
-
-def _send(slot: int, keys: tuple[str, ...], sites: tuple[int, ...], values: list[Any]) -> None:
-    import jax
-    import jax.numpy as jnp
-
-    @jax.custom_batching.custom_vmap
-    def send(*xs: Any) -> Any:
-        jax.debug.callback(partial(_deliver, slot, keys, sites), *xs)
-        return jnp.zeros((), jnp.int32)
-
-    @send.def_vmap
-    def _batched(axis_size: int, in_batched: list[bool], *xs: Any) -> Any:
-        xs = tuple(
-            x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
-            for x, batched in zip(xs, in_batched, strict=True)
-        )
-        return send(*xs), False
-
-    send(*values)
+            self._send(frame.items)
 
 
 class CaptureSink:
@@ -207,7 +162,7 @@ class CaptureSink:
 
     def open(self) -> None:
         """Start collecting for one call of the captured model."""
-        self._frames().append(_Frame(_trace_state()))
+        self._frames().append(_Frame(trace_state()))
 
     def close(self) -> dict[str, Any]:
         """Stop collecting and return ``{key: value}`` in order of first call."""
@@ -231,7 +186,7 @@ class CaptureSink:
                 "capture() returned (or its .apply), not the model inside it."
             )
         frame = frames[-1]
-        if any(_is_tracer(v) for _, v in pairs) and _trace_state() != frame.state:
+        if any(is_tracer(v) for _, v in pairs) and trace_state() != frame.state:
             raise CaptureTraceError(
                 f"{pairs[0][0]} is computed inside a transformation (scan, vmap, grad) "
                 "opened within the captured call, so its value cannot be returned from it; "

@@ -62,7 +62,10 @@ class ModulePath(str):
 
     def child(self, key: Any) -> ModulePath:
         """Return the path one level below, through ``key``."""
-        return ModulePath((*self.keys, key))
+        name = key_name(key)
+        path = str.__new__(ModulePath, str.__add__(self, PATH_SEP + name) if self.keys else name)
+        path.keys = (*self.keys, key)
+        return path
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -70,19 +70,69 @@ class _FunctionWrapper:
         return self.tap.call(_key(self.path, "__call__"), self.function, args, kwargs)
 
 
+@partial(register_dataclass, data_fields=["_model"], meta_fields=["tap"])
+@dataclass(frozen=True)
+class _RootWrapper:
+    """The model's root: not recorded, but one call of it is one frame.
+
+    Under a transformation (``jit``, ``vmap``, ...) the values of every recorded call
+    inside one call of the model leave the program in one host callback, instead of
+    one per outer submodule call: each callback costs far more than its bytes.
+    """
+
+    _model: Any
+    tap: Tap
+
+    def __getattr__(self, name: str) -> Any:
+        """Attributes of the model (``fm.blocks[0]`` is the recording block)."""
+        if name.startswith("__") or name in ("_model", "tap"):
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+    def __getitem__(self, index: Any) -> Any:
+        """``fm[0]`` for an indexable model (``eqx.nn.Sequential``)."""
+        return self._model[index]
+
+    def __len__(self) -> int:
+        """The model's length, for a model that has one."""
+        return len(self._model)
+
+    def __iter__(self) -> Any:
+        """Iterate the model, for a model that can be iterated."""
+        return iter(self._model)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the model inside one frame of the recording."""
+        opened = self.tap.sink.open_call()
+        failed = True
+        try:
+            out = self._model(*args, **kwargs)
+            failed = False
+        finally:
+            self.tap.sink.close_call(opened, failed)
+        return out
+
+
 def default_filter(path: ModulePath, node: Any) -> bool:
     """Record every callable node (classes, e.g. a dtype leaf, excepted)."""
-    return callable(node) and not isinstance(node, type)
+    return callable(node) and not issubclass(type(node), type)
 
 
 def default_is_leaf(path: ModulePath, node: Any) -> bool:
     """Do not descend into arrays, nor into Flax NNX variables (parameters)."""
-    if isinstance(node, (jax.Array, np.ndarray)):
+    return _is_data(node)
+
+
+def _is_data(node: Any) -> bool:
+    # issubclass on the type: a failed isinstance looks up the instance's __class__,
+    # which Equinox modules answer through a slow __getattribute__.
+    kind = type(node)
+    if issubclass(kind, (jax.Array, np.ndarray)):
         return True
     if "flax.nnx" in sys.modules:
         from flax import nnx
 
-        return isinstance(node, nnx.Variable)
+        return issubclass(kind, nnx.Variable)
     return False
 
 
@@ -108,9 +158,11 @@ def wrap_model(
 
     Returns:
         The wrapped model and the paths of every callable node seen, for messages.
-        The root itself is not wrapped, as in the documented tool (its output
+        The root itself is not recorded, as in the documented tool (its output
         is the model's output), unless it has no callable node below it: a lone
-        module is recorded as ``__call__``.
+        module is recorded as ``__call__``. A callable root comes back in a
+        wrapper that reads its attributes, items and length through and makes
+        one call of the model one frame (one host callback under ``jit``).
     """
     keep = filter_ or default_filter
 
@@ -120,23 +172,29 @@ def wrap_model(
     seen: list[str] = []
 
     def visit(node: Any, path: ModulePath) -> Any:
-        if isinstance(node, _NodeWrapper):
+        if type(node) is _NodeWrapper or type(node) is _RootWrapper:
             return replace(node, _model=visit(node._model, path))
-        if isinstance(node, _FunctionWrapper):
+        if type(node) is _FunctionWrapper:
             return _FunctionWrapper(node, path, tap) if keep(path, node) else node
-        if stop(path, node):
+        if node is None or stop(path, node):
             return node
-        if _is_pytree_leaf(node):
-            if callable(node) and not isinstance(node, type):
+        # One level only (children count as leaves): flattening the whole subtree at
+        # every node made wrapping quadratic in the depth.
+        children, treedef = jax.tree_util.tree_flatten_with_path(
+            node, is_leaf=lambda child: child is not node
+        )
+        if jax.tree_util.treedef_is_leaf(treedef):
+            if callable(node) and not issubclass(type(node), type):
                 seen.append(_key(path, "__call__"))
                 if keep(path, node):
                     return _FunctionWrapper(node, path, tap)
             return node
-        children, treedef = jax.tree_util.tree_flatten_with_path(
-            node, is_leaf=lambda child: child is not node
-        )
         node = jax.tree_util.tree_unflatten(
-            treedef, [visit(child, path.child(keys[0])) for keys, child in children]
+            treedef,
+            [  # an array stops the descent whatever its path: build none for it
+                child if _is_data(child) else visit(child, path.child(keys[0]))
+                for keys, child in children
+            ],
         )
         if path and callable(node):
             seen.append(_key(path, "__call__"))
@@ -150,12 +208,12 @@ def wrap_model(
         # a lone module (an eqx.nn.Linear): record the root so that something is recorded
         seen.append("__call__")
         return _NodeWrapper(wrapped, root, tap), seen
-    return wrapped, seen
+    return (_RootWrapper(wrapped, tap) if callable(wrapped) else wrapped), seen
 
 
 def unwrap(model: Any) -> Any:
     """Remove every wrapper from ``model`` (the inverse of :func:`wrap_model`)."""
-    if isinstance(model, _NodeWrapper):
+    if isinstance(model, (_NodeWrapper, _RootWrapper)):
         return unwrap(model._model)
     if isinstance(model, _FunctionWrapper):
         return unwrap(model.function)

@@ -89,9 +89,11 @@ def _torch_int16() -> Any:
 def write_file(filename: Path, arrays: Mapping[str, Any]) -> None:
     """Write ``arrays`` to one safetensors file, recording the key order in its metadata.
 
-    The file is written in place (a rename would cost more than the write on
-    some file systems); a write cut short leaves a file whose header promises
-    more bytes than it holds, which safetensors refuses to open.
+    An existing file is unlinked first and the new one written in its place: on
+    ext4, truncating a file that holds data (or renaming over it) makes the
+    kernel flush the new file on close, which cost more than the write itself
+    (2-4 ms against 0.6 ms for 2.6 MB). A write cut short leaves a file whose
+    header promises more bytes than it holds, which safetensors refuses to open.
 
     Args:
         filename: the target file.
@@ -108,11 +110,30 @@ def write_file(filename: Path, arrays: Mapping[str, Any]) -> None:
         buffers.append(array)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    with filename.open("wb") as handle:
-        handle.write(struct.pack("<Q", len(text)))
-        handle.write(text)
-        for array in buffers:
-            handle.write(array.reshape(-1).view(np.uint8).data if array.size else b"")
+    chunks: list[Any] = [struct.pack("<Q", len(text)), text]
+    chunks += [array.reshape(-1).view(np.uint8).data for array in buffers if array.size]
+    filename.unlink(missing_ok=True)
+    with filename.open("wb", buffering=0) as handle:
+        _write_all(handle, chunks)
+
+
+_IOV_MAX = 1024  # the fewest buffers one writev call takes on any POSIX system
+
+
+def _write_all(handle: Any, chunks: list[Any]) -> None:
+    """Write ``chunks`` in order, with as few system calls as the platform allows."""
+    writev = getattr(os, "writev", None)
+    if writev is None:  # Windows
+        for chunk in chunks:
+            handle.write(chunk)
+        return
+    pending = [memoryview(chunk).cast("B") for chunk in chunks]
+    while pending:
+        written = writev(handle.fileno(), pending[:_IOV_MAX])
+        while pending and written >= len(pending[0]):
+            written -= len(pending.pop(0))
+        if written:  # a partial write ends inside this chunk
+            pending[0] = pending[0][written:]
 
 
 def _index_field(pattern: str) -> tuple[str, str, str]:

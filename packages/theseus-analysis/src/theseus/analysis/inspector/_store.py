@@ -9,6 +9,7 @@ the pattern and a new cache starts.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,7 +88,7 @@ class RecordingStore:
         self._runs: dict[str, list[list[tuple[int, Any]]]] = {}
         self._run_sites: dict[str, set[int]] = {}
         self._written: dict[str, int] = {}
-        self._tails: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._tails: dict[str, tuple[tuple[int, ...], Any]] = {}
         self._bytes = 0
         self.errors: list[str] = []
         self.collisions: list[str] = []
@@ -134,31 +135,44 @@ class RecordingStore:
                 site; the calls of one key that one program run delivers are
                 ordered by site too, whatever order the host callbacks arrive in.
         """
-        nbytes = int(np.prod(array.shape, dtype=np.int64)) * array.dtype.itemsize
+        self.add_calls((key,), (array,), (site,))
+
+    def add_calls(self, keys: Sequence[str], arrays: Sequence[Any], sites: Sequence[int]) -> None:
+        """:meth:`add` for several ``(key, array, site)`` at once (one callback's worth)."""
         with self._lock:
-            if self._rename:
-                try:
-                    key = self._rename(key)
-                except KeyCollisionError as error:
-                    if str(error) not in self.collisions:
-                        self.collisions.append(str(error))
-                    return
-            if self.stack == "concat" and not self._consistent(key, array):
+            for key, array, site in zip(keys, arrays, sites, strict=True):
+                self._add(key, array, site)
+
+    def _add(self, key: str, array: Any, site: int) -> None:
+        nbytes = math.prod(array.shape) * array.dtype.itemsize
+        if self._rename:
+            try:
+                key = self._rename(key)
+            except KeyCollisionError as error:
+                if str(error) not in self.collisions:
+                    self.collisions.append(str(error))
                 return
-            self._rank[key] = min(self._rank.get(key, site), site)
-            if self._runs and self._bytes + nbytes > self.max_bytes:
-                self._write()
-            runs = self._runs.setdefault(key, [])
-            sites = self._run_sites.setdefault(key, set())
-            if not runs or site in sites:  # a site seen again starts the next program run
-                runs.append([])
-                sites.clear()
-            runs[-1].append((site, array))
-            sites.add(site)
-            self._bytes += nbytes
+        if self.stack == "concat" and not self._consistent(key, array):
+            return
+        rank = self._rank.get(key)
+        if rank is None or site < rank:
+            self._rank[key] = site
+        if self._runs and self._bytes + nbytes > self.max_bytes:
+            self._write()
+        runs = self._runs.get(key)
+        sites = self._run_sites.get(key)
+        if runs is None or sites is None:
+            runs = self._runs[key] = []
+            sites = self._run_sites[key] = set()
+        if not runs or site in sites:  # a site seen again starts the next program run
+            runs.append([])
+            sites.clear()
+        runs[-1].append((site, array))
+        sites.add(site)
+        self._bytes += nbytes
 
     def _consistent(self, key: str, array: Any) -> bool:
-        tail = (tuple(array.shape[1:]), str(array.dtype))
+        tail = (tuple(array.shape[1:]), array.dtype)
         first = self._tails.setdefault(key, tail)
         if first == tail:
             return True
