@@ -164,6 +164,19 @@ def wrap_model(
         wrapper that reads its attributes, items and length through and makes
         one call of the model one frame (one host callback under ``jit``).
     """
+    if filter_ is None and is_leaf is None:
+        from ._template import wrap_from_template
+
+        return wrap_from_template(model, tap, lambda: _wrap(model, tap, None, None))
+    return _wrap(model, tap, filter_, is_leaf)
+
+
+def _wrap(
+    model: Any,
+    tap: Tap,
+    filter_: Callable[[ModulePath, Any], bool] | None,
+    is_leaf: Callable[[ModulePath, Any], bool] | None,
+) -> tuple[Any, list[str]]:
     keep = filter_ or default_filter
 
     def stop(path: ModulePath, node: Any) -> bool:
