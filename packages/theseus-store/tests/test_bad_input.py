@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -93,7 +94,7 @@ def test_missing_blob(tmp_path: Path) -> None:
 def test_missing_inline_blob(tmp_path: Path) -> None:
     root = tmp_path / "store"
     made = _filled(root, 1)
-    with sqlite3.connect(root / "store.sqlite") as conn:
+    with contextlib.closing(sqlite3.connect(root / "store.sqlite")) as conn, conn:
         conn.execute("DELETE FROM inline")
     with Store(root) as store:
         db = root / "store.sqlite"
@@ -115,7 +116,7 @@ def test_blob_with_wrong_hash(tmp_path: Path) -> None:
         with pytest.raises(BlobHashError, match=f"{blob} is corrupt.*recorded {artifact.hash}"):
             _ = store.get(made[0])["big"].content
         assert len(store.fsck().problems) == 1
-    with sqlite3.connect(root / "store.sqlite") as conn:
+    with contextlib.closing(sqlite3.connect(root / "store.sqlite")) as conn, conn:
         conn.execute("UPDATE inline SET content = ?", (b"payloaD",))
     with Store(root) as store:
         with pytest.raises(BlobHashError, match=f"in {root / 'store.sqlite'} is corrupt"):
@@ -194,7 +195,7 @@ def test_fsck_finds_rows_that_disagree(tmp_path: Path) -> None:
         path.mkdir()
         store.checkpoint(made[1], path)
         assert store.fsck().clean
-    with sqlite3.connect(root / "store.sqlite") as conn:
+    with contextlib.closing(sqlite3.connect(root / "store.sqlite")) as conn, conn:
         conn.execute("UPDATE nodes SET ckpt = NULL")
         conn.execute("INSERT INTO vals(node, key, value, kind) VALUES (999, 'k', 1, 'v')")
     with Store(root) as store:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import math
+import sqlite3
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -230,6 +234,35 @@ def test_forked_child_opens_its_own_connection(store: Store) -> None:
     assert process.exitcode == 0
     assert sorted(v["who"] for v in store.query().has("who").select()) == ["child", "parent"]
     assert store.fsck().clean
+
+
+def test_a_store_used_after_close_closes_its_new_connection_when_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job or trainer keeps its Store after a `with` block closed it, and its next read
+    # opens the database again: that connection must close when the Store goes away
+    # (Python 3.13 warns "unclosed database" when a connection is collected open).
+    store = Store(tmp_path / "store")
+    store.log(Node.new("run"), {"x": 1})
+    store.close()
+    assert store.query().has("x").count() == 1  # reopened on use
+    reopened = store.read(lambda conn: conn)
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        del store
+        gc.collect()
+    assert unraisable == []
+    with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
+        reopened.execute("SELECT 1")
+    again = Store(tmp_path / "store")
+    again.close()
+    second = again.read(lambda conn: conn)  # reopened on use, closed by the next close()
+    again.close()
+    again.close()  # idempotent
+    with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
+        second.execute("SELECT 1")
 
 
 def test_zero_dimensional_array_scalars_are_accepted(store: Store) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -60,7 +61,7 @@ def _crash_trials(root: Path, trials: int, seed: int) -> dict[str, int]:
             totals["orphan_temps"] += len(report.orphan_temps)
             totals["unreferenced_blobs"] += len(report.unreferenced_blobs)
             store.fsck(repair=True)
-        with sqlite3.connect(root / "store.sqlite") as conn:
+        with contextlib.closing(sqlite3.connect(root / "store.sqlite")) as conn, conn:
             assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     totals["acked"] = len(acked)
     return totals

@@ -1,10 +1,14 @@
 """One process's connection to the database: thread-safe, fork-aware, retried transactions.
 
 A :class:`Database` holds a single SQLite connection per process, shared by its
-threads under a lock. A forked child opens its own connection on first use (a
-connection must not cross a fork). Writes run in ``BEGIN IMMEDIATE``
-transactions retried while another process holds the write lock; reads run in
-one snapshot; a *batch* holds one write transaction across many writes.
+threads under a lock. The connection is closed by :meth:`Database.close`, or else
+when the :class:`Database` is garbage-collected or the interpreter exits, so an
+object that reopens a closed store on its next use (a job, a trainer, a query)
+never leaves a connection behind. A forked child opens its own connection on
+first use and never touches the one it inherited (a connection must not cross a
+fork). Writes run in ``BEGIN IMMEDIATE`` transactions retried while another
+process holds the write lock; reads run in one snapshot; a *batch* holds one
+write transaction across many writes.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +28,22 @@ from theseus.store._db import connect, retrying, translate
 __all__ = ["Database"]
 
 T = TypeVar("T")
+
+# Connections a forked child inherited: kept referenced, never closed, never used there.
+_INHERITED: list[sqlite3.Connection] = []
+
+
+def _release(conn: sqlite3.Connection, pid: int) -> None:
+    """Close ``conn`` if this process opened it; otherwise leave it untouched.
+
+    Closing an inherited connection would run SQLite's shutdown (and deallocating
+    one closes it) in a process that does not own its locks, so a fork's copy is
+    parked in :data:`_INHERITED` instead.
+    """
+    if os.getpid() == pid:
+        conn.close()
+    else:
+        _INHERITED.append(conn)
 
 
 class Database:
@@ -37,6 +58,8 @@ class Database:
         self.lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
+        # Closes the connection when called, when this object is collected, or at exit.
+        self._closer: weakref.finalize[Any, Any] | None = None
         self.in_batch = False
         # Blob folders whose renames a batch must fsync before it commits.
         self.unsynced: set[Path] = set()
@@ -45,15 +68,23 @@ class Database:
         """Return this process's connection, opening it if needed."""
         if self._conn is None or self._pid != os.getpid():
             with translate(self.path):
-                self._conn, self._pid = connect(self.path), os.getpid()
+                conn = connect(self.path)
+            if self._closer is not None:  # a fork's inherited connection: park it
+                self._closer()
+            self._conn, self._pid = conn, os.getpid()
+            self._closer = weakref.finalize(self, _release, conn, self._pid)
         return self._conn
 
     def close(self) -> None:
-        """Close this process's connection (idempotent; a fork's inherited one is left alone)."""
+        """Close this process's connection (idempotent; a fork's inherited one is left alone).
+
+        A later read or write opens a new connection, which is closed in turn by
+        the next ``close()``, or when this object is collected.
+        """
         with self.lock:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
+            closer, self._closer, self._conn = self._closer, None, None
+            if closer is not None:
+                closer()
 
     def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` inside one write transaction, retried while the lock is taken.
