@@ -165,13 +165,28 @@ def slow(session: nox.Session) -> None:
     session.run("pytest", "-q", "-m", "slow", *session.posargs)
 
 
+def _clouseau_sdist(session: nox.Session, version: str = "0.2") -> str:
+    """Download clouseau's source distribution (it ships its tests) into the session's
+    scratch folder and return its path; the tests are never copied into this repository."""
+    where = Path(session.create_tmp()) / "clouseau-sdist"
+    shutil.rmtree(where, ignore_errors=True)
+    session.run(
+        "python", "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--quiet",
+        f"clouseau=={version}", "--dest", str(where),
+    )  # fmt: skip
+    (sdist,) = where.glob(f"clouseau-{version}.tar.gz")
+    return str(sdist)
+
+
 @nox.session(venv_backend="venv")
 def torch(session: nox.Session) -> None:
-    """Tests that need PyTorch, with the CPU wheel installed by pip (never by uv)."""
+    """Tests that need PyTorch, with the CPU wheel installed by pip (never by uv), and
+    clouseau's own test suite from its sdist run against theseus's recorder."""
     session.install(f"torch=={TORCH_VERSION}")
     session.install(*_editable_packages(), "pytest", "pytest-timeout", "equinox")
     session.run("python", "-c", "import torch; print('torch', torch.__version__)")
-    session.run("python", "-m", "pytest", "-q", "-m", "torch", *session.posargs)
+    env = {"THESEUS_CLOUSEAU_SDIST": _clouseau_sdist(session)}
+    session.run("python", "-m", "pytest", "-q", "-m", "torch", *session.posargs, env=env)
 
 
 def _build_wheels(session: nox.Session, names: list[str], out: Path) -> list[str]:
