@@ -393,10 +393,10 @@ def tandem_cost(trainer: Any, args: argparse.Namespace, rows: list[_report.Row])
         rows.append(
             _report.compare(
                 f"tandem analysis: validation step {name} vs plain ({model_text(trainer)})",
-                totals[name],
-                bases[name],
-                unit="s",
-                fmt="{:.4f} s",
+                [x * 1e3 for x in totals[name]],
+                [x * 1e3 for x in bases[name]],
+                unit="ms",
+                fmt="{:.1f} ms",
                 ratio="ours/theirs",
                 meaning="(validation step + analysis) time / plain validation step time in "
                 "the same round; 1 means free",

@@ -197,14 +197,15 @@ def report(samples: dict[str, list[float]], nbytes: int, args: argparse.Namespac
         f"goal <= {GOAL}"
     )
     size = f"{nbytes / 1e6:.0f} MB state"
+    ms = {key: [x * 1e3 for x in values] for key, values in samples.items()}
     metadata = med(samples["blocked"]) - med(samples["orbax"])
     return [
         _report.compare(
             f"checkpoint save: loop blocked by the async save vs a synchronous orbax save ({size})",
-            samples["blocked"],
-            samples["sync"],
-            unit="s",
-            fmt="{:.4f} s",
+            ms["blocked"],
+            ms["sync"],
+            unit="ms",
+            fmt="{:.1f} ms",
             ratio="ours/theirs",
             meaning="async blocked time / synchronous save time in the same repeat; "
             "below 1 means the loop waits less",
@@ -217,20 +218,20 @@ def report(samples: dict[str, list[float]], nbytes: int, args: argparse.Namespac
         ),
         _report.compare(
             f"checkpoint save: async start to committed vs synchronous orbax save ({size})",
-            samples["total"],
-            samples["sync"],
-            unit="s",
-            fmt="{:.4f} s",
+            ms["total"],
+            ms["sync"],
+            unit="ms",
+            fmt="{:.1f} ms",
             ratio="ours/theirs",
             meaning="async total time (one train step overlapping) / synchronous save time",
             note="information: the write itself, with one training step running beside it",
         ),
         _report.compare(
             "checkpoint save: a train step while the async write runs vs one with no save",
-            samples["during"],
-            samples["alone"],
-            unit="s",
-            fmt="{:.4f} s",
+            ms["during"],
+            ms["alone"],
+            unit="ms",
+            fmt="{:.1f} ms",
             ratio="ours/theirs",
             meaning="step time with the write in the background / step time without",
             note=(

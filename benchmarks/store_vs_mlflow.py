@@ -249,10 +249,10 @@ def _row(
 ) -> _report.Row:
     return _report.compare(
         f"store {label} vs MLflow",
-        ours,
-        theirs,
-        unit="s",
-        fmt="{:.4f} s",
+        [x * 1e3 for x in ours],
+        [x * 1e3 for x in theirs],
+        unit="ms",
+        fmt="{:.3f} ms",
         ratio="theirs/ours",
         meaning="MLflow time / theseus-store time for the i-th operation; above 1 means "
         "theseus-store is faster",
