@@ -154,6 +154,7 @@ def run_one(bench: Benchmark, out: Path, quick: bool) -> dict[str, Any]:
         "status": "crashed",
         "returncode": None,
         "seconds": 0.0,
+        "load_average": [round(os.getloadavg()[0], 2)],  # 1 minute, at the start and end
         "error": None,
         "results": None,
     }
@@ -181,6 +182,7 @@ def run_one(bench: Benchmark, out: Path, quick: bool) -> dict[str, Any]:
         timed_out = not timer.is_alive() and proc.returncode not in (0, 1)
         timer.cancel()
     record["seconds"] = round(time.perf_counter() - start, 1)
+    record["load_average"].append(round(os.getloadavg()[0], 2))
     record["returncode"] = returncode
     problem = None
     if timed_out:
@@ -327,7 +329,8 @@ def markdown(
         error = run["error"] or ""
         status = error if error.startswith(run["status"]) else run["status"]
         status += f" ({error})" if error and status != error else ""
-        lines.append(f"- `{run['command']}`: {status}, {run['seconds']:.0f} s")
+        load = " to ".join(str(x) for x in run["load_average"])
+        lines.append(f"- `{run['command']}`: {status}, {run['seconds']:.0f} s, load average {load}")
     return "\n".join(lines) + "\n"
 
 
