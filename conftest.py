@@ -1,14 +1,16 @@
 """Test environment shared by every package's tests.
 
 Sets four virtual CPU devices before JAX is imported, keeps matplotlib off any
-display, and skips tests of optional extras that are not installed; warnings are
-errors (pyproject.toml).
+display, gives the test process a compilation cache of its own, and skips tests of
+optional extras that are not installed; warnings are errors (pyproject.toml).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -27,6 +29,58 @@ _OPTIONAL = {
     "treescope": "treescope",
     "comet": "comet_ml",
 }
+
+
+def _share_a_compilation_cache() -> str | None:
+    """Give this test run, and the interpreters its tests start, one XLA compilation cache.
+
+    Many tests train the same tiny models and every trainer jits new functions, so the
+    same programs compile again and again, in this process and in the `theseus`
+    processes tests start. JAX's persistent cache, keyed by the program, turns a repeat
+    into a load (about 40% of the suite's CPU time here). The folder is new for each run,
+    so nothing carries over between runs. Setting a maximum size makes JAX read and
+    write entries under a file lock (the `filelock` package), which is what makes one
+    folder safe for several processes at once; without `filelock` the cache stays in
+    this process. Tests that SIGKILL a process on purpose start it without the cache
+    (a write cut short would leave a broken entry). In-memory recompilation checks
+    (`_cache_size()`) are unaffected. `THESEUS_TEST_XLA_CACHE=0` turns it off.
+
+    Returns the folder when this process created it (and removes it at the end).
+    """
+    if os.environ.get("THESEUS_TEST_XLA_CACHE", "1") == "0":
+        return None
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None  # the user's own cache, or one a parent run (pytest-xdist) shares
+    folder = tempfile.mkdtemp(prefix="theseus-tests-xla-")
+    settings = {
+        "JAX_COMPILATION_CACHE_DIR": folder,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_COMPILATION_CACHE_MAX_SIZE": str(8 << 30),
+    }
+    if importlib.util.find_spec("filelock") is not None:
+        os.environ.update(settings)
+    else:
+        _CACHE_IN_THIS_PROCESS.update(settings)
+    return folder
+
+
+_CACHE_IN_THIS_PROCESS: dict[str, str] = {}
+_CACHE_FOLDER = _share_a_compilation_cache()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _CACHE_IN_THIS_PROCESS:
+        import jax
+
+        jax.config.update(
+            "jax_compilation_cache_dir", _CACHE_IN_THIS_PROCESS["JAX_COMPILATION_CACHE_DIR"]
+        )
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _CACHE_FOLDER is not None:
+        shutil.rmtree(_CACHE_FOLDER, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

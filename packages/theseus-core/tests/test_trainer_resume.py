@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -64,12 +65,16 @@ def _attempt(root: Path, steps: int, rng: random.Random, log: Path) -> str:
 
     The child's stderr goes to `log` (a pipe nobody reads could fill and stall it).
     """
+    # No shared compilation cache: a kill in the middle of writing an entry would leave
+    # a broken one behind for the next process.
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     with open(log, "a") as errors:
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(root), JOBS, str(steps), repr(SETTINGS)],
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,
+            env=env,
         )
     try:
         assert child.stdout is not None
