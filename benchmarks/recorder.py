@@ -1,16 +1,22 @@
 """The forward recorder side by side: theseus vs clouseau, and capture vs a plain jit.
 
-Run: ``uv run --group bench python benchmarks/recorder.py [--repeats N]``
+Run: ``uv run --group bench python benchmarks/recorder.py [--repeats N] [--quick]
+[--json PATH]``
 
 1. An Equinox transformer (every module works on ``[seq, d_model]`` arrays, 58
    recorded modules). Every module's output is recorded with
    ``theseus.analysis.inspector.tail`` and with ``clouseau.inspector.tail``
    (forward pass plus file written) on the same inputs, eagerly and under
-   ``jax.jit``; the arrays must be identical; medians of repeated runs and their
-   ratio are printed (target: theseus 2x faster).
+   ``jax.jit``; the arrays must be identical; the rounds alternate the variants
+   and the paired ratios clouseau/theseus are reported (goal: theseus 2x faster).
+   Theseus under ``jit`` is also timed in parts (entering the recorder, the
+   forward with its host callback, writing the file) beside a plain jitted forward.
 2. A Flax linen GPT: a plain jitted forward vs the same forward that also returns
    one module's cropped input (``capture`` with a ``transform``, values returned
-   from the compiled program); target ratio <= 1.05.
+   from the compiled program); goal: paired ratio <= 1.05.
+
+``--json PATH`` writes the rows in the schema of ``benchmarks/_report.py``;
+``--quick`` is a smoke run (few repeats, about a minute).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
+from benchmarks import _report
 from theseus.analysis import inspector
 
 # ---------------------------------------------------------------- Equinox transformer
@@ -144,17 +153,6 @@ class Transformer(eqx.Module):
 # ------------------------------------------------------------------------ timing
 
 
-def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs (after one warm-up run)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
     """Wall times of several functions run in alternation (fair under shared CPUs)."""
     for fn in fns.values():
@@ -166,11 +164,6 @@ def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[s
             fn()
             times[name].append(time.perf_counter() - start)
     return times
-
-
-def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median wall time of each function, timed in alternation."""
-    return {name: statistics.median(ts) for name, ts in interleaved_times(fns, repeats).items()}
 
 
 def import_clouseau() -> Any:
@@ -198,12 +191,17 @@ def import_clouseau() -> Any:
     return clouseau_inspector
 
 
-def bench_equinox(repeats: int, workdir: Path) -> None:
+MEANING = "clouseau time / theseus time; above 1 means theseus is faster"
+
+
+def bench_equinox(repeats: int, workdir: Path) -> tuple[list[_report.Row], dict[str, Any]]:
+    """Rows eager, jit and capture vs clouseau; and the parts of theseus under jit (ms)."""
     clouseau_inspector = import_clouseau()
 
     model = Transformer(vocab=512, d=128, depth=5, heads=4, key=jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (64,), 0, 512)
     forward = jax.jit(lambda m, t: m(t))
+    parts: dict[str, list[float]] = {"enter": [], "forward": [], "exit": []}
 
     def theseus_eager() -> None:
         with inspector.tail(model, workdir / "theseus-eager") as fm:
@@ -214,8 +212,17 @@ def bench_equinox(repeats: int, workdir: Path) -> None:
             fm(tokens).block_until_ready()
 
     def theseus_jit() -> None:
-        with inspector.tail(model, workdir / "theseus-jit") as fm:
-            forward(fm, tokens).block_until_ready()
+        start = time.perf_counter()
+        recorder = inspector.tail(model, workdir / "theseus-jit")
+        fm = recorder.__enter__()
+        entered = time.perf_counter()
+        forward(fm, tokens).block_until_ready()
+        ran = time.perf_counter()
+        recorder.__exit__(None, None, None)
+        done = time.perf_counter()
+        for name, seconds in (("enter", entered - start), ("forward", ran - entered)):
+            parts[name].append(seconds)
+        parts["exit"].append(done - ran)
 
     def clouseau_jit() -> None:
         with clouseau_inspector.tail(model, workdir / "clouseau-jit.safetensors") as fm:
@@ -228,17 +235,24 @@ def bench_equinox(repeats: int, workdir: Path) -> None:
         _, captured = captured_forward(captured_model, tokens)
         inspector.save_recording(captured, workdir / "theseus-capture")
 
+    def plain_jit() -> None:
+        forward(model, tokens).block_until_ready()
+
     print("Equinox transformer: 5 blocks, d_model 128, 4 heads, 64 tokens, vocab 512")
-    medians = interleaved_medians(
+    times = interleaved_times(
         {
             "theseus eager": theseus_eager,
             "clouseau eager": clouseau_eager,
             "theseus jit": theseus_jit,
             "clouseau jit": clouseau_jit,
             "theseus capture": theseus_capture,
+            "plain jit": plain_jit,
         },
         repeats,
     )
+    for values in parts.values():
+        del values[0]  # the warm-up call
+    ms = {name: [t * 1e3 for t in ts] for name, ts in times.items()}
     ours = inspector.read_from_safetensors(workdir / "theseus-eager")
     print(f"  recorded modules: {len(ours)}")
     assert len(ours) >= 50, len(ours)
@@ -246,7 +260,9 @@ def bench_equinox(repeats: int, workdir: Path) -> None:
         theirs = inspector.read_from_safetensors(workdir / f"clouseau-{mode}.safetensors")
         mine = inspector.read_from_safetensors(workdir / f"theseus-{mode}")
         assert list(mine) == list(theirs), (list(mine)[:5], list(theirs)[:5])
-        identical = all(np.array_equal(mine[k], theirs[k]) for k in mine)
+        identical = all(
+            mine[k].dtype == theirs[k].dtype and np.array_equal(mine[k], theirs[k]) for k in mine
+        )
         worst = max(float(np.max(np.abs(mine[k] - theirs[k]))) for k in mine)
         print(
             f"  {mode}: same {len(mine)} keys in the same order, arrays identical: {identical}"
@@ -262,18 +278,54 @@ def bench_equinox(repeats: int, workdir: Path) -> None:
     captured = inspector.read_from_safetensors(workdir / "theseus-capture")
     worst = max(float(np.max(np.abs(captured[k] - ours[k]))) for k in ours)
     print(f"  capture vs eager recording: max abs difference {worst:.1e}")
-    for mode in ("eager", "jit"):
-        t, c = medians[f"theseus {mode}"], medians[f"clouseau {mode}"]
-        print(
-            f"  {mode:5s}: theseus {t * 1e3:8.2f} ms   clouseau {c * 1e3:8.2f} ms   "
-            f"clouseau/theseus = {c / t:5.2f}x"
+    rows = []
+    for mode, what in (
+        ("eager", "tail, eager (forward + file) vs clouseau"),
+        ("jit", "tail, forward under jax.jit + file vs clouseau under jit"),
+    ):
+        rows.append(
+            _report.compare(
+                what,
+                ms[f"theseus {mode}"],
+                ms[f"clouseau {mode}"],
+                unit="ms",
+                fmt="{:.2f} ms",
+                ratio="theirs/ours",
+                meaning=MEANING,
+                goal=(">=", 2.0),
+                note="58 modules of an Equinox transformer; files checked bit-identical",
+            )
         )
-    c = medians["clouseau jit"]
-    t = medians["theseus capture"]
-    print(
-        f"  capture (values returned by the program): {t * 1e3:8.2f} ms   "
-        f"clouseau jit/theseus capture = {c / t:5.2f}x"
+    rows.append(
+        _report.compare(
+            "capture + save_recording vs clouseau under jit",
+            ms["theseus capture"],
+            ms["clouseau jit"],
+            unit="ms",
+            fmt="{:.2f} ms",
+            ratio="theirs/ours",
+            meaning=MEANING,
+            note="values returned by the compiled program (no host callback)",
+        )
     )
+    for row in rows:
+        ratios = row.ratios
+        print(
+            f"  {row.what}: theseus {row.ours}  clouseau {row.theirs}  clouseau/theseus "
+            f"{statistics.median(ratios):.2f}x (paired, {min(ratios):.2f}-{max(ratios):.2f})"
+        )
+    breakdown = {
+        "plain jitted forward, no recording": statistics.median(ms["plain jit"]),
+        "enter tail (wrap the model, open the cache)": statistics.median(parts["enter"]) * 1e3,
+        "forward with its host callback and host cache": statistics.median(parts["forward"]) * 1e3,
+        "exit (write the file)": statistics.median(parts["exit"]) * 1e3,
+        "theseus tail under jit, whole": statistics.median(ms["theseus jit"]),
+        "clouseau tail under jit, whole": statistics.median(ms["clouseau jit"]),
+    }
+    print("  theseus tail under jit, in parts (medians):")
+    for name, value in breakdown.items():
+        print(f"    {name:48s} {value:8.2f} ms")
+    return rows, {"tail_jit_breakdown_ms": breakdown}
 
 
 # ------------------------------------------------------------------ Flax linen GPT
@@ -321,7 +373,7 @@ class GPT(nn.Module):
         return nn.Dense(self.vocab, name="lm_head")(nn.LayerNorm(name="ln_f")(x))
 
 
-def bench_linen(repeats: int) -> None:
+def bench_linen(repeats: int) -> _report.Row:
     model = GPT()
     tokens = jax.random.randint(jax.random.key(2), (8, 128), 0, model.vocab)
     variables = model.init(jax.random.key(3), tokens)
@@ -358,24 +410,35 @@ def bench_linen(repeats: int) -> None:
         f" recording {key} cropped to {tuple(captured[key].shape)}"
     )
     times = interleaved_times({"plain": run_plain, "recorded": run_recorded}, repeats)
-    plain_ms, recorded_ms = (statistics.median(times[k]) * 1e3 for k in ("plain", "recorded"))
-    paired = statistics.median(
-        r / p for r, p in zip(times["recorded"], times["plain"], strict=True)
+    row = _report.compare(
+        "linen GPT: capture of a cropped input vs plain jit",
+        [t * 1e3 for t in times["recorded"]],
+        [t * 1e3 for t in times["plain"]],
+        unit="ms",
+        fmt="{:.2f} ms",
+        ratio="ours/theirs",
+        meaning="capture time / plain jit time; below 1.05 means capture costs under 5%",
+        goal=("<=", 1.05),
+        note="ratio direction is ours/theirs here (lower is better); 'theirs' is a plain "
+        "jax.jit(model.apply), not clouseau",
     )
     print(
-        f"  plain jit {plain_ms:8.2f} ms   with the recorded crop {recorded_ms:8.2f} ms   "
-        f"ratio of medians = {recorded_ms / plain_ms:5.3f}x   median of paired ratios = "
-        f"{paired:5.3f}x (target <= 1.05)"
+        f"  plain jit {row.theirs}   with the recorded crop {row.ours}   median of paired "
+        f"ratios = {statistics.median(row.ratios):5.3f}x (target <= 1.05)"
     )
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20, help="timed runs per variant")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (20; quick: 3)")
+    _report.add_arguments(parser)
     args = parser.parse_args()
+    repeats = args.repeats or (3 if args.quick else 20)
     with tempfile.TemporaryDirectory() as folder:
-        bench_equinox(args.repeats, Path(folder))
-    bench_linen(max(args.repeats, 50))
+        rows, info = bench_equinox(repeats, Path(folder))
+    rows.append(bench_linen(10 if args.quick else max(repeats, 50)))
+    _report.write(args.json, "recorder", args.quick, rows, info)
 
 
 if __name__ == "__main__":
