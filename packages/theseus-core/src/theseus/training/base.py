@@ -135,6 +135,7 @@ class BaseTrainer(BasicJob):
         self._val_index = 0  # which validation batch batch("val") returns
         self._compiled: dict[str, Any] = {}  # "train" and "val": their jitted programs
         self._keeper: ckpt.CheckpointKeeper | None = None
+        self._config_text: str | None = None  # the configuration's YAML, for checkpoints
         self._views: list[TandemView] = []
         self._check_analyses()
 
@@ -681,9 +682,17 @@ class BaseTrainer(BasicJob):
             "seed": self.args.seed,
             "rng": np.asarray(jax.random.key_data(self.step_key())).tolist(),
             "node": self.node.serialize(),
-            "config": dump(self.configuration),
+            "config": self._configuration_text(),
         }
         keeper.save(step, self.node, train_state.checkpoint_arrays(self.state), meta)
+
+    def _configuration_text(self) -> str:
+        """The configuration as YAML, for every checkpoint's metadata (dumped once: the
+        configuration is fixed at construction, and dumping it takes milliseconds that
+        the training loop would wait for at every save)."""
+        if self._config_text is None:
+            self._config_text = dump(self.configuration)
+        return self._config_text
 
     def on_finish(self) -> None:
         """Wait for checkpoints to commit and register them."""
