@@ -118,7 +118,7 @@ def test_capture_separate_and_bad_model(two_layer, x):
         capture(42)
 
 
-@pytest.mark.parametrize("module", ["_recorder", "_capture", "_paths"])
+@pytest.mark.parametrize("module", ["_recorder", "_capture", "_paths", "_jit"])
 def test_docstring_examples_run(module):
     mod = importlib.import_module(f"theseus.analysis.inspector.{module}")
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)

@@ -3,7 +3,9 @@
 ``tail(model, path)`` records every module's output (or inputs) of a JAX pytree
 model (registered dataclass, Equinox, Flax NNX), a Flax linen module or a PyTorch
 module while it runs, and writes them to ``path/activations-000.safetensors``.
-``capture(model)`` returns the same values from inside a jitted program instead.
+``capture(model)`` returns the same values from inside a jitted program instead;
+``jit(fun)`` compiles a function of recorded models so that their values leave the
+program as outputs rather than by host callback.
 ``read_from_safetensors`` and ``magnify`` read a recording back; the command line
 (``theseus inspect show|diff`` or ``python -m theseus.analysis.inspector``) prints
 statistics of one recording or compares two.
@@ -22,6 +24,7 @@ from ._errors import (
     RecordingShapeError,
     UnsupportedModelError,
 )
+from ._jit import jit
 from ._paths import ModulePath
 from ._read import magnify, read_from_safetensors, recording_files, unflatten_dict
 from ._recorder import DEFAULT_PATH, is_jax_model, is_torch_model, tail
@@ -43,6 +46,7 @@ __all__ = [
     "compare_recordings",
     "is_jax_model",
     "is_torch_model",
+    "jit",
     "key_statistics",
     "magnify",
     "read_from_safetensors",

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -28,7 +29,7 @@ from ._errors import CaptureTraceError
 from ._paths import KeyMap
 from ._store import RecordingStore
 
-__all__ = ["CaptureSink", "RecordSink", "SinkSlot", "assemble"]
+__all__ = ["CaptureSink", "Outbox", "RecordSink", "SinkSlot", "assemble", "collect_outputs"]
 
 _SLOTS: dict[int, RecordSink] = {}
 _SITES = itertools.count()  # call sites, numbered in program order as they are traced or run
@@ -60,6 +61,38 @@ def _deliver(slot: int, keys: Sequence[str], sites: Sequence[int], arrays: Seque
     sink = _SLOTS.get(slot)
     if sink is not None:
         sink.store.add_calls(keys, arrays, sites)
+
+
+class Outbox:
+    """The values of one trace that leave its program as outputs, not by callback.
+
+    Args:
+        state: the trace (``trace_state()``) whose values it takes; values traced
+            inside a transformation opened within it (``vmap``, ``scan``) still
+            travel by callback.
+    """
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.items: list[tuple[int, str, Any, int]] = []  # (slot, key, value, site)
+
+
+def _outboxes() -> list[Outbox]:
+    if not hasattr(_LOCAL, "outboxes"):
+        _LOCAL.outboxes = []
+    outboxes: list[Outbox] = _LOCAL.outboxes
+    return outboxes
+
+
+@contextmanager
+def collect_outputs() -> Iterator[Outbox]:
+    """Within the block, traced values of the current trace go to the yielded outbox."""
+    outbox = Outbox(trace_state())
+    _outboxes().append(outbox)
+    try:
+        yield outbox
+    finally:
+        _outboxes().pop()
 
 
 class RecordSink:
@@ -121,6 +154,10 @@ class SinkSlot:
         self._send(items)
 
     def _send(self, items: list[tuple[str, Any, int]]) -> None:
+        outboxes = _outboxes()
+        if outboxes and outboxes[-1].state == trace_state():
+            outboxes[-1].items += [(self.slot, key, value, site) for key, value, site in items]
+            return
         keys, values, sites = zip(*items, strict=True)
         send(partial(_deliver, self.slot, keys, sites), list(values))
 

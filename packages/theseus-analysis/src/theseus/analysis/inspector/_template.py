@@ -11,6 +11,7 @@ template with the model's current leaves instead of walking the tree again.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = ["wrap_from_template"]
 
 _TEMPLATES: OrderedDict[Any, tuple[Any, tuple[int, ...], tuple[str, ...]]] = OrderedDict()
 _MAX_TEMPLATES = 32
+_LOCK = threading.Lock()
 
 
 def _kind(leaf: Any) -> Any:
@@ -43,13 +45,15 @@ def wrap_from_template(
         The wrapped model and the paths seen, as ``wrap()`` returns them.
     """
     leaves, treedef = jax.tree_util.tree_flatten(model)
+    key = (treedef, tuple(_kind(leaf) for leaf in leaves), tap)
     try:
-        key = (treedef, tuple(_kind(leaf) for leaf in leaves), tap)
-        template = _TEMPLATES.get(key)
+        with _LOCK:
+            template = _TEMPLATES.get(key)
+            if template is not None:
+                _TEMPLATES.move_to_end(key)
     except TypeError:  # an unhashable static field or function: no template
         return wrap()
     if template is not None:
-        _TEMPLATES.move_to_end(key)
         wrapped_def, positions, names = template
         return jax.tree_util.tree_unflatten(wrapped_def, [leaves[i] for i in positions]), list(
             names
@@ -58,9 +62,10 @@ def wrap_from_template(
     wrapped_leaves, wrapped_def = jax.tree_util.tree_flatten(wrapped)
     kept = _positions(leaves, wrapped_leaves)
     if kept is not None:
-        _TEMPLATES[key] = (wrapped_def, kept, tuple(seen))
-        if len(_TEMPLATES) > _MAX_TEMPLATES:
-            _TEMPLATES.popitem(last=False)
+        with _LOCK:
+            _TEMPLATES[key] = (wrapped_def, kept, tuple(seen))
+            if len(_TEMPLATES) > _MAX_TEMPLATES:
+                _TEMPLATES.popitem(last=False)
     return wrapped, seen
 
 
