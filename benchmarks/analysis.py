@@ -2,7 +2,8 @@
 
 Run: ``uv run python benchmarks/analysis.py [--repeats 120 --steps 1000 --breakdown 5]
 [--quick] [--json PATH]`` (3.5-4.5 minutes on the shared 2-core CPU machine, more under
-load); ``--quick`` is a smoke run (under 1.5 minutes). One CPU device (JAX's default
+load); ``--quick`` is a smoke run (4 rounds, 50 training steps, no breakdown; about a
+minute). One CPU device (JAX's default
 here) and the trainer's own mesh. ``--json PATH`` also writes the rows of the benchmarks
 table (``benchmarks/_report.py``). ``--checks`` picks some of the four checks and
 ``--layers/--width/--heads/--block/--batch/--vocab/--dtype`` change the model of checks
@@ -216,7 +217,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--steps", type=int, default=1000, help="training steps of the recompile check")
     p.add_argument("--breakdown", type=int, default=5, help="repeats of each run() piece")
-    p.add_argument("--quick", action="store_true", help="smoke run: 4 rounds, 100 steps")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: 4 rounds, 50 steps, no breakdown"
+    )
     p.add_argument("--checks", default=",".join(CHECKS), help="some of " + ",".join(CHECKS))
     for option, key in MODEL.items():
         p.add_argument(
@@ -225,7 +228,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     _report.add_arguments(p, quick=False)
     args = p.parse_args(argv)
     if args.quick:
-        args.repeats, args.steps, args.breakdown = 4, 100, 1
+        args.repeats, args.steps, args.breakdown = 4, 50, 0
     args.checks = args.checks.split(",")
     unknown = sorted(set(args.checks) - set(CHECKS))
     if unknown:
@@ -420,6 +423,9 @@ def tandem_cost(trainer: Any, args: argparse.Namespace, rows: list[_report.Row])
 
 def breakdown(crop: Any, pdf: Any, repeats: int) -> None:
     """Where run()'s time goes: each step of `AnalysisBase.run`/`_publish`, timed alone."""
+    if repeats <= 0:
+        print("\n   breakdown of run(): skipped (--breakdown 0)")
+        return
     values = crop.compute()
     node = crop.node
     times: dict[str, list[float]] = collections.defaultdict(list)
