@@ -9,8 +9,10 @@ Run: ``uv run --group bench python benchmarks/recorder.py [--repeats N] [--quick
    (forward pass plus file written) on the same inputs, eagerly and under
    ``jax.jit``; the arrays must be identical; the rounds alternate the variants
    and the paired ratios clouseau/theseus are reported (goal: theseus 2x faster).
-   Theseus under ``jit`` is also timed in parts (entering the recorder, the
-   forward with its host callback, writing the file) beside a plain jitted forward.
+   Theseus under ``jax.jit`` is also timed in parts (entering the recorder, the
+   forward with its host callback, writing the file) beside a plain jitted forward,
+   and with the forward jitted through ``inspector.jit`` (values leave the program
+   as outputs, no host callback).
 2. A Flax linen GPT: a plain jitted forward vs the same forward that also returns
    one module's cropped input (``capture`` with a ``transform``, values returned
    from the compiled program); goal: paired ratio <= 1.05.
@@ -228,6 +230,12 @@ def bench_equinox(repeats: int, workdir: Path) -> tuple[list[_report.Row], dict[
         with clouseau_inspector.tail(model, workdir / "clouseau-jit.safetensors") as fm:
             forward(fm, tokens).block_until_ready()
 
+    recorded_forward = inspector.jit(lambda m, t: m(t))
+
+    def theseus_inspector_jit() -> None:
+        with inspector.tail(model, workdir / "theseus-inspector-jit") as fm:
+            recorded_forward(fm, tokens).block_until_ready()
+
     captured_forward = jax.jit(lambda m, t: m(t))
     captured_model = inspector.capture(model)
 
@@ -245,6 +253,7 @@ def bench_equinox(repeats: int, workdir: Path) -> tuple[list[_report.Row], dict[
             "clouseau eager": clouseau_eager,
             "theseus jit": theseus_jit,
             "clouseau jit": clouseau_jit,
+            "theseus inspector.jit": theseus_inspector_jit,
             "theseus capture": theseus_capture,
             "plain jit": plain_jit,
         },
@@ -275,13 +284,27 @@ def bench_equinox(repeats: int, workdir: Path) -> tuple[list[_report.Row], dict[
     assert list(theirs_of_ours) == list(ours)
     assert all(np.array_equal(theirs_of_ours[k], ours[k]) for k in ours)
     print("  clouseau's reader reads theseus's file: same keys, same order, same arrays")
+    outputs = inspector.read_from_safetensors(workdir / "theseus-inspector-jit")
+    under_jit = inspector.read_from_safetensors(workdir / "clouseau-jit.safetensors")
+    assert list(outputs) == list(under_jit)
+    identical = all(
+        outputs[k].dtype == under_jit[k].dtype and np.array_equal(outputs[k], under_jit[k])
+        for k in outputs
+    )
+    print(f"  inspector.jit (values as outputs) vs clouseau under jit: identical: {identical}")
+    assert identical
     captured = inspector.read_from_safetensors(workdir / "theseus-capture")
     worst = max(float(np.max(np.abs(captured[k] - ours[k]))) for k in ours)
     print(f"  capture vs eager recording: max abs difference {worst:.1e}")
     rows = []
-    for mode, what in (
-        ("eager", "tail, eager (forward + file) vs clouseau"),
-        ("jit", "tail, forward under jax.jit + file vs clouseau under jit"),
+    for mode, what, how in (
+        ("eager", "tail, eager (forward + file) vs clouseau", "values reach the host directly"),
+        (
+            "jit",
+            "tail, forward under jax.jit + file vs clouseau under jit",
+            "one host callback per model call (clouseau: one per module); see "
+            "info.tail_jit_breakdown_ms",
+        ),
     ):
         rows.append(
             _report.compare(
@@ -293,9 +316,23 @@ def bench_equinox(repeats: int, workdir: Path) -> tuple[list[_report.Row], dict[
                 ratio="theirs/ours",
                 meaning=MEANING,
                 goal=(">=", 2.0),
-                note="58 modules of an Equinox transformer; files checked bit-identical",
+                note=f"58 modules of an Equinox transformer; files checked bit-identical; {how}",
             )
         )
+    rows.append(
+        _report.compare(
+            "tail, forward under inspector.jit + file vs clouseau under jax.jit",
+            ms["theseus inspector.jit"],
+            ms["clouseau jit"],
+            unit="ms",
+            fmt="{:.2f} ms",
+            ratio="theirs/ours",
+            meaning=MEANING,
+            goal=(">=", 2.0),
+            note="the forward jitted through theseus (inspector.jit): recorded values leave the "
+            "program as outputs, no host callback; same keys and order as tail under jax.jit",
+        )
+    )
     rows.append(
         _report.compare(
             "capture + save_recording vs clouseau under jit",
