@@ -14,12 +14,14 @@ crashed (no valid results file); a goal not met is a row of the table, not a cra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib.metadata
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -167,9 +169,20 @@ def run_one(bench: Benchmark, out: Path, quick: bool) -> dict[str, Any]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     proc = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: a kill reaches its workers too
     )
-    timer = threading.Timer(limit, proc.kill)
+
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(limit, kill)
     timer.start()
     tail: list[str] = []
     try:
@@ -181,6 +194,8 @@ def run_one(bench: Benchmark, out: Path, quick: bool) -> dict[str, Any]:
     finally:
         timed_out = not timer.is_alive() and proc.returncode not in (0, 1)
         timer.cancel()
+        if proc.poll() is None:  # interrupted (Ctrl-C): take the benchmark down with us
+            kill()
     record["seconds"] = round(time.perf_counter() - start, 1)
     record["load_average"].append(round(os.getloadavg()[0], 2))
     record["returncode"] = returncode
