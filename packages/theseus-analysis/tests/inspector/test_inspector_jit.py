@@ -134,3 +134,17 @@ def test_traced_before_the_recording_opens(two_layer, x, tmp_path):
 def test_out_shardings_is_refused():
     with pytest.raises(InspectorOptionError, match="out_shardings"):
         jit(lambda m, v: m(v), out_shardings=None)
+
+
+def test_static_arguments_by_name_and_position(two_layer, x, tmp_path):
+    def run(m, v, twice=False):
+        return m(v, twice=twice)
+
+    by_name = jit(run, static_argnames="twice")
+    by_position = jit(run, static_argnums=2)
+    with tail(two_layer, tmp_path) as fm:
+        by_name(fm, x, twice=True)
+        by_position(fm, x, False)
+    data = read_from_safetensors(tmp_path)
+    first = [two_layer.first(x), two_layer.first(x * 2.0), two_layer.first(x)]
+    np.testing.assert_allclose(data["first.__call__"], np.concatenate(first), **JIT)

@@ -73,6 +73,7 @@ def jit(fun: Callable[..., Any], **jit_kwargs: Any) -> Callable[..., Any]:
             "(jax.lax.with_sharding_constraint) or use jax.jit with the recorded model."
         )
 
+    @functools.wraps(fun)  # jax.jit reads fun's signature (static_argnames)
     def traced(*args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         with collect_outputs() as outbox:
             out = fun(*args, **kwargs)
