@@ -49,6 +49,8 @@ def _share_a_compilation_cache() -> str | None:
     """
     if os.environ.get("THESEUS_TEST_XLA_CACHE", "1") == "0":
         return None
+    if importlib.util.find_spec("jax") is None:
+        return None  # theseus-store and theseus-plot alone (nox -s isolated) have no JAX
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return None  # the user's own cache, or one a parent run (pytest-xdist) shares
     folder = tempfile.mkdtemp(prefix="theseus-tests-xla-")
