@@ -3,13 +3,14 @@
 A *sink* receives ``(key, value)`` pairs from a call site. :class:`SinkSlot`, what
 call sites hold, feeds the recording that holds its slot (a :class:`RecordSink`):
 concrete values go straight to its host cache; traced values (under ``jit``,
-``grad``, ``vmap``, ``scan``) travel by one host callback per outer call (see
-``_callback``). Whether a traced call sends its callback depends only on the
-slot, never on whether a recording holds it while tracing, so the compiled
+``grad``, ``vmap``, ``scan``) travel by one host callback per outermost recorded
+call, the model's own call for a wrapped root (see ``_callback``), or, in the
+trace of a function compiled by ``inspector.jit``, into an :class:`Outbox` that
+becomes extra outputs. Whether a traced call sends its values depends only on
+the slot, never on whether a recording holds it while tracing, so the compiled
 program is a function of the wrapped model's structure alone and can be reused
-by every later recording of that slot. :class:`CaptureSink` is the path for a
-jitted call that theseus owns: values are collected while tracing and returned
-from the compiled program as outputs, with no callback at all.
+by every later recording of that slot. :class:`CaptureSink` is the path of
+``capture``: values are collected while tracing and returned to the caller.
 """
 
 from __future__ import annotations
