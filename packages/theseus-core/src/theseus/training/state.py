@@ -79,28 +79,28 @@ def layout(
     )
 
 
-def initialize(plan: StateLayout, seed: int) -> TrainState:
+def initialize(target: StateLayout, seed: int) -> TrainState:
     """A fresh state from `seed`, each leaf created directly in its sharding."""
-    return jax.jit(plan.init, out_shardings=plan.shardings)(jax.random.key(seed))
+    return jax.jit(target.init, out_shardings=target.shardings)(jax.random.key(seed))
 
 
 def restore(
     path: Any,
-    plan: StateLayout,
+    target: StateLayout,
     surgery: Callable[[Any, Any], Any] | None = None,
 ) -> tuple[TrainState, dict[str, Any]]:
-    """The state saved in checkpoint folder `path`, placed as `plan` says, and its metadata.
+    """The state saved in checkpoint folder `path`, laid out as `target`, and its metadata.
 
     Raises:
         CheckpointMismatchError: the checkpoint's shapes differ from the model's and
             there is no `surgery` (the message names the first mismatching parameter).
     """
-    arrays, meta = checkpoints.restore(path, checkpoint_arrays(plan.abstract), surgery)
+    arrays, meta = checkpoints.restore(path, checkpoint_arrays(target.abstract), surgery)
     state = TrainState(
         step=arrays["step"],
-        apply_fn=plan.apply_fn,
+        apply_fn=target.apply_fn,
         params=arrays["params"],
-        tx=plan.tx,
+        tx=target.tx,
         opt_state=arrays["opt_state"],
     )
     return state, meta
