@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -14,67 +16,91 @@ from theseus.store import Node, Store
 PROCESSES = 8
 
 # A separate interpreter per opener (a fork of a process that has imported JAX is
-# unsafe): each says "ready", waits for the go file, then opens the store and writes.
+# unsafe), the same eight for every trial. For each trial an opener says "ready" and
+# blocks on that trial's pipe until the test closes its write end, which wakes every
+# opener at once; then it opens the trial's fresh store, writes, and says how it went.
 OPENER = textwrap.dedent(
     """
-    import os, sys, time
+    import json, os, sys, traceback
     from theseus.store import Node, Store
-    root, go, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    print("ready", flush=True)
-    deadline = time.monotonic() + 120
-    while not os.path.exists(go):
-        if time.monotonic() > deadline:
-            sys.exit("the go file never appeared")
-        time.sleep(0.0005)
-    with Store(root) as store:
-        store.log(Node(f"p.g.host{index}", "n0", 0), {"index": index})
+    index, roots, gates = int(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    for trial, (root, gate) in enumerate(zip(roots, gates, strict=True)):
+        print("ready", trial, flush=True)
+        if os.read(gate, 1):
+            sys.exit("the gate gave bytes instead of closing")
+        try:
+            with Store(root) as store:
+                store.log(Node(f"p.g.host{index}", "n0", 0), {"index": index})
+            error = None
+        except Exception:
+            error = traceback.format_exc()[-2000:]
+        print(json.dumps({"trial": trial, "error": error}), flush=True)
     """
 )
 
 
-def _trial(root: Path) -> list[str]:
-    go = root.parent / "go"
-    openers = [
-        subprocess.Popen(
-            [sys.executable, "-c", OPENER, str(root), str(go), str(i)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(PROCESSES)
-    ]
-    found = []
+def _line(opener: subprocess.Popen[str], i: int) -> str:
+    """The next line `opener` prints; its stderr when it ended instead."""
+    assert opener.stdout is not None
+    line = opener.stdout.readline()
+    if not line:
+        opener.kill()
+        _, err = opener.communicate(timeout=120)
+        raise AssertionError(f"process {i} exited {opener.returncode}: {err[-2000:]}")
+    return line
+
+
+def _check(root: Path, trials: int) -> None:
+    """`trials` times, PROCESSES processes at once create one fresh store (and its parent)."""
+    wheres = [root / f"trial{trial}" / "store" for trial in range(trials)]
+    gates = [os.pipe() for _ in range(trials)]
+    closed: set[int] = set()
+    openers: list[subprocess.Popen[str]] = []
+    failures = []
     try:
-        for opener in openers:  # every opener has imported the store and is waiting
-            assert opener.stdout is not None and opener.stdout.readline() == "ready\n"
-        go.parent.mkdir(parents=True, exist_ok=True)
-        go.touch()
+        openers = [
+            subprocess.Popen(
+                [
+                    *(sys.executable, "-c", OPENER, str(i)),
+                    json.dumps([str(where) for where in wheres]),
+                    json.dumps([read for read, _ in gates]),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                pass_fds=[read for read, _ in gates],
+            )
+            for i in range(PROCESSES)
+        ]
+        for trial, (where, (_, gate)) in enumerate(zip(wheres, gates, strict=True)):
+            for i, opener in enumerate(openers):  # every opener is waiting at the gate
+                assert _line(opener, i) == f"ready {trial}\n"
+            os.close(gate)  # every opener goes at once
+            closed.add(gate)
+            said = [json.loads(_line(opener, i)) for i, opener in enumerate(openers)]
+            assert [s["trial"] for s in said] == [trial] * PROCESSES, said
+            errors = [f"process {i}: {s['error']}" for i, s in enumerate(said) if s["error"]]
+            if errors:
+                failures.append((trial, errors))
+                continue
+            with Store(where, create=False) as store:
+                hosts = sorted(n.name for n in store.query().all())
+                assert hosts == sorted(f"p.g.host{i}" for i in range(PROCESSES)), hosts
+                assert store.fsck().clean
+            leftovers = sorted(p.name for p in where.iterdir() if p.name.endswith(".tmp"))
+            assert not leftovers, leftovers
         for i, opener in enumerate(openers):
             _, err = opener.communicate(timeout=120)
-            if opener.returncode:
-                found.append(f"process {i} exited {opener.returncode}: {err[-2000:]}")
+            assert opener.returncode == 0, f"process {i} exited {opener.returncode}: {err}"
     finally:
+        for read, write in gates:
+            os.close(read)
+            if write not in closed:
+                os.close(write)
         for opener in openers:
             if opener.poll() is None:
                 opener.kill()
                 opener.communicate()
-    return found
-
-
-def _check(root: Path, trials: int) -> None:
-    failures = []
-    for trial in range(trials):
-        where = root / f"trial{trial}" / "store"  # a missing parent, as on a fresh cluster
-        errors = _trial(where)
-        if errors:
-            failures.append((trial, errors))
-            continue
-        with Store(where, create=False) as store:
-            hosts = sorted(n.name for n in store.query().all())
-            assert hosts == sorted(f"p.g.host{i}" for i in range(PROCESSES)), hosts
-            assert store.fsck().clean
-        leftovers = sorted(p.name for p in where.iterdir() if p.name.endswith(".tmp"))
-        assert not leftovers, leftovers
     assert not failures, f"{len(failures)} of {trials} trials failed; first: {failures[0]}"
 
 
