@@ -1,8 +1,9 @@
 """Test environment shared by every package's tests.
 
-Sets four virtual CPU devices before JAX is imported, keeps matplotlib off any
-display, gives the test process a compilation cache of its own, and skips tests of
-optional extras that are not installed; warnings are errors (pyproject.toml).
+Sets four virtual CPU devices before JAX is imported, compiles without most of XLA's
+optimizations, keeps matplotlib off any display, gives the test process a compilation
+cache of its own, and skips tests of optional extras that are not installed; warnings
+are errors (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 # Matplotlib must never try to open a window in tests.
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Compile for the tests' tiny programs, not for speed: JAX's own switch (LLVM at -O0,
+# XLA's expensive passes off) halves the CPU time of each compilation, which is most of
+# the suite's time, while the programs, their shardings and their floating-point
+# semantics stay the same. Exported, so `theseus` processes the tests start inherit it.
+# `JAX_DISABLE_MOST_OPTIMIZATIONS=0` runs the suite as users compile (nox -s
+# "tests(oldest)" does); the benchmarks never pass through here.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 _OPTIONAL = {
     "torch": "torch",

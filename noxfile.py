@@ -62,7 +62,10 @@ MODULES = {
 # (Python, JAX) pairs for `tests`: the oldest JAX the packages declare (theseus-core:
 # jax>=0.9.0; on 0.8 the forward recorder records nothing under jit) on the oldest Python
 # we declare (requires-python >= 3.11), the newest JAX that installs on that Python, and
-# the newest JAX on the newest Python (what most users install today).
+# the newest JAX on the newest Python (what most users install today). The root
+# conftest.py compiles without most of XLA's optimizations (fast compiles for tiny test
+# programs); the oldest pair runs with them, as users compile, so both paths are tested.
+OPTIMIZED = {"oldest"}
 TEST_MATRIX = {
     "oldest": ("3.11", "0.9.0"),
     "py311-newest": ("3.11", "0.10.2"),
@@ -104,25 +107,30 @@ def _interpreter(version: str) -> str:
 
 @nox.session
 @nox.parametrize(
-    "python,jax",
-    [(_interpreter(py), jax) for py, jax in TEST_MATRIX.values()],
+    "python,jax,optimized",
+    [(_interpreter(py), jax, name in OPTIMIZED) for name, (py, jax) in TEST_MATRIX.items()],
     ids=list(TEST_MATRIX),
 )
-def tests(session: nox.Session, jax: str) -> None:
-    """The default suite on one (Python, JAX) pair of TEST_MATRIX."""
+def tests(session: nox.Session, jax: str, optimized: bool) -> None:
+    """The default suite on one (Python, JAX) pair of TEST_MATRIX, spread over the cores
+    as the README's command does."""
     session.install(
         *_editable_packages(),
         f"jax=={jax}",
         f"jaxlib=={jax}",
         "pytest",
         "pytest-timeout",
+        "pytest-xdist",
+        "filelock",
         "pandas",
         "equinox",
     )
     session.run(
         "python", "-c", "import sys, jax; print(sys.version.split()[0], 'jax', jax.__version__)"
     )
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    env = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "0" if optimized else "1"}
+    xdist = ("-n", "auto", "--dist", "loadfile")
+    session.run("python", "-m", "pytest", "-q", *xdist, *session.posargs, env=env)
 
 
 def _accelerator(session: nox.Session, extra: str, platform: str) -> None:
