@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import flax.linen as nn
 import jax
@@ -34,7 +35,14 @@ def _model(tie: bool = True, bias: bool = False) -> GPT:
 
 def _params(model: GPT, seed: int = 0) -> dict:
     x = jnp.zeros((1, BLOCK), jnp.int32)
-    return nn.unbox(model.init(jax.random.key(seed), x))["params"]
+    return jax.jit(lambda key: nn.unbox(model.init(key, x))["params"])(jax.random.key(seed))
+
+
+@partial(jax.jit, static_argnums=0)
+def _apply(model: GPT, params: dict, *inputs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    """The forward pass as one compiled program: run eagerly, every operation would be
+    compiled on its own (test_jit_matches_eager_and_does_not_recompile covers eager)."""
+    return model.apply({"params": params}, *inputs)
 
 
 # ---- NumPy reference, written from the definitions, float64 ----
@@ -106,7 +114,7 @@ def test_logits_match_numpy_reference(tie: bool, bias: bool) -> None:
             lambda path, a: a + 0.1 if path[-1].key == "bias" else a, params
         )
     x = np.random.default_rng(0).integers(0, VOCAB, (3, BLOCK))
-    logits, loss = model.apply({"params": params}, jnp.asarray(x))
+    logits, loss = _apply(model, params, jnp.asarray(x))
     assert loss is None
     np.testing.assert_allclose(np.asarray(logits), _np_gpt(params, x, tie), rtol=2e-4, atol=2e-5)
 
@@ -120,9 +128,7 @@ def test_loss_is_mean_cross_entropy_over_counted_targets() -> None:
     y[0, :3] = -1
     mask = np.ones((2, BLOCK), bool)
     mask[1, -4:] = False
-    logits, loss = model.apply(
-        {"params": params}, jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask)
-    )
+    logits, loss = _apply(model, params, jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask))
     lg = np.asarray(logits, np.float64)
     logp = lg - lg.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
@@ -137,7 +143,7 @@ def test_untrained_loss_is_near_log_vocab() -> None:
     model = _model()
     rng = np.random.default_rng(2)
     x, y = (jnp.asarray(rng.integers(0, VOCAB, (4, BLOCK))) for _ in range(2))
-    _, loss = model.apply({"params": _params(model)}, x, y)
+    _, loss = _apply(model, _params(model), x, y)
     assert abs(float(loss) - math.log(VOCAB)) < 0.1
 
 
@@ -147,8 +153,8 @@ def test_attention_is_causal() -> None:
     x = np.random.default_rng(3).integers(0, VOCAB, (1, BLOCK))
     changed = x.copy()
     changed[0, 7] = (changed[0, 7] + 1) % VOCAB
-    a, _ = model.apply({"params": params}, jnp.asarray(x))
-    b, _ = model.apply({"params": params}, jnp.asarray(changed))
+    a, _ = _apply(model, params, jnp.asarray(x))
+    b, _ = _apply(model, params, jnp.asarray(changed))
     np.testing.assert_array_equal(np.asarray(a)[0, :7], np.asarray(b)[0, :7])
     assert np.abs(np.asarray(a)[0, 7:] - np.asarray(b)[0, 7:]).max() > 1e-4
 
@@ -168,7 +174,8 @@ def test_jit_matches_eager_and_does_not_recompile() -> None:
 
 def test_module_paths_and_logical_axes() -> None:
     model = _model(tie=False)
-    boxed = model.init(jax.random.key(0), jnp.zeros((1, BLOCK), jnp.int32))["params"]
+    boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, BLOCK), jnp.int32))
+    boxed = boxed["params"]
     assert set(boxed) == {"wte", "blocks_0", "blocks_1", "ln_f", "lm_head"}
     assert set(boxed["blocks_0"]) == {"ln_1", "attn", "ln_2", "mlp"}
     specs = nn.get_partition_spec(boxed)
@@ -197,7 +204,7 @@ def test_build_reads_the_active_configuration() -> None:
 def test_bad_shapes_are_clear_errors() -> None:
     model = _model()
     with pytest.raises(ValueError, match="exceeds architecture/block_size"):
-        model.init(jax.random.key(0), jnp.zeros((1, BLOCK + 1), jnp.int32))
+        jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, BLOCK + 1), jnp.int32))
     odd = GPT(GPTConfig(n_embd=30), AttentionConfig(n_embd=30, n_head=4), MLPConfig(n_embd=30))
     with pytest.raises(ValueError, match="must split into"):
-        odd.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+        jax.eval_shape(odd.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
