@@ -235,25 +235,30 @@ def test_two_theseus_run_processes_train_like_one(two_hosts: TwoHosts) -> None:
 def test_a_two_host_checkpoint_resumes_on_other_device_counts(
     two_hosts: TwoHosts, tmp_path: Path
 ) -> None:
-    """2 processes x 2 devices, then 1 x 4 and 1 x 1: as if one process never stopped."""
+    """2 processes x 2 devices, then 1 x 4 and 1 x 1: as if one process never stopped.
+
+    The one-device run is a new `theseus run` process; the four-device one runs the same
+    command line in this process (four devices, no cluster variables), meanwhile.
+    """
     roots = {devices: tmp_path / f"resumed-on-{devices}" for devices in (4, 1)}
     for copy in roots.values():
         shutil.copytree(two_hosts.root, copy)
-    procs = [
-        _start(
-            [
-                *("run", "two", str(two_hosts.config), str(copy), "--import", JOBS),
-                *("--resume", two_hosts.lineage, tokens(MORE)),
-            ],
-            devices=devices,
-            log=tmp_path / f"resume-{devices}.log",
-        )
-        for devices, copy in roots.items()
-    ]
-    logs = _finish(procs)
-    assert [p.popen.returncode for p in procs] == [0, 0], "\n---\n".join(logs)
 
-    assert not any("Joining" in log for log in logs)  # nothing set: no cluster
+    def resume(devices: int) -> list[str]:
+        return [
+            *("run", "two", str(two_hosts.config), str(roots[devices]), "--import", JOBS),
+            *("--resume", two_hosts.lineage, tokens(MORE)),
+        ]
+
+    one = _start(resume(1), devices=1, log=tmp_path / "resume-1.log")
+    try:
+        assert jax.device_count() == 4 and jax.process_count() == 1
+        here = _ok(*resume(4)).output
+    finally:
+        logs = _finish([one])
+    assert one.popen.returncode == 0, logs[0]
+
+    assert not any("Joining" in log for log in (*logs, here))  # nothing set: no cluster
     uninterrupted = _params(two_hosts.reference, "one", MORE)
     for devices, copy in roots.items():
         _assert_same(_params(copy, "two", MORE), uninterrupted)
@@ -272,17 +277,17 @@ def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
         [
             *("run", "r", str(config), str(tmp_path / "root"), "--import", CORE_JOBS),
             *f"--coordinator 127.0.0.1:{port} --num-processes 2 --process-id 0".split(),
-            *("--join-timeout", "5"),
+            *("--join-timeout", "2"),
         ],
         devices=2,
         log=tmp_path / "lone.log",
     )
     [log] = _finish([lone], timeout=200)
     assert lone.popen.returncode == 1, log  # JAX alone would abort (134) a minute later
-    assert time.monotonic() - began < 5 + 50, log
+    assert time.monotonic() - began < 2 + 50, log
     [error] = [line for line in log.splitlines() if line.startswith("Error (")]
     assert error.startswith(
-        f"Error (ClusterJoinError): Process 0 of 2 waited 5 s as the coordinator "
+        f"Error (ClusterJoinError): Process 0 of 2 waited 2 s as the coordinator "
         f"(127.0.0.1:{port}), but process 1 never joined."
     ), error
     assert "its own --process-id (0 to 1)" in error and "--join-timeout" in error
