@@ -79,6 +79,12 @@ _CACHE_FOLDER = _share_a_compilation_cache()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands out whole files (--dist loadfile) and by default the files with
+    # the most tests first, which leaves the few-but-long ones (crash trials, two-host
+    # runs, the demo) for the end, when one worker runs them while the other waits. Keep
+    # the collection order instead: testpaths lists the longest folders first.
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
     if _CACHE_IN_THIS_PROCESS:
         import jax
 

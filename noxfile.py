@@ -32,9 +32,12 @@ SIBLINGS = {
 TEST_DEPS = {
     "theseus-plot": ["pytest", "pytest-timeout", "pandas"],
     "theseus-store": ["pytest", "pytest-timeout"],
-    "theseus-core": ["pytest", "pytest-timeout"],
-    "theseus-analysis": ["pytest", "pytest-timeout", "equinox"],
+    "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock"],
+    "theseus-analysis": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox"],
 }
+# The JAX packages' suites are spread over the cores, as the README's command does
+# (filelock lets their processes share one compilation cache; see conftest.py).
+SPREAD = {"theseus-core", "theseus-analysis"}
 EXTRAS = {"theseus-analysis": "[inspect]"}
 # Modules that must import from the installed wheel.
 MODULES = {
@@ -290,6 +293,7 @@ def isolated(session: nox.Session, package: str) -> None:
                 "tests",
                 "-p",
                 "no:cacheprovider",
+                *(("-n", "auto", "--dist", "loadfile") if package in SPREAD else ()),
                 *session.posargs,
                 env=env,
                 success_codes=[0],
