@@ -24,10 +24,10 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Compile for the tests' tiny programs, not for speed: JAX's own switch (LLVM at -O0,
 # XLA's expensive passes off) halves the CPU time of each compilation, which is most of
-# the suite's time, while the programs, their shardings and their floating-point
-# semantics stay the same. Exported, so `theseus` processes the tests start inherit it.
-# `JAX_DISABLE_MOST_OPTIMIZATIONS=0` runs the suite as users compile (nox -s
-# "tests(oldest)" does); the benchmarks never pass through here.
+# the suite's time; the programs, their shardings and IEEE float semantics are unchanged
+# (every tolerance in the suite holds either way). Exported, so the `theseus` processes
+# tests start inherit it. `JAX_DISABLE_MOST_OPTIMIZATIONS=0` runs the suite as users
+# compile (nox -s "tests(oldest)" does); the benchmarks never pass through here.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 _OPTIONAL = {
