@@ -63,7 +63,10 @@ def _attention_input(model, block=0):
 @pytest.fixture(scope="module")
 def training_run(root: Path):
     """The documentation's trainer with a tandem analysis, trained as `training-run`."""
-    trainer = _create(root, jobs.GPTWithAnalysis, "training-run", steps=4)
+    # One checkpoint, the last step's (the one the tests resume and branch from).
+    trainer = _create(
+        root, jobs.GPTWithAnalysis, "training-run", steps=4, **{"logging/checkpoint_interval": 4}
+    )
     trainer()
     return trainer
 
