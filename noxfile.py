@@ -18,9 +18,9 @@ import nox
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = ["lint", "types", "isolated", "tests"]
-# Sessions install with `uv pip`; like the workspace (`compile-bytecode` in
-# pyproject.toml, which says why), they write each module's bytecode at install time,
-# wherever a session runs its installs from.
+# Each session's fresh venv gets its modules' bytecode at install time: where
+# PYTHONDONTWRITEBYTECODE is set (CI machines), Python would otherwise compile jax, flax
+# and seaborn from source in every interpreter the tests start.
 os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 
 ROOT = Path(__file__).parent
