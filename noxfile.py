@@ -42,6 +42,7 @@ TEST_DEPS = {
 # The JAX packages' suites are spread over the cores, as the README's command does
 # (filelock lets their processes share one compilation cache; see conftest.py).
 SPREAD = {"theseus-core", "theseus-analysis"}
+XDIST = ("-n", "auto", "--dist", "loadfile")
 EXTRAS = {"theseus-analysis": "[inspect]"}
 # Modules that must import from the installed wheel.
 MODULES = {
@@ -136,8 +137,7 @@ def tests(session: nox.Session, jax: str, optimized: bool) -> None:
         "python", "-c", "import sys, jax; print(sys.version.split()[0], 'jax', jax.__version__)"
     )
     env = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "0" if optimized else "1"}
-    xdist = ("-n", "auto", "--dist", "loadfile")
-    session.run("python", "-m", "pytest", "-q", *xdist, *session.posargs, env=env)
+    session.run("python", "-m", "pytest", "-q", *XDIST, *session.posargs, env=env)
 
 
 def _accelerator(session: nox.Session, extra: str, platform: str) -> None:
@@ -297,7 +297,7 @@ def isolated(session: nox.Session, package: str) -> None:
                 "tests",
                 "-p",
                 "no:cacheprovider",
-                *(("-n", "auto", "--dist", "loadfile") if package in SPREAD else ()),
+                *(XDIST if package in SPREAD else ()),
                 *session.posargs,
                 env=env,
                 success_codes=[0],
