@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from theseus.config import ConfigError
 from theseus.data.datasets import FineWeb, Synthetic
 from theseus.data.prepared import DataNotPreparedError
 from theseus.model.models import GPT
@@ -310,3 +311,39 @@ def test_surgery_hook_adapts_a_checkpoint(root: Path) -> None:
 
 def test_gpt_is_the_default_model() -> None:
     assert BaseTrainer.MODEL is GPT
+
+
+@pytest.mark.parametrize(
+    ("settings", "axis", "size", "fits"),
+    [
+        ({}, "'vocab'", "size 258", "among 1, 2 "),  # the default vocabulary
+        (
+            {"architecture/vocab_size": 260, "architecture/n_embd": 18, "architecture/n_head": 1},
+            "'heads'",
+            "size 54",  # c_attn's 3 x 18 outputs
+            "among 1, 2 ",
+        ),
+        (
+            {
+                "architecture/vocab_size": 260,
+                "architecture/mlp_ratio": 3,
+                "architecture/n_embd": 34,
+                "architecture/n_head": 1,
+            },
+            "'heads'",  # c_attn (3 x 34 = 102) comes before the MLP's 102
+            "size 102",
+            "among 1, 2 ",
+        ),
+    ],
+)
+def test_an_indivisible_sharded_dimension_is_a_config_error(
+    root: Path, settings: dict[str, int], axis: str, size: str, fits: str
+) -> None:
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "shard-indivisible")
+        jobs.tiny(q.config, steps=2, **{"training/shard": 4, **settings})
+        with pytest.raises(ConfigError) as caught:
+            q.create().setup()
+    message = str(caught.value)
+    assert "training/shard = 4" in message and axis in message and size in message
+    assert fits in message and "\n" not in message
