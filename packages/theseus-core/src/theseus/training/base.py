@@ -22,8 +22,9 @@ the loop ticks to a new node first.
 from __future__ import annotations
 
 import logging
+import traceback
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -68,6 +69,11 @@ class BaseTrainerConfig:
     )
     tokens: int = field("training/tokens", default=1_048_576, help="total training tokens")
     analyze: bool = field("training/analyze", default=True, help="run ANALYSIS in tandem")
+    analysis_errors: Literal["log", "raise"] = field(
+        "training/analysis_errors",
+        default="log",
+        help="a failing tandem analysis: 'log' it and train on, or 'raise' and stop the run",
+    )
     validation_steps: int = field("training/validation_steps", default=4, help="validation batches")
     seed: int = field("training/seed", default=0, help="parameter init and dropout seed")
     shard: int = field("training/shard", default=1, help="devices each parameter is split over")
@@ -137,6 +143,8 @@ class BaseTrainer(BasicJob):
         self._keeper: ckpt.CheckpointKeeper | None = None
         self._config_text: str | None = None  # the configuration's YAML, for checkpoints
         self._views: list[TandemView] = []
+        #: Tandem analyses that failed during this run: `(step, NAME, "Type: message")`.
+        self.analysis_failures: list[tuple[int, str, str]] = []
         self._check_analyses()
 
     # ------------------------------------------------------------------- geometry
@@ -663,8 +671,32 @@ class BaseTrainer(BasicJob):
             self._views = [analysis.from_trainer(self) for analysis in self.ANALYSIS]
 
     def _analyze(self) -> None:
-        for view in self._views:
-            view.run()
+        """Run each tandem view; a failure is logged and recorded, and training goes on.
+
+        A typo in an analysis's `plot()` must not end a run of many days: the error is
+        logged with its traceback, kept on the live node as the string value
+        `analysis/NAME/error`, listed in the run's closing summary, and the analysis
+        is tried again at the next validation. `training/analysis_errors = "raise"`
+        stops the run instead.
+        """
+        for analysis, view in zip(self.ANALYSIS, self._views, strict=True):
+            try:
+                view.run()
+            except Exception as err:
+                if self.args.analysis_errors == "raise":
+                    raise
+                step, message = int(self.state.step), f"{type(err).__name__}: {err}"
+                logger.error(
+                    "Tandem analysis %r failed at step %d of %s; training goes on and it runs "
+                    "again at the next validation (training/analysis_errors=raise stops the "
+                    "run instead):\n%s",
+                    analysis.NAME,
+                    step,
+                    self.node.serialize(),
+                    "".join(traceback.format_exception(err)).rstrip(),
+                )
+                self.log({f"analysis/{analysis.NAME}/error": message})
+                self.analysis_failures.append((step, analysis.NAME, message))
 
     def _open_keeper(self) -> ckpt.CheckpointKeeper:
         if self._keeper is None:
@@ -701,6 +733,16 @@ class BaseTrainer(BasicJob):
             self._keeper = None
         for view in self._views:
             view.close()
+        if self.analysis_failures:
+            logger.warning(
+                "%s finished with %d failed tandem analysis run(s):\n%s",
+                self.node.serialize(),
+                len(self.analysis_failures),
+                "\n".join(
+                    f"  {name} at step {step}: {message}"
+                    for step, name, message in self.analysis_failures
+                ),
+            )
 
 
 def _name(cls: Any) -> str:
