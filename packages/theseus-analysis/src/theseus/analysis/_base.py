@@ -123,6 +123,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         def find(self, target: type | tuple[type, ...]) -> list[str]: ...
         def inspection_batch(self) -> dict[str, Any]: ...
         def step_key(self) -> Any: ...
+        def inspection_key(self) -> Any: ...
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -376,7 +377,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         key = None
         if self.STOCHASTIC:
             owner = self._borrowed if self._borrowed is not None else self
-            key = owner.step_key()
+            key = owner.inspection_key()
         batch = self.inspection_batch()
         return to_host(fn(self.state, batch, key))
 

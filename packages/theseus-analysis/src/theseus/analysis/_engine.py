@@ -20,6 +20,7 @@ import numpy as np
 
 from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
 from theseus.model import debug as _debug
+from theseus.training import keys
 from theseus.training.sharding import ParameterShardingContext
 
 __all__ = ["Selection", "compile_analysis", "to_host"]
@@ -102,9 +103,10 @@ def compile_analysis(
     def run(state: Any, batch: dict[str, Any], key: jax.Array | None) -> Any:
         if on_trace is not None:
             on_trace()
-        rngs = None if key is None else {"dropout": jax.random.fold_in(key, 1)}
         captured = _debug.capture(
-            lambda: trace(state, batch, key, sharding=sharding), selection.paths, rngs
+            lambda: trace(state, batch, key, sharding=sharding),
+            selection.paths,
+            keys.layer_rngs(key),
         )
         layers = [
             _debug.DebugLayer(m, p) for (m, _), p in zip(captured, selection.paths, strict=True)

@@ -40,6 +40,7 @@ from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
 from theseus.model import debug as _debug
 from theseus.model.models import GPT
 from theseus.training import checkpoints as ckpt
+from theseus.training import keys
 from theseus.training import state as train_state
 from theseus.training.evaluation import Evaluation, TandemAnalysis, TandemView
 from theseus.training.flywheel.strategy import DatasetDeclaration, plan
@@ -281,7 +282,7 @@ class BaseTrainer(BasicJob):
                     grads_sum, loss_sum = carry
                     piece, index = inputs
                     (loss, meta), grads = grad_fn(
-                        state.params, piece, jax.random.fold_in(key, index)
+                        state.params, piece, keys.micro_key(key, index, accumulate_steps)
                     )
                     grads_sum = jax.tree_util.tree_map(jnp.add, grads_sum, grads)
                     return (grads_sum, loss_sum + loss), meta
@@ -383,9 +384,8 @@ class BaseTrainer(BasicJob):
         _debug.check_paths([path], self.find(nn.Module), "trainer.debug()")
         state, batch, cls = self._inspected(), self.inspection_batch(), type(self)
         sharding = self.sharding
-        rngs = None if key is None else {"dropout": jax.random.fold_in(key, 1)}
         [(module, inputs)] = _debug.capture(
-            lambda: cls.trace(state, batch, key, sharding=sharding), [path], rngs
+            lambda: cls.trace(state, batch, key, sharding=sharding), [path], keys.layer_rngs(key)
         )
         return _debug.DebugSession(_debug.DebugLayer(module, path), inputs)
 
@@ -473,7 +473,11 @@ class BaseTrainer(BasicJob):
     # --------------------------------------------------------------------- loop
     def step_key(self) -> jax.Array:
         """The RNG key of the live node's update: a pure function of seed and cursor."""
-        return _key_for(self.args.seed, jnp.uint32(self.cursor))
+        return keys.step_key(self.args.seed, jnp.uint32(self.cursor))
+
+    def inspection_key(self) -> jax.Array:
+        """The dropout key of the live node's first micro-step (what `inspection_batch` saw)."""
+        return keys.micro_key(self.step_key(), 0, self.accumulate_steps)
 
     def _compiled_train(self) -> Any:
         """`fn(state, batch, cursor) -> (state, loss, meta, grad_norm)`, compiled once.
@@ -488,7 +492,7 @@ class BaseTrainer(BasicJob):
             out = (self._layout.shardings, None, None, None)
             self._compiled["train"] = jax.jit(
                 lambda state, batch, cursor: cls.train_step(
-                    state, batch, _key_for(seed, cursor), accumulate, sharding=sharding
+                    state, batch, keys.step_key(seed, cursor), accumulate, sharding=sharding
                 ),
                 out_shardings=out,
                 donate_argnums=0,
@@ -752,11 +756,6 @@ def _name(cls: Any) -> str:
 def _due(step: int, interval: int, total: int) -> bool:
     """Whether an every-`interval`-steps action runs after `step` (always after the last)."""
     return step % interval == 0 or step == total
-
-
-def _key_for(seed: int, cursor: Any) -> jax.Array:
-    """`fold_in(key(seed), cursor)`: the same key inside or outside a compiled program."""
-    return jax.random.fold_in(jax.random.key(seed), cursor)
 
 
 def _scalar_keys(meta: dict[str, Any]) -> list[str]:
