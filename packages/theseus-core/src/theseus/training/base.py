@@ -683,6 +683,8 @@ class BaseTrainer(BasicJob):
         is tried again at the next validation. `training/analysis_errors = "raise"`
         stops the run instead.
         """
+        if not self._views:  # training/analyze = false, or not attached on this setup
+            return
         for analysis, view in zip(self.ANALYSIS, self._views, strict=True):
             try:
                 view.run()
