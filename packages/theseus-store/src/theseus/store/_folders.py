@@ -14,13 +14,29 @@ Neither is ever deleted here. ``set_aside`` moves strays into the folder's
 ``unregistered/`` subfolder, where they no longer block a resumed run from
 writing the same step again, and where a person can still look at them.
 
+Under a Theseus root the layout is fixed:
+``ROOT/checkpoints/<project>/<group>/<run>/<nonce>/<step>``. Only the folders at
+depth 4 below ``ROOT/checkpoints`` are checkpoint folders, and only their direct
+all-digit children are step folders; a run named ``2024`` or a nonce
+``12345678`` is a plain name. Registered paths are compared resolved
+(:meth:`pathlib.Path.resolve`), so a symlinked or ``..`` spelling of the root
+never makes a registered checkpoint look unregistered.
+
+A registered step folder is *incomplete* (:func:`incomplete`) when it still has
+an orbax temporary name, or carries orbax's traces (item subfolders with
+orbax's files) without the commit marker ``_CHECKPOINT_METADATA`` that orbax
+writes last. Any other registered path (a plain file or folder) is taken as is.
+
 The process that writes checkpoints holds a :class:`FolderLock` on the folder
 for as long as it writes, so ``fsck --repair`` leaves a live run's folder alone
-and two processes cannot write one lineage at once.
+and two processes cannot write one lineage at once. ``flock`` must work on the
+checkpoint filesystem: any failure other than "held by someone else" is a
+:class:`StoreError` that names the folder and its filesystem type.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sqlite3
@@ -43,6 +59,7 @@ __all__ = [
     "FolderBusyError",
     "FolderLock",
     "checkpoint_folders",
+    "incomplete",
     "registered_checkpoints",
     "set_aside",
     "strays",
@@ -51,10 +68,49 @@ __all__ = [
 SET_ASIDE = "unregistered"
 WRITER_LOCK = ".writer.lock"
 TEMP_MARK = ".orbax-checkpoint-tmp"
+COMMIT_MARKER = "_CHECKPOINT_METADATA"
+# files orbax writes into a step folder or its item subfolders (``state/``, ``meta/``)
+_ORBAX_TRACES = frozenset({"_METADATA", "metadata", "commit_success.txt", "manifest.ocdbt"})
+_BUSY = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
 
 
 class FolderBusyError(StoreError):
     """Another live process holds the checkpoint folder's writer lock."""
+
+
+def _filesystem(path: Path) -> str:
+    """The type of the filesystem ``path`` lives on (``"unknown"`` if not found)."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    where = path.resolve()
+    best, kind = -1, "unknown"
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (where == Path(point) or Path(point) in where.parents) and len(point) > best:
+            best, kind = len(point), fields[2]
+    return kind
+
+
+def _flock(fd: int, lock: Path) -> bool:
+    """``flock(LOCK_EX | LOCK_NB)``: True if taken, False if another holder has it."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in _BUSY:
+            return False
+        raise StoreError(
+            f"Cannot lock {lock}: flock failed with {errno.errorcode.get(e.errno or 0, e.errno)} "
+            f"({e.strerror}) on a {_filesystem(lock.parent)} filesystem; expected a filesystem "
+            "with flock. Put the checkpoints on a local disk or a filesystem that supports flock."
+        ) from e
+    return True
 
 
 class FolderLock:
@@ -78,14 +134,16 @@ class FolderLock:
         if self._fd is not None:
             return True
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                return False
-        os.ftruncate(fd, 0)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's record
+        try:
+            taken = _flock(fd, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not taken:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)  # only once the lock is ours
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         self._fd = fd
         return True
@@ -110,26 +168,66 @@ class FolderLock:
         return self._fd is not None
 
     def in_use(self) -> bool:
-        """Whether another live process holds the lock (probes without keeping it)."""
-        if self._fd is not None or not self.path.exists():
+        """Whether another live process holds the lock (probes without keeping it).
+
+        The probe opens the file read-only and never writes it, so a live holder's
+        record stays as it wrote it.
+        """
+        if self._fd is not None:
             return False
-        if not self.acquire():
-            return True
-        self.release()
-        return False
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            if not _flock(fd, self.path):
+                return True
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
 
 
 def registered_checkpoints(store: Store) -> set[Path]:
-    """Every checkpoint path the store lists, as absolute paths."""
+    """Every checkpoint path the store lists, resolved (:meth:`pathlib.Path.resolve`)."""
 
     def read(conn: sqlite3.Connection) -> list[tuple[str, int]]:
         return list(conn.execute("SELECT path, relative FROM checkpoints"))
 
-    return {(store.root / path) if relative else Path(path) for path, relative in store.read(read)}
+    return {
+        ((store.root / path) if relative else Path(path)).resolve()
+        for path, relative in store.read(read)
+    }
 
 
 def _is_step(entry: Path) -> bool:
     return entry.is_dir() and entry.name.isdigit()
+
+
+def incomplete(path: Path) -> bool:
+    """Whether a registered, existing ``path`` is an orbax step folder that never committed.
+
+    True for a folder with an orbax temporary name, and for an all-digit folder that
+    bears orbax's traces (``commit_success.txt``, or an item subfolder holding orbax's
+    files) but lacks the commit marker ``_CHECKPOINT_METADATA``. Plain files and other
+    folders are never incomplete: the store takes any path it was given.
+    """
+    if not path.is_dir():
+        return False
+    if TEMP_MARK in path.name:
+        return True
+    if not path.name.isdigit() or (path / COMMIT_MARKER).exists():
+        return False
+    try:
+        for entry in path.iterdir():
+            if entry.name in _ORBAX_TRACES:
+                return True
+            if entry.is_dir() and any(e.name in _ORBAX_TRACES for e in entry.iterdir()):
+                return True
+    except OSError:
+        return False
+    return False
 
 
 def _is_temp(entry: Path) -> bool:
@@ -150,7 +248,7 @@ def strays(folder: Path, registered: set[Path]) -> tuple[list[Path], list[Path]]
     """
     if not folder.is_dir():
         return [], []
-    unregistered = [p for p in folder.iterdir() if _is_step(p) and p.absolute() not in registered]
+    unregistered = [p for p in folder.iterdir() if _is_step(p) and p.resolve() not in registered]
     interrupted = [p for p in folder.iterdir() if _is_temp(p)]
 
     def order(p: Path) -> tuple[int, str]:
@@ -181,19 +279,21 @@ def set_aside(entries: list[Path]) -> list[Path]:
 def checkpoint_folders(store: Store) -> list[Path]:
     """The checkpoint folders fsck looks at.
 
-    The folders that hold the store's checkpoints, and, for a Theseus root (the
-    store at ``ROOT/store``), every folder under ``ROOT/checkpoints`` that holds
-    step folders, so a lineage that crashed before its first registration is
-    found too.
+    The folders that hold the store's checkpoints (each registered path's parent,
+    wherever it is), and, for a Theseus root (the store at ``ROOT/store``), every
+    ``ROOT/checkpoints/<project>/<group>/<run>/<nonce>`` folder (exactly that
+    depth) that holds step or temporary folders, so a lineage that crashed before
+    its first registration is found too. All paths are resolved.
     """
     folders = {path.parent for path in registered_checkpoints(store)}
-    tree = store.root.parent / "checkpoints"
+    tree = store.root.parent.resolve() / "checkpoints"
     if store.root.name == "store" and tree.is_dir():
-        for where, subdirs, _files in os.walk(tree):
-            here = Path(where)
-            steps = [d for d in subdirs if d.isdigit() or TEMP_MARK in d]
-            if steps:
-                folders.add(here)
-            # never descend into step folders (orbax's many files) or set-aside ones
-            subdirs[:] = [d for d in subdirs if d not in steps and d != SET_ASIDE]
+        for folder in tree.glob("*/*/*/*"):
+            try:
+                if folder.is_dir() and any(
+                    _is_step(entry) or _is_temp(entry) for entry in folder.iterdir()
+                ):
+                    folders.add(folder.resolve())
+            except OSError:
+                continue
     return sorted(folders)

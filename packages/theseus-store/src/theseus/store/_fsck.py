@@ -4,7 +4,9 @@ Findings come in two classes:
 
 * **problems** (the store may give a wrong or no answer): SQLite's
   ``integrity_check`` fails; a row names a blob that is missing; a blob's bytes
-  do not hash to its name; a row points at a node that does not exist. Blobs
+  do not hash to its name; a row points at a node that does not exist; a
+  registered checkpoint is missing on disk or is an orbax step folder that never
+  committed (see ``_folders.incomplete``). Blobs
   are checked wherever they live: small ones in the database's ``inline``
   table, larger ones in the blob folder.
 * **leftovers** (harmless, the residue of an interrupted write): *orphan
@@ -17,13 +19,17 @@ Checkpoint folders (see ``_folders``) have leftovers of their own: *unregistered
 checkpoints*, complete step folders the store never indexed (the writer died
 between orbax's commit and the registration), and *interrupted checkpoints*,
 orbax temporary folders of a save that never finished. A folder whose writer
-lock a live process holds is listed as busy and not looked into.
+lock a live process holds is listed as busy and not looked into. Only
+``ROOT/checkpoints/<project>/<group>/<run>/<nonce>`` folders (and the folders of
+registered checkpoints) are checkpoint folders; a digit-named run or nonce is
+never mistaken for a step.
 
 A store is *clean* when there are no problems. ``repair=True`` removes the blob
 leftovers while holding the write lock (so no write is in flight), and moves
 checkpoint leftovers into their folder's ``unregistered/`` subfolder while
 holding that folder's writer lock; it never deletes a checkpoint and never
-touches rows or referenced blobs.
+touches rows or referenced blobs. It never moves a registered checkpoint, even a
+missing or incomplete one (that is a problem for a person to look at).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import TYPE_CHECKING
 from theseus.store._folders import (
     FolderLock,
     checkpoint_folders,
+    incomplete,
     registered_checkpoints,
     set_aside,
     strays,
@@ -207,6 +214,14 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
 
 
 def _checkpoint_leftovers(store: Store, report: FsckReport, repair: bool) -> None:
+    for path in sorted(registered_checkpoints(store)):
+        if not path.exists():
+            report.problems.append(f"The registered checkpoint {path} is missing")
+        elif incomplete(path):
+            report.problems.append(
+                f"The registered checkpoint {path} is incomplete: an orbax step folder "
+                "without its commit marker _CHECKPOINT_METADATA (the save never finished)"
+            )
     for folder in checkpoint_folders(store):
         lock = FolderLock(folder)
         if repair:
@@ -217,7 +232,10 @@ def _checkpoint_leftovers(store: Store, report: FsckReport, repair: bool) -> Non
             report.busy_folders.append(folder)
             continue
         try:
-            unregistered, interrupted = strays(folder, registered_checkpoints(store))
+            registered = registered_checkpoints(store)
+            unregistered, interrupted = strays(folder, registered)
+            # a registered path is never a stray, whatever its name looks like
+            interrupted = [p for p in interrupted if p.resolve() not in registered]
             report.unregistered_checkpoints += unregistered
             report.interrupted_checkpoints += interrupted
             if repair:
