@@ -95,10 +95,24 @@ def _plain(value: Any, owner: str, where: str) -> Any:
     )
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _process_umask() -> int:
+    """The process's umask, read without changing it where the OS allows it (Linux).
+
+    Elsewhere the only way to read it is to set it and set it back; that happens once,
+    when this module is imported, not while orbax's save threads may be creating files.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+_FILE_MODE = 0o666 & ~_process_umask()  # what open() gives a new file (mkstemp makes 0600)
 
 
 def write_atomic(path: Path, content: bytes) -> Path:
@@ -106,7 +120,7 @@ def write_atomic(path: Path, content: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # as open() would create it (mkstemp makes 0600)
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
             handle.write(content)
             handle.flush()
