@@ -56,6 +56,18 @@ with quick(root) as q:
     except Exception as exc:  # the test compares what each host raised
         raised = f"{type(exc).__name__}: {exc}"
 
+# Resuming before the lineage's last checkpoint: host zero refuses under the lineage's
+# lock, and every host raises its refusal (none waits at the next collective).
+with quick(root) as q:
+    q.build(jobs.TrainWithCrop, "multihost")
+    q.find().spec(run="multihost").seq(2).resume()
+    early = q.create()
+    try:
+        early()
+        refused = "nothing"
+    except Exception as exc:
+        refused = f"{type(exc).__name__}: {exc}"
+
 params = jax.tree.map(
     lambda a: np.asarray(jax.experimental.multihost_utils.process_allgather(a, tiled=True)),
     trainer.state.params,
@@ -81,6 +93,7 @@ np.savez(
     analysis_wrote=result.path is not None,
     analysis_recorded=result.artifact is not None,
     broken_raised=raised,
+    refused=refused,
     **flat,
 )
 jax.distributed.shutdown()

@@ -9,6 +9,7 @@ and the store.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -32,6 +33,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _watching(database: Path, log: Path) -> dict[str, str]:
+    """This environment, plus the watch that logs each open of `database` to `log`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE / "watch_database"), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    env["THESEUS_WATCH_DATABASE"], env["THESEUS_WATCH_LOG"] = str(database), str(log)
+    return env
 
 
 def _arrays(content: bytes) -> dict[str, np.ndarray]:
@@ -59,6 +70,7 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
     Synthetic.prepare(tmp_path, tokens=40_000, val_tokens=6_000)
     port = _free_port()
     outs = [tmp_path / f"host{i}.npz" for i in range(2)]
+    opens = [tmp_path / f"host{i}.opens" for i in range(2)]
     procs = [
         subprocess.Popen(
             [
@@ -72,6 +84,7 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            env=_watching(store_root(tmp_path) / "store.sqlite", opens[i]),
         )
         for i in range(2)
     ]
@@ -83,6 +96,10 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
             proc.kill()
         logs.append(out.decode(errors="replace")[-4000:])
     assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(logs)
+
+    # Host zero alone opened the database; host one had every answer by broadcast.
+    assert opens[0].read_text().strip()  # the watch sees opens
+    assert not opens[1].exists(), opens[1].read_text()
 
     hosts = [dict(np.load(o)) for o in outs]
     assert int(hosts[0]["devices"]) == 4
@@ -121,6 +138,9 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
     # plot() failed on host zero: host zero raised its own error, host one a clear one.
     assert str(hosts[0]["broken_raised"]) == "RuntimeError: plot() failed on purpose"
     assert str(hosts[1]["broken_raised"]).startswith("AnalysisError: BrokenPlot.plot()")
+    for host in hosts:  # host zero's refusal to train over a later checkpoint, on both
+        assert str(host["refused"]).startswith("TrainerError: cannot train on from")
+        assert "1 later checkpoint(s)" in str(host["refused"])
     np.testing.assert_array_equal(hosts[0]["analysis_x"], hosts[0]["tandem_x"][-1])
     np.testing.assert_array_equal(hosts[0]["analysis_out"], hosts[0]["tandem_out"][-1])
 

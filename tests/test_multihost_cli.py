@@ -88,10 +88,19 @@ class Proc:
         return self.log.read_text(errors="replace")
 
 
-def _start(args: list[str], devices: int, log: Path) -> Proc:
+def _start(
+    args: list[str], devices: int, log: Path, watch: tuple[Path, Path] | None = None
+) -> Proc:
+    """Start `theseus ARGS`; `watch=(database, file)` logs the process's opens of `database`."""
+    env = _env(devices)
+    if watch is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(HERE / "watch_database"), *filter(None, [env.get("PYTHONPATH")])]
+        )
+        env["THESEUS_WATCH_DATABASE"], env["THESEUS_WATCH_LOG"] = map(str, watch)
     with open(log, "wb") as out:
         popen = subprocess.Popen(
-            [*_theseus(), *args], stdout=out, stderr=subprocess.STDOUT, env=_env(devices)
+            [*_theseus(), *args], stdout=out, stderr=subprocess.STDOUT, env=env
         )
     return Proc(popen, log)
 
@@ -199,6 +208,7 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> TwoHosts:
             ],
             devices=2,
             log=base / f"host{i}.log",
+            watch=(store_root(root) / "store.sqlite", base / f"host{i}.opens"),
         )
         for i in range(2)
     ]
@@ -208,6 +218,9 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> TwoHosts:
     finally:
         logs = _finish(procs)
     assert [p.popen.returncode for p in procs] == [0, 0], "\n---\n".join(logs)
+    # Host zero alone opened the database; host one had every answer by broadcast.
+    assert (base / "host0.opens").read_text().strip()  # the watch sees opens
+    assert not (base / "host1.opens").exists(), (base / "host1.opens").read_text()
     with Store(store_root(root)) as store:
         last = store.query().spec(run="two").latest().first()
         assert last is not None

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from theseus.data.datasets import Synthetic
 from theseus.job import store_root
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
-from theseus.store import FolderBusyError, Node, Store
+from theseus.store import FolderBusyError, FolderLock, Node, Store
 from theseus.training.base import TrainerError
 from theseus.training.checkpoints import CheckpointKeeper, checkpoint_dir, restore
 
@@ -68,6 +69,53 @@ def test_a_second_writer_of_one_lineage_is_refused(root: Path, tmp_path: Path) -
         finally:
             first.close()
         CheckpointKeeper(tmp_path / "lineage", store).close()  # free again once closed
+
+
+class Probing(jobs.SyntheticTrainer):
+    """Records, when it checks for later checkpoints, whether its lineage lock is held."""
+
+    def _refuse_training_over_later_checkpoints(self) -> None:
+        probe = FolderLock(checkpoint_dir(self.spec.root, self.node))
+        free = probe.acquire()
+        if free:
+            probe.release()
+        self.lock_free_during_check = free
+        super()._refuse_training_over_later_checkpoints()
+
+
+def test_the_check_for_later_checkpoints_runs_under_the_lineage_lock(root: Path) -> None:
+    original = jobs.train_tiny(root, jobs.SyntheticTrainer, "probed", 8)
+    directory = checkpoint_dir(root, original.node)
+    with quick(root) as q:
+        q.build(Probing, "probed")
+        q.find().spec(run="probed").nonce(original.node.nonce).seq(3).resume()
+        resumed = q.create()
+        with pytest.raises(TrainerError, match=r"1 later checkpoint\(s\)"):
+            resumed()
+    # No other process could register a checkpoint between the check and the first save.
+    assert resumed.lock_free_during_check is False
+    again = FolderLock(directory)  # the refusal released it
+    assert again.acquire()
+    again.release()
+
+
+def test_a_keeper_that_fails_to_open_releases_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse() -> None:
+        raise TrainerError("refused under the lock")
+
+    def broken_manager(*args: object, **kwargs: object) -> None:
+        raise OSError("orbax cannot open the folder")
+
+    with Store(tmp_path / "store") as store:
+        with pytest.raises(TrainerError, match="refused under the lock"):
+            CheckpointKeeper(tmp_path / "lineage", store, check=refuse)
+        monkeypatch.setattr(ocp, "CheckpointManager", broken_manager)
+        with pytest.raises(OSError, match="orbax cannot open"):
+            CheckpointKeeper(tmp_path / "lineage", store)
+        monkeypatch.undo()
+        CheckpointKeeper(tmp_path / "lineage", store).close()  # free after each failure
 
 
 def test_resuming_before_a_later_checkpoint_refuses_and_branching_reproduces_it(

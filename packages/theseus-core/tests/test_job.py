@@ -295,3 +295,20 @@ def test_bad_constructor_arguments(tmp_path: Path) -> None:
         Counter("train")
     with pytest.raises(JobTypeError, match=r"base= must be a theseus.store.Node"):
         Counter(JobSpec("x", root=tmp_path), base="general.default.x~ab~0")
+
+
+def test_a_host_other_than_zero_holds_the_store_folder_and_never_its_database(
+    tmp_path: Path,
+) -> None:
+    from theseus.job import HostZeroStore, from_host_zero
+    from theseus.store import StoreError
+
+    elsewhere = HostZeroStore(tmp_path / "store")
+    assert elsewhere.root == tmp_path / "store" and elsewhere.discard_if_empty() is False
+    elsewhere.close()
+    with pytest.raises(StoreError, match=r"store\.query on host 0: only host zero opens") as err:
+        elsewhere.query()
+    assert "from_host_zero(lambda: store.query(...))" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "store").exists()  # nothing was created or opened
+    assert from_host_zero(lambda: 41 + 1) == 42  # one process: computed here

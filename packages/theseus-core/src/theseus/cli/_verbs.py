@@ -9,7 +9,7 @@ import click
 from theseus.cli._app import common_options, main
 from theseus.cli._cluster import cluster_options
 from theseus.config import ConfigError, dump, load, parse_overrides
-from theseus.job import BasicJob
+from theseus.job import BasicJob, from_host_zero
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
 from theseus.store import Node, Store
@@ -148,7 +148,8 @@ def run_command(
         tree.load(values)
         base = resume_node or branch_node
         if base is not None:
-            finder = q.find().node(_base_node(q.store, base))
+            node = from_host_zero(lambda: _base_node(q.store, base))  # host zero reads the store
+            finder = q.find().node(node)
             from_file = tree.flat()
             finder.resume() if resume_node else finder.branch()
             changed = [k for k, v in tree.flat().items() if v != from_file[k] and k not in settings]

@@ -8,7 +8,17 @@ from theseus.job._cluster import (
     join_cluster,
     plan_cluster,
 )
-from theseus.job._hosts import agree_on_nonce, is_primary, process_count, process_index, sync_hosts
+from theseus.job._hosts import (
+    HostZeroError,
+    HostZeroStore,
+    agree_on_nonce,
+    from_host_zero,
+    is_primary,
+    open_store,
+    process_count,
+    process_index,
+    sync_hosts,
+)
 from theseus.job._spec import JobSpec, store_root
 
 __all__ = [
@@ -16,13 +26,17 @@ __all__ = [
     "ClusterJoinError",
     "ClusterPlan",
     "ClusterUsageError",
+    "HostZeroError",
+    "HostZeroStore",
     "JobError",
     "JobSpec",
     "JobTypeError",
     "Mode",
     "agree_on_nonce",
+    "from_host_zero",
     "is_primary",
     "join_cluster",
+    "open_store",
     "plan_cluster",
     "process_count",
     "process_index",

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 from theseus.config import Tree, configure, dump, load, using
 from theseus.errors import TheseusError
-from theseus.job._hosts import agree_on_nonce, is_primary, sync_hosts
+from theseus.job._hosts import agree_on_nonce, from_host_zero, is_primary, open_store, sync_hosts
 from theseus.job._spec import JobSpec, store_root
 from theseus.registry import job_key
 from theseus.store import Node, Store
@@ -104,7 +104,7 @@ class BasicJob(abc.ABC):
         if config is None:
             tree = self.schema()
             if base is not None:
-                saved = self.store.job_config(base)
+                saved = from_host_zero(lambda: self.store.job_config(base))
                 if saved is not None:
                     tree.load(load(saved), strict=False)
                     tree.job = job_key(type(self))
@@ -122,9 +122,9 @@ class BasicJob(abc.ABC):
     # ------------------------------------------------------------------ access
     @property
     def store(self) -> Store:
-        """The store at ``ROOT/store`` (opened on first use)."""
+        """The store at ``ROOT/store`` (opened on first use; on host zero only, see `open_store`)."""
         if self._store is None:
-            self._store = Store(store_root(self.spec.root))
+            self._store = open_store(store_root(self.spec.root))
         return self._store
 
     @property

@@ -5,10 +5,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from theseus.errors import TheseusError
-from theseus.store import Node
+from theseus.job import from_host_zero, is_primary
+from theseus.store import Node, Query
 
 if TYPE_CHECKING:
     from theseus.quick._session import Quick
+
+
+class _Same:
+    """A filter's answer: the cursor itself (one object on every host, even unpickled)."""
+
+    def __reduce__(self) -> str:
+        return "_SAME"
+
+
+_SAME = _Same()
 
 
 class QuickError(TheseusError, RuntimeError):
@@ -24,30 +35,41 @@ class Finder:
     :meth:`branch` pick the base node of the job ``q.create()`` builds.
     """
 
-    def __init__(self, session: Quick, query: Any) -> None:
+    def __init__(self, session: Quick) -> None:
         self._session = session
-        self._query = query
+        # The cursor lives on host zero only; the other hosts receive each call's answer.
+        self._query: Query | None = session.store.query() if is_primary() else None
         self._calls: list[str] = []
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._query, name)
-        if not callable(attr) or name.startswith("_"):
-            return attr
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if not callable(getattr(Query, name)):  # an unknown name raises AttributeError here
+            return from_host_zero(lambda: getattr(self._query, name))
 
         def call(*args: Any, **kwargs: Any) -> Any:
             shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
             self._calls.append(f".{name}({', '.join(shown)})")
-            result = attr(*args, **kwargs)
-            return self if result is self._query else result
+            answer = from_host_zero(lambda: self._apply(name, args, kwargs))
+            return self if answer is _SAME else answer
 
         return call
+
+    def _apply(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """On host zero: call the cursor; a filter (which returns a cursor) answers `_SAME`."""
+        assert self._query is not None, "the cursor lives on host zero"
+        result = getattr(self._query, name)(*args, **kwargs)
+        if isinstance(result, Query):
+            self._query = result
+            return _SAME
+        return result
 
     def describe(self) -> str:
         """The chain so far, as written: ``find().spec(run='x').latest()``."""
         return "find()" + "".join(self._calls)
 
     def _one(self, verb: str) -> Node:
-        nodes = self._query.all()
+        nodes: list[Node] = from_host_zero(lambda: self._apply("all", (), {}))
         if not nodes:
             raise QuickError(
                 f"{verb}() selected no node: {self.describe()} matched nothing in the store "

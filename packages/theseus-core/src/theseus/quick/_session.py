@@ -11,7 +11,9 @@ from theseus.config import Tree, load
 from theseus.job import (
     BasicJob,
     JobSpec,
+    from_host_zero,
     is_primary,
+    open_store,
     process_count,
     process_index,
     store_root,
@@ -19,7 +21,7 @@ from theseus.job import (
 )
 from theseus.quick._find import Finder, QuickError
 from theseus.registry import resolve_job
-from theseus.store import Node, NotAStoreError, Store
+from theseus.store import MARKER, Node, NotAStoreError, Store
 
 
 class Quick:
@@ -97,12 +99,16 @@ class Quick:
         return self._base
 
     def find(self) -> Finder:
-        """A query over the store's nodes, ending in ``.resume()``/``.branch()`` or a terminal."""
-        return Finder(self, self.store.query())
+        """A query over the store's nodes, ending in ``.resume()``/``.branch()`` or a terminal.
+
+        Across hosts every host calls it the same way; host zero runs the query and the
+        others receive its answer (they never open the database).
+        """
+        return Finder(self)
 
     def _select(self, node: Node, resume: bool) -> Node:
         self._base, self._resume = node, resume
-        saved = self.store.job_config(node)
+        saved = from_host_zero(lambda: self.store.job_config(node))
         self._saved = load(saved) if saved is not None else {}
         if self._tree is not None:
             self._tree.load(self._saved, strict=False)
@@ -173,13 +179,12 @@ def _open_store(path: Path) -> Store:
         sync_hosts("theseus/quick/store")
         return store
     sync_hosts("theseus/quick/store")
-    try:
-        return Store(path, create=False)
-    except NotAStoreError as err:
+    if not (path / MARKER).is_file():  # a look at the folder; the database stays unopened
         raise NotAStoreError(
-            f"host {process_index()} cannot see the store that host zero opened at {path}: "
-            f"{err} Every host needs the same ROOT, on a file system they share."
-        ) from err
+            f"host {process_index()} cannot see the store that host zero opened at {path} "
+            f"(no {MARKER} there). Every host needs the same ROOT, on a file system they share."
+        )
+    return open_store(path)
 
 
 def init(root: str | os.PathLike[str]) -> Quick:

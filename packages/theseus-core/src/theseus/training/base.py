@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -36,7 +37,7 @@ from theseus.config import dump, field
 from theseus.data.batches import Batch, MixturePlan
 from theseus.data.datasets import Synthetic
 from theseus.errors import TheseusError
-from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
+from theseus.job import BasicJob, Mode, from_host_zero, is_primary, process_count, process_index
 from theseus.model import debug as _debug
 from theseus.model.models import GPT
 from theseus.training import checkpoints as ckpt
@@ -436,9 +437,10 @@ class BaseTrainer(BasicJob):
             self._cursor_offset, self._next_cursor = 0, 0
         else:
             assert self.base is not None
-            saved = self.store.checkpoints(self.base)
+            base = self.base
+            saved = from_host_zero(lambda: self.store.checkpoints(base))
             if not saved:
-                raise TrainerError(self._no_checkpoint_message(self.base, mode))
+                raise TrainerError(from_host_zero(lambda: self._no_checkpoint_message(base, mode)))
             surgery = getattr(self, "surgery", None)
             self.state, meta = train_state.restore(saved[-1].path, self._layout, surgery)
             spent = int(meta["cursor"])  # the checkpointed update consumed this batch
@@ -581,13 +583,15 @@ class BaseTrainer(BasicJob):
         """
         if int(self.state.step) >= self.total_steps:
             return
-        if self.mode is Mode.RESUME:
-            self._refuse_training_over_later_checkpoints()
         # Take the lineage folder now (its writer lock, strays set aside), not at the
         # first save: a second process continuing this lineage stops before it logs.
-        self._open_keeper()
+        # The check for later checkpoints runs under the lock, so no other process can
+        # register one between the check and the first save.
+        refuse = self._refuse_training_over_later_checkpoints
+        self._open_keeper(check=refuse if self.mode is Mode.RESUME else None)
 
     def _refuse_training_over_later_checkpoints(self) -> None:
+        """Raise if the base's lineage has checkpoints after it (host zero, under the lock)."""
         base = self.node
         later = [
             c
@@ -704,10 +708,11 @@ class BaseTrainer(BasicJob):
                 self.log({f"analysis/{analysis.NAME}/error": message})
                 self.analysis_failures.append((step, analysis.NAME, message))
 
-    def _open_keeper(self) -> ckpt.CheckpointKeeper:
+    def _open_keeper(self, check: Callable[[], None] | None = None) -> ckpt.CheckpointKeeper:
         if self._keeper is None:
             directory = ckpt.checkpoint_dir(self.spec.root, self.node)
-            self._keeper = ckpt.CheckpointKeeper(directory, self.store if is_primary() else None)
+            store = self.store if is_primary() else None
+            self._keeper = ckpt.CheckpointKeeper(directory, store, check=check)
         return self._keeper
 
     def save_checkpoint(self) -> None:

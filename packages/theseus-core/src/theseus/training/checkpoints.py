@@ -29,7 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from theseus.errors import TheseusError
-from theseus.job import sync_hosts
+from theseus.job import from_host_zero, sync_hosts
 from theseus.store import (
     FolderBusyError,
     FolderLock,
@@ -68,46 +68,74 @@ class CheckpointKeeper:
         directory: the lineage's checkpoint folder (`checkpoint_dir(root, node)`).
         store: where finished checkpoints are registered (None on hosts other than zero,
             which neither lock the folder nor register).
+        check: run on host zero once the lock is held, before anything in the folder
+            changes (the trainer refuses there to train over later checkpoints); what it
+            raises releases the lock and is raised on every host.
 
     Raises:
         FolderBusyError: another live process writes checkpoints in `directory`.
     """
 
-    def __init__(self, directory: Path, store: Store | None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        store: Store | None,
+        *,
+        check: Callable[[], None] | None = None,
+    ) -> None:
         self.directory = directory
         self.store = store
         self._lock: FolderLock | None = None
-        if store is not None:
-            lock = FolderLock(directory)
-            if not lock.acquire():
-                holder = lock.holder()
-                who = (
-                    "An earlier run in this process, not yet finished or closed,"
-                    if holder.startswith(f"pid {os.getpid()} ")
-                    else f"Another process ({holder})"
-                )
-                raise FolderBusyError(
-                    f"{who} is writing checkpoints in {directory}. Two runs cannot continue "
-                    "one lineage at once: wait for that run to end, or branch() from the node "
-                    "to train a new lineage."
-                )
-            self._lock = lock
-            try:
-                moved = set_aside_strays(directory, store)
-            except BaseException:
-                lock.release()
-                raise
-            if moved:
-                logger.warning(
-                    "Set aside %d checkpoint folder(s) that a crash left unregistered in %s: %s",
-                    len(moved),
-                    directory,
-                    ", ".join(str(p.relative_to(directory)) for p in moved),
-                )
-        sync_hosts(f"theseus/checkpoints/open/{directory.name}")
-        options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True, create=True)
-        self.manager = ocp.CheckpointManager(directory, options=options)
+        # Host zero takes the lock; what it raises (busy, refused) every host raises.
+        from_host_zero(lambda: self._take(check) if store is not None else None)
+        try:
+            sync_hosts(f"theseus/checkpoints/open/{directory.name}")
+            options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True, create=True)
+            self.manager = ocp.CheckpointManager(directory, options=options)
+        except BaseException:
+            self._release()
+            raise
         self._pending: list[tuple[int, Node, dict[str, Any]]] = []
+
+    def _take(self, check: Callable[[], None] | None) -> None:
+        """Lock the folder, run `check` under the lock, set aside strays (host zero).
+
+        Anything that fails here releases the lock again.
+        """
+        assert self.store is not None, "only host zero, which holds the store, locks"
+        lock = FolderLock(self.directory)
+        if not lock.acquire():
+            holder = lock.holder()
+            who = (
+                "An earlier run in this process, not yet finished or closed,"
+                if holder.startswith(f"pid {os.getpid()} ")
+                else f"Another process ({holder})"
+            )
+            raise FolderBusyError(
+                f"{who} is writing checkpoints in {self.directory}. Two runs cannot continue "
+                "one lineage at once: wait for that run to end, or branch() from the node "
+                "to train a new lineage."
+            )
+        self._lock = lock
+        try:
+            if check is not None:
+                check()
+            moved = set_aside_strays(self.directory, self.store)
+        except BaseException:
+            self._release()
+            raise
+        if moved:
+            logger.warning(
+                "Set aside %d checkpoint folder(s) that a crash left unregistered in %s: %s",
+                len(moved),
+                self.directory,
+                ", ".join(str(p.relative_to(self.directory)) for p in moved),
+            )
+
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def save(self, step: int, node: Node, state: Any, meta: dict[str, Any]) -> None:
         """Start saving `state` as `step`; it is registered on `node` once committed.
@@ -152,8 +180,7 @@ class CheckpointKeeper:
             self.wait()
             self.manager.close()
         finally:
-            if self._lock is not None:
-                self._lock.release()
+            self._release()
 
 
 def set_aside_strays(directory: Path, store: Store) -> list[Path]:

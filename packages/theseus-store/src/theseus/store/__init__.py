@@ -40,9 +40,10 @@ from theseus.store._fsck import FsckReport
 from theseus.store._node import Node
 from theseus.store._query import Query
 from theseus.store._records import Artifact, Checkpoint, Scalar
-from theseus.store._store import Store
+from theseus.store._store import MARKER, Store
 
 __all__ = [
+    "MARKER",
     "Artifact",
     "BlobHashError",
     "Checkpoint",
