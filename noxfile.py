@@ -35,7 +35,7 @@ SIBLINGS = {
 # What each package's test suite needs beyond the package itself.
 TEST_DEPS = {
     "theseus-plot": ["pytest", "pytest-timeout", "pandas"],
-    "theseus-store": ["pytest", "pytest-timeout"],
+    "theseus-store": ["pytest", "pytest-timeout", "hypothesis"],
     "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock"],
     "theseus-analysis": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox"],
 }

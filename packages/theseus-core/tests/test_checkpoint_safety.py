@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import jax
@@ -13,7 +14,7 @@ from theseus.data.datasets import Synthetic
 from theseus.job import store_root
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
-from theseus.store import FolderBusyError, FolderLock, Node, Store
+from theseus.store import CheckpointNotFoundError, FolderBusyError, FolderLock, Node, Store
 from theseus.training.base import TrainerError
 from theseus.training.checkpoints import CheckpointKeeper, checkpoint_dir, restore
 
@@ -218,3 +219,39 @@ def test_a_failed_run_frees_its_lineage_for_a_resume_in_the_same_process(root: P
         again = q.create()
         again()
     assert int(again.state.step) == 6
+
+
+def test_a_failed_registration_does_not_repeat_the_earlier_ones_of_its_batch(
+    tmp_path: Path,
+) -> None:
+    # Steps 2, 4 and 6 wait to be registered in one batch; 4's registration fails (its
+    # folder is not there), after 2 was registered. By close() step 2's folder is gone
+    # (moved away after it was indexed): registering it again would fail close() and
+    # leave 4 and 6 unregistered. Before the fix the whole batch stayed pending.
+    directory = tmp_path / "lineage"
+    node = Node.new("r")
+    with Store(tmp_path / "store") as store:
+        keeper = CheckpointKeeper(directory, store)
+        try:
+            for step in (2, 6):
+                (directory / str(step)).mkdir()
+            keeper._pending = [(step, node, {"step": step}) for step in (2, 4, 6)]
+            with pytest.raises(CheckpointNotFoundError, match=str(directory / "4")):
+                keeper.wait()
+            (directory / "4").mkdir()
+            shutil.move(directory / "2", tmp_path / "kept-2")
+        finally:
+            keeper.close()
+        assert [(c.step, c.meta) for c in store.checkpoints(node)] == [
+            (step, {"step": step}) for step in (2, 4, 6)
+        ]
+
+
+def test_every_spelling_of_a_root_is_one_checkpoint_folder(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    node = Node("general.default.2024", "12345678", 0)
+    expected = real.resolve() / "checkpoints" / "general" / "default" / "2024" / "12345678"
+    for root in (tmp_path / "link", f"{real}/", real / "sub" / "..", real / "." / "sub" / ".."):
+        assert checkpoint_dir(root, node) == expected, root

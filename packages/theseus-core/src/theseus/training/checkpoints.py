@@ -35,6 +35,7 @@ from theseus.store import (
     FolderLock,
     Node,
     Store,
+    canonical_path,
     registered_checkpoints,
     set_aside,
     strays,
@@ -56,9 +57,10 @@ class CheckpointMismatchError(TheseusError, ValueError):
 
 
 def checkpoint_dir(root: str | os.PathLike[str], node: Node) -> Path:
-    """The folder that holds every checkpoint of `node`'s lineage."""
+    """The folder that holds every checkpoint of `node`'s lineage (canonical, as the store
+    keeps paths: any spelling of `root` gives the same folder)."""
     project, group, run = node.name.split(".", 2)
-    return Path(root).absolute() / "checkpoints" / project / group / run / node.nonce
+    return canonical_path(root) / "checkpoints" / project / group / run / node.nonce
 
 
 class CheckpointKeeper:
@@ -165,14 +167,19 @@ class CheckpointKeeper:
         self._register(committed_only=False)
 
     def _register(self, committed_only: bool) -> None:
-        waiting = []
-        for step, node, meta in self._pending:
+        """Register the pending saves (only those under their final name if `committed_only`).
+
+        Each entry leaves `_pending` as soon as it is registered, so when one registration
+        fails, the next call (at `close()`) does not register the earlier ones again.
+        """
+        for entry in list(self._pending):
+            step, node, meta = entry
             folder = self.directory / str(step)
             if committed_only and not folder.is_dir():  # still under its temporary name
-                waiting.append((step, node, meta))
-            elif self.store is not None:
+                continue
+            if self.store is not None:
                 self.store.checkpoint(node, folder, meta=meta, step=step)
-        self._pending = waiting
+            self._pending.remove(entry)
 
     def close(self) -> None:
         """Wait for pending saves, register them, release orbax's threads and the lock."""

@@ -38,6 +38,7 @@ from theseus.store._folders import (
 )
 from theseus.store._fsck import FsckReport
 from theseus.store._node import Node
+from theseus.store._paths import canonical_path
 from theseus.store._query import Query
 from theseus.store._records import Artifact, Checkpoint, Scalar
 from theseus.store._store import MARKER, Store
@@ -66,6 +67,7 @@ __all__ = [
     "UnknownKeyError",
     "UnknownNodeError",
     "ValueTypeError",
+    "canonical_path",
     "registered_checkpoints",
     "set_aside",
     "strays",

@@ -26,16 +26,21 @@ from theseus.store._errors import (
 
 __all__ = [
     "FORMAT",
+    "FORMATS_READ",
     "INLINE_MAX",
     "PATIENCE_S",
     "check_header",
     "connect",
     "create_schema",
+    "migrate",
     "retrying",
     "translate",
 ]
 
-FORMAT = 1
+# Format 2: checkpoint paths canonical (``_paths.canonical_path``), one row per
+# (node, step, path). Format 1 stores are migrated when opened with write access.
+FORMAT = 2
+FORMATS_READ = (1, 2)
 # Artifacts of at most this many bytes live in the database's ``inline`` table
 # (content-addressed like the blob folder): one fsync per write instead of three.
 INLINE_MAX = 64 * 1024
@@ -69,6 +74,7 @@ CREATE TABLE IF NOT EXISTS checkpoints(
     relative INTEGER NOT NULL, step INTEGER NOT NULL, meta TEXT NOT NULL,
     created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS checkpoints_node ON checkpoints(node, id);
+CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_once ON checkpoints(node, step, path);
 CREATE TABLE IF NOT EXISTS artifacts(
     id INTEGER PRIMARY KEY, node INTEGER NOT NULL, name TEXT NOT NULL,
     filename TEXT NOT NULL, hash TEXT NOT NULL, size INTEGER NOT NULL,
@@ -177,6 +183,50 @@ def create_schema(conn: sqlite3.Connection) -> None:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def migrate(conn: sqlite3.Connection, canonical: Callable[[str, int], tuple[str, int]]) -> bool:
+    """Bring a format 1 database to :data:`FORMAT`, inside the caller's write transaction.
+
+    Format 1 kept checkpoint paths as spelled (``..`` and symlinks included) and
+    let one checkpoint be registered many times. This rewrites every checkpoint
+    row's ``(path, relative)`` as ``canonical(path, relative)`` returns it,
+    deletes all but the earliest row of each ``(node, step, path)``, points each
+    node's latest-checkpoint pointer at its latest remaining row, and adds the
+    unique index that keeps it so. Idempotent: a database at :data:`FORMAT` is
+    left alone.
+
+    Args:
+        conn: a connection inside a write (``BEGIN IMMEDIATE``) transaction.
+        canonical: maps a row's stored ``(path, relative)`` to its canonical form.
+
+    Returns:
+        Whether anything was migrated (False: already at :data:`FORMAT`).
+    """
+    row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+    if row is not None and int(row[0]) >= FORMAT:
+        return False
+    changed = []
+    for cid, path, relative in conn.execute("SELECT id, path, relative FROM checkpoints"):
+        now = canonical(path, relative)
+        if now != (path, relative):
+            changed.append((*now, cid))
+    conn.executemany("UPDATE checkpoints SET path = ?, relative = ? WHERE id = ?", changed)
+    conn.execute(
+        "DELETE FROM checkpoints WHERE id NOT IN "
+        "(SELECT MIN(id) FROM checkpoints GROUP BY node, step, path)"
+    )
+    latest = "(SELECT MAX(c.id) FROM checkpoints c WHERE c.node = nodes.id)"
+    conn.execute(f"UPDATE nodes SET ckpt = {latest} WHERE ckpt IS NOT {latest}")
+    conn.execute(
+        "CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_once ON checkpoints(node, step, path)"
+    )
+    conn.execute(
+        "INSERT INTO meta(key, value) VALUES ('format', ?) "
+        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        (str(FORMAT),),
+    )
+    return True
 
 
 def check_header(db: Path) -> None:

@@ -18,9 +18,11 @@ Under a Theseus root the layout is fixed:
 ``ROOT/checkpoints/<project>/<group>/<run>/<nonce>/<step>``. Only the folders at
 depth 4 below ``ROOT/checkpoints`` are checkpoint folders, and only their direct
 all-digit children are step folders; a run named ``2024`` or a nonce
-``12345678`` is a plain name. Registered paths are compared resolved
-(:meth:`pathlib.Path.resolve`), so a symlinked or ``..`` spelling of the root
-never makes a registered checkpoint look unregistered.
+``12345678`` is a plain name. Registered and found paths are compared in their
+canonical form (:func:`~theseus.store._paths.canonical_path`: absolute, every
+symlink, ``.`` and ``..`` resolved), so a symlinked, relative or ``..`` spelling
+of the root never makes a registered checkpoint look unregistered, even in rows
+an earlier version stored as spelled.
 
 A registered step folder is *incomplete* (:func:`incomplete`) when it still has
 an orbax temporary name, or carries orbax's traces (item subfolders with
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from theseus.store._errors import StoreError
+from theseus.store._paths import canonical_path
 
 if TYPE_CHECKING:
     from theseus.store._store import Store
@@ -84,7 +87,7 @@ def _filesystem(path: Path) -> str:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
         return "unknown"
-    where = path.resolve()
+    where = canonical_path(path)
     best, kind = -1, "unknown"
     for line in mounts:
         fields = line.split()
@@ -190,13 +193,13 @@ class FolderLock:
 
 
 def registered_checkpoints(store: Store) -> set[Path]:
-    """Every checkpoint path the store lists, resolved (:meth:`pathlib.Path.resolve`)."""
+    """Every checkpoint path the store lists, canonical (:func:`canonical_path`)."""
 
     def read(conn: sqlite3.Connection) -> list[tuple[str, int]]:
         return list(conn.execute("SELECT path, relative FROM checkpoints"))
 
     return {
-        ((store.root / path) if relative else Path(path)).resolve()
+        canonical_path(store.root / path if relative else path)
         for path, relative in store.read(read)
     }
 
@@ -240,7 +243,7 @@ def strays(folder: Path, registered: set[Path]) -> tuple[list[Path], list[Path]]
 
     Args:
         folder: a checkpoint folder.
-        registered: the store's checkpoint paths (:func:`registered_checkpoints`).
+        registered: the store's checkpoint paths, canonical (:func:`registered_checkpoints`).
 
     Returns:
         ``(unregistered, interrupted)``: complete step folders no row names, and
@@ -248,7 +251,9 @@ def strays(folder: Path, registered: set[Path]) -> tuple[list[Path], list[Path]]
     """
     if not folder.is_dir():
         return [], []
-    unregistered = [p for p in folder.iterdir() if _is_step(p) and p.resolve() not in registered]
+    unregistered = [
+        p for p in folder.iterdir() if _is_step(p) and canonical_path(p) not in registered
+    ]
     interrupted = [p for p in folder.iterdir() if _is_temp(p)]
 
     def order(p: Path) -> tuple[int, str]:
@@ -283,17 +288,17 @@ def checkpoint_folders(store: Store) -> list[Path]:
     wherever it is), and, for a Theseus root (the store at ``ROOT/store``), every
     ``ROOT/checkpoints/<project>/<group>/<run>/<nonce>`` folder (exactly that
     depth) that holds step or temporary folders, so a lineage that crashed before
-    its first registration is found too. All paths are resolved.
+    its first registration is found too. All paths are canonical.
     """
     folders = {path.parent for path in registered_checkpoints(store)}
-    tree = store.root.parent.resolve() / "checkpoints"
+    tree = canonical_path(store.root.parent / "checkpoints")
     if store.root.name == "store" and tree.is_dir():
         for folder in tree.glob("*/*/*/*"):
             try:
                 if folder.is_dir() and any(
                     _is_step(entry) or _is_temp(entry) for entry in folder.iterdir()
                 ):
-                    folders.add(folder.resolve())
+                    folders.add(canonical_path(folder))
             except OSError:
                 continue
     return sorted(folders)

@@ -48,6 +48,7 @@ from theseus.store._folders import (
     set_aside,
     strays,
 )
+from theseus.store._paths import canonical_path
 
 if TYPE_CHECKING:
     from theseus.store._store import Store
@@ -235,7 +236,7 @@ def _checkpoint_leftovers(store: Store, report: FsckReport, repair: bool) -> Non
             registered = registered_checkpoints(store)
             unregistered, interrupted = strays(folder, registered)
             # a registered path is never a stray, whatever its name looks like
-            interrupted = [p for p in interrupted if p.resolve() not in registered]
+            interrupted = [p for p in interrupted if canonical_path(p) not in registered]
             report.unregistered_checkpoints += unregistered
             report.interrupted_checkpoints += interrupted
             if repair:

@@ -32,9 +32,11 @@ from theseus.store._blobs import BlobFolder, verified
 from theseus.store._connection import Database
 from theseus.store._db import (
     FORMAT,
+    FORMATS_READ,
     INLINE_MAX,
     check_header,
     create_schema,
+    migrate,
     retrying,
     translate,
 )
@@ -49,6 +51,7 @@ from theseus.store._errors import (
 )
 from theseus.store._fsck import FsckReport, fsck
 from theseus.store._node import Node
+from theseus.store._paths import canonical_path
 from theseus.store._query import Query
 from theseus.store._records import Artifact, Checkpoint, Scalar, encode_meta, encode_value
 
@@ -93,6 +96,8 @@ class Store:
 
     Args:
         root: the store's folder. Created (with its parents) if absent or empty.
+            Any spelling of it (a symlink, ``..``, a trailing slash) opens the same
+            store: ``store.root`` is its canonical path (:func:`canonical_path`).
         create: if False, refuse to create a store where there is none.
 
     Raises:
@@ -103,7 +108,7 @@ class Store:
     """
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
-        self.root = Path(root).expanduser().absolute()
+        self.root = canonical_path(root)
         self.db_path = self.root / DATABASE
         self.blobs = BlobFolder(self.root)
         self._db = Database(self.db_path)
@@ -130,7 +135,7 @@ class Store:
             raise
 
     def _open(self, marker: Path) -> None:
-        self._check_marker(marker)
+        marked = self._check_marker(marker)
         if not self.db_path.exists():
             raise CorruptStoreError(
                 f"{marker} marks a store but its database {self.db_path} is missing. "
@@ -141,12 +146,31 @@ class Store:
             # database file drops every POSIX lock the process holds on it, SQLite's
             # included, and a WAL database whose locks vanish can lose commits.
             check_header(self.db_path)
-        rows = self._db.read_one("SELECT value FROM meta WHERE key = 'inline_max'", ())
-        self.inline_max = int(rows[0][0]) if rows else 0
+        meta = dict(
+            self._db.read_one(
+                "SELECT key, value FROM meta WHERE key IN ('format', 'inline_max')", ()
+            )
+        )
+        self.inline_max = int(meta.get("inline_max", 0))
+        if int(meta.get("format", 1)) < FORMAT or marked < FORMAT:
+            self._upgrade(marker)
+
+    def _upgrade(self, marker: Path) -> None:
+        """Migrate a store an earlier version wrote (see ``_db.migrate``), then its marker.
+
+        Without write access the store stays as it is and is read as it is:
+        checkpoint paths are compared canonically all the same.
+        """
+        try:
+            self._db.write(lambda conn: migrate(conn, self._stored_row))
+            self._write_marker(marker)
+        except (StorePermissionError, PermissionError):
+            return
 
     # -- opening ---------------------------------------------------------------------------
 
-    def _check_marker(self, marker: Path) -> None:
+    def _check_marker(self, marker: Path) -> int:
+        """Return the marker's format (one this version reads)."""
         try:
             fmt = json.loads(marker.read_text())["format"]
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
@@ -154,11 +178,27 @@ class Store:
                 f"The store marker {marker} is damaged (expected JSON with a 'format' key): "
                 f"{err}. Rewrite it as {json.dumps({'format': FORMAT})}."
             ) from err
-        if fmt != FORMAT:
+        if fmt not in FORMATS_READ or isinstance(fmt, bool):
             raise CorruptStoreError(
                 f"The store at {self.root} has format {fmt!r}; this theseus-store reads "
-                f"format {FORMAT}. Install the theseus-store version that wrote it."
+                f"formats {', '.join(map(str, FORMATS_READ))}. Install the theseus-store "
+                "version that wrote it."
             )
+        return int(fmt)
+
+    def _write_marker(self, marker: Path) -> None:
+        """Write the marker atomically (a file of this process's own, fsynced, renamed)."""
+        text = json.dumps({"format": FORMAT}) + "\n"
+        if marker.exists() and marker.read_text() == text:
+            return
+        tmp = self.root / f"{MARKER}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        try:
+            tmp.write_text(text)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, marker)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _create(self, marker: Path) -> None:
         """Create the store unless a concurrent process did; safe from any number at once.
@@ -188,14 +228,7 @@ class Store:
             conn = self._db.connection()
             with translate(self.db_path):
                 retrying(self.db_path, lambda: create_schema(conn))
-            tmp = self.root / f"{MARKER}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-            try:
-                tmp.write_text(json.dumps({"format": FORMAT}) + "\n")
-                with open(tmp, "rb") as handle:
-                    os.fsync(handle.fileno())
-                os.replace(tmp, marker)
-            finally:
-                tmp.unlink(missing_ok=True)
+            self._write_marker(marker)
             self.created = True
 
     def _refuse_foreign(self) -> None:
@@ -415,7 +448,10 @@ class Store:
         """Index a checkpoint directory that is complete on disk.
 
         Call this only after the checkpoint writer has finished (for orbax, after
-        ``wait_until_finished``): the store lists exactly what it was told.
+        ``wait_until_finished``): the store lists exactly what it was told. The path
+        is stored canonical (:func:`canonical_path`). A node holds one entry per
+        (step, path): indexing the same checkpoint again adds nothing and returns
+        the first entry (its meta and time).
 
         Args:
             node: the node the checkpoint belongs to.
@@ -432,7 +468,7 @@ class Store:
             ValueTypeError: if ``meta`` is not JSON-serializable.
         """
         _check_node(node)
-        full = Path(path).expanduser().absolute()
+        full = canonical_path(path)
         if not full.exists() or "orbax-checkpoint-tmp" in full.name:
             raise CheckpointNotFoundError(
                 f"Checkpoint path {full} does not exist or is still being written. Index a "
@@ -443,23 +479,40 @@ class Store:
         if isinstance(step, bool) or not isinstance(step, int):
             raise ValueTypeError(f"Checkpoint step must be an int; got {step!r}.")
         meta_text = encode_meta(meta)
-        try:
-            stored, relative = str(full.relative_to(self.root)), 1
-        except ValueError:
-            stored, relative = str(full), 0
+        stored, relative = self._stored(full)
 
         def insert(conn: sqlite3.Connection) -> Checkpoint:
             now = time.time()
             nid = _lineage.node_id(conn, node, now)
-            cid = conn.execute(
+            added = conn.execute(
                 "INSERT INTO checkpoints(node, path, relative, step, meta, created) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(node, step, path) DO NOTHING",
                 (nid, stored, relative, step, meta_text, now),
-            ).lastrowid
-            conn.execute("UPDATE nodes SET ckpt = ? WHERE id = ?", (cid, nid))
-            return Checkpoint(node.identity(), str(full), step, json.loads(meta_text), now)
+            )
+            if added.rowcount:
+                conn.execute("UPDATE nodes SET ckpt = ? WHERE id = ?", (added.lastrowid, nid))
+                return Checkpoint(node.identity(), str(full), step, json.loads(meta_text), now)
+            kept_meta, created = conn.execute(  # registered before: that entry stands
+                "SELECT meta, created FROM checkpoints WHERE node = ? AND step = ? AND path = ?",
+                (nid, step, stored),
+            ).fetchone()
+            return Checkpoint(node.identity(), str(full), step, json.loads(kept_meta), created)
 
         return self.write(insert)
+
+    def _stored(self, full: Path) -> tuple[str, int]:
+        """``(path, relative)`` as a row holds the canonical path ``full``.
+
+        A path inside the root is stored relative to it (so a root can be moved).
+        """
+        try:
+            return str(full.relative_to(self.root)), 1
+        except ValueError:
+            return str(full), 0
+
+    def _stored_row(self, path: str, relative: int) -> tuple[str, int]:
+        """A row's ``(path, relative)`` in canonical form (for rows earlier versions wrote)."""
+        return self._stored(canonical_path(self.root / path if relative else path))
 
     def record_job(self, node: Node, job: str, config: str) -> None:
         """Record that a run of ``job`` started at ``node`` with this YAML configuration.
