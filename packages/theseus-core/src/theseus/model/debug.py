@@ -501,12 +501,18 @@ def _capture_once(
         boundary, _, cls = foreign[0] if foreign else (path, False, type(None))
         outer = [frame[0] for frame in stack if frame[1]]
         around = repr(outer[-1]) if outer else "the trace"
-        if foreign or boundary == path:
-            classes = [c for c in _lifted_subclasses(cls) if c not in hooked] if foreign else []
-            if not foreign:
-                classes = []
-            if classes and boundary not in restarted:
-                raise _Restart(boundary, classes)
+        subclasses = _lifted_subclasses(cls) if foreign else []
+        classes = [c for c in subclasses if c not in hooked]
+        if classes and boundary not in restarted:
+            raise _Restart(boundary, classes)
+        if subclasses:  # hooked, yet not seen from outside: the class is made at each call
+            kind = (lifted(subclasses[-1]) or ("transform", cls))[0]
+            raise TransformedCallError(
+                f"module path {path!r} is called inside nn.{kind} at {boundary!r}, whose "
+                "transformed class is created anew at each call (nn.{kind}(...) inside setup or "
+                "a compact method), so its values cannot leave the transform; create the "
+                f"class once at module level (Scanned = nn.{kind}(Module, ...)) and use it"
+            )
         raise TransformedCallError(
             f"module path {path!r} is called inside a JAX transformation opened within "
             f"{around} that no lifted module class wraps (jax.lax.scan, jax.vmap, or an "
