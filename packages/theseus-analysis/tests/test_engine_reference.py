@@ -52,7 +52,9 @@ class TransformedGPT(GPT):
     def setup(self) -> None:
         cfg = self.config
         self.wte = nn.Embed(cfg.vocab_size, cfg.n_embd)
-        self.blocks = [self.BLOCK(cfg, self.attention, self.mlp_config) for _ in range(cfg.n_layers)]
+        self.blocks = [
+            self.BLOCK(cfg, self.attention, self.mlp_config) for _ in range(cfg.n_layers)
+        ]
         self.ensemble = Ensemble(self.mlp_config)
         self.ln_f = _norm(cfg, "ln_f")
 
@@ -243,7 +245,7 @@ def _mlp(params, x):
 
 def _attention_weights(params, x, heads, base=10000.0):
     """Causal attention probabilities by hand, rotary positions as complex rotations."""
-    batch, seq, width = x.shape
+    batch, seq, _ = x.shape
     qkv = (x @ np.asarray(params["c_attn"]["kernel"], np.float64)).reshape(batch, seq, 3, heads, -1)
     half = qkv.shape[-1] // 2
     angle = np.arange(seq)[:, None] * base ** (-2.0 * np.arange(half) / (2 * half))
@@ -276,7 +278,9 @@ def test_a_call_inside_nn_remat_matches_capture_intermediates_of_the_twin(root: 
     # new parameters: the same compilation, numbers that follow them
     job.state = job.state.replace(params=jax.tree.map(lambda p: p * 1.5, job.state.params))
     again = job.compute()
-    np.testing.assert_allclose(again["x"], _intermediates(TwinGPT, job)["blocks_1"]["ln_1"]["__call__"][0], **TOL)
+    np.testing.assert_allclose(
+        again["x"], _intermediates(TwinGPT, job)["blocks_1"]["ln_1"]["__call__"][0], **TOL
+    )
     assert job.traces == 1 and job._analysis_fn._cache_size() == 1
 
 

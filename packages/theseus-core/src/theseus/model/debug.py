@@ -319,8 +319,8 @@ def _trace_state() -> Any:
     """The trace values are being computed in (a transform opens a new one)."""
     try:
         from jax.extend.core import get_opaque_trace_state
-    except ImportError:  # pragma: no cover - older JAX
-        from jax.core import get_opaque_trace_state  # type: ignore[attr-defined,no-redef]
+    except ImportError:  # JAX 0.9 exports it from jax.core only
+        from jax.core import get_opaque_trace_state
     return get_opaque_trace_state(convention="flax")
 
 
@@ -340,7 +340,9 @@ def lifted(cls: type) -> tuple[str, type] | None:
 
 
 def _lifted_subclasses(cls: type) -> list[type]:
-    found, todo, seen = [], list(cls.__subclasses__()), set()
+    found: list[type] = []
+    todo: list[type] = list(cls.__subclasses__())
+    seen: set[type] = set()
     while todo:
         sub = todo.pop()
         if sub in seen:
@@ -509,7 +511,7 @@ def _capture_once(
             kind = (lifted(subclasses[-1]) or ("transform", cls))[0]
             raise TransformedCallError(
                 f"module path {path!r} is called inside nn.{kind} at {boundary!r}, whose "
-                "transformed class is created anew at each call (nn.{kind}(...) inside setup or "
+                f"transformed class is created anew at each call (nn.{kind}(...) inside setup or "
                 "a compact method), so its values cannot leave the transform; create the "
                 f"class once at module level (Scanned = nn.{kind}(Module, ...)) and use it"
             )
