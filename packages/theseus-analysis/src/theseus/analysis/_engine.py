@@ -68,8 +68,8 @@ class Selection:
         return cls(tuple(paths), many)
 
 
-def _check_leaves(results: Any, owner: str) -> None:
-    for path, leaf in jax.tree_util.tree_leaves_with_path(results):
+def _check_leaves(leaves: list[tuple[Any, Any]], owner: str) -> None:
+    for path, leaf in leaves:
         if not isinstance(leaf, jax.Array | np.ndarray | np.generic | int | float | bool):
             where = f" at {jax.tree_util.keystr(path)}" if path else ""
             raise AnalysisError(
@@ -115,12 +115,15 @@ def compile_analysis(
         try:
             chosen = (layers, inputs) if selection.many else (layers[0], inputs[0])
             results = analyze(*chosen)
+            # Flattened before the inputs close: a result may hold the DebugInputs
+            # itself (or a part of it), which reads its values only while open.
+            leaves, treedef = jax.tree_util.tree_flatten_with_path(results)
         finally:  # the bound scopes and their tracers must not outlive analyze()
             for layer, given in zip(layers, inputs, strict=True):
                 layer.close()
                 given.close()
-        _check_leaves(results, owner)
-        return results
+        _check_leaves(leaves, owner)
+        return jax.tree_util.tree_unflatten(treedef, [leaf for _, leaf in leaves])
 
     return jax.jit(run, out_shardings=sharding.replicated())
 

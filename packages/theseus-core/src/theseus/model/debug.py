@@ -13,6 +13,16 @@ module is `""`):
   the call's arguments by name (`DebugInputs`). The rest of the forward pass is not
   run. Used eagerly by `BaseTrainer.debug` and under `jax.jit` by the analysis engine.
 
+Calls inside a Flax lifted transform (`nn.remat`, `nn.vmap`, `nn.scan`, ...) run in the
+transform's own trace, so their values cannot leave it. `capture` therefore takes
+them at the transformed module's own call, outside the transform: a selected
+transformed module (`nn.remat(Block)` at `"blocks_0"`, `nn.vmap(MLP)`, `nn.scan(...)`)
+is captured bound as it is, so calling it runs the transform on its real arguments
+(the whole vmapped batch, every scan iteration); a call inside `nn.remat`/`nn.checkpoint`
+or `nn.jit` (value-transparent transforms) is captured by running the transformed
+module's original class untransformed on the same variables and arguments; a call
+inside any other transform is a `TransformedCallError` naming the module to select.
+
 `DebugSession` is what `trainer.debug(path)` returns: unpack it
 (`layer, inputs = trainer.debug(path)`) or use it as a context manager; `close()`
 releases the layer and inputs, and using either afterwards is a `DebugClosedError`.
@@ -20,7 +30,9 @@ releases the layer and inputs, and using either afterwards is a `DebugClosedErro
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -36,6 +48,7 @@ __all__ = [
     "DebugLayer",
     "DebugSession",
     "DebugTargetError",
+    "TransformedCallError",
     "UnknownArgumentError",
     "UnknownPathError",
     "capture",
@@ -63,6 +76,10 @@ class UnknownArgumentError(TheseusError, KeyError):
 
 class DebugClosedError(TheseusError, RuntimeError):
     """A debug layer or its inputs used after `close()`."""
+
+
+class TransformedCallError(TheseusError, ValueError):
+    """A selected call inside a Flax transform whose calls cannot be taken apart (`nn.scan`, `nn.vmap`)."""
 
 
 def path_of(module: nn.Module) -> str:
@@ -287,6 +304,81 @@ def _arguments(context: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
     return named
 
 
+# ----------------------------------------------------------- lifted transforms
+# `nn.remat(Block)` etc. return a subclass of `Block` whose `__call__` is Flax's
+# `wrapped_fn` (functools.wraps copies its name and the flag that keeps Flax from
+# wrapping it again, so `nn.intercept_methods` never sees that outer call). While
+# `capture` runs, such classes get a thin `__call__` that reports the outer call, with
+# its real arguments, to the capture; it is removed again when `capture` returns.
+_TRANSFORMS_FILE = inspect.getsourcefile(nn.transforms)
+_TRANSPARENT = ("checkpoint", "remat", "jit")  # values are those of the untransformed call
+_hooks: list[Callable[..., Any]] = []
+
+
+def _trace_state() -> Any:
+    """The trace values are being computed in (a transform opens a new one)."""
+    try:
+        from jax.extend.core import get_opaque_trace_state
+    except ImportError:  # JAX 0.9 exports it from jax.core only
+        from jax.core import get_opaque_trace_state
+    return get_opaque_trace_state(convention="flax")
+
+
+def lifted(cls: type) -> tuple[str, type] | None:
+    """`(transform, original class)` when `cls` is `nn.remat(X)`, `nn.vmap(X, ...)`, ...; else None.
+
+    `transform` is Flax's name of the lifted transform in lower case (`"checkpoint"`
+    for `nn.remat`/`nn.checkpoint`, `"vmap"`, `"scan"`, `"jit"`, ...).
+    """
+    call = cls.__dict__.get("__call__")
+    call = getattr(call, "__theseus_lifted__", call)
+    code = getattr(call, "__code__", None)
+    if code is None or code.co_name != "wrapped_fn" or code.co_filename != _TRANSFORMS_FILE:
+        return None
+    base = cls.__bases__[0]
+    return cls.__name__.removesuffix(base.__name__).lower(), base
+
+
+def _lifted_subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    todo: list[type] = list(cls.__subclasses__())
+    seen: set[type] = set()
+    while todo:
+        sub = todo.pop()
+        if sub in seen:
+            continue
+        seen.add(sub)
+        todo.extend(sub.__subclasses__())
+        if lifted(sub) is not None:
+            found.append(sub)
+    return found
+
+
+def _hook(cls: type) -> Callable[[], None]:
+    """Report `cls`'s outer (transformed) call to the innermost active capture; returns an undo."""
+    original = cls.__dict__["__call__"]
+    if hasattr(original, "__theseus_lifted__"):
+        return lambda: None
+
+    @functools.wraps(original)
+    def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if _hooks:
+            return _hooks[-1](self, original, args, kwargs)
+        return original(self, *args, **kwargs)
+
+    __call__.__theseus_lifted__ = original  # type: ignore[attr-defined]
+    type.__setattr__(cls, "__call__", __call__)
+
+    def undo() -> None:
+        type.__setattr__(cls, "__call__", original)
+
+    return undo
+
+
+def _join(prefix: str, path: str) -> str:
+    return "/".join(p for p in (prefix, path) if p)
+
+
 def discover(run: Callable[[], Any], target: type | tuple[type, ...]) -> list[str]:
     """Paths of every `__call__` of a `target` module while `run()` runs, in call order.
 
@@ -312,10 +404,37 @@ def discover(run: Callable[[], Any], target: type | tuple[type, ...]) -> list[st
     return found
 
 
+class _Restart(Exception):
+    """A selected call ran inside a lifted transform whose class was not hooked yet."""
+
+
+_WHOLE = {
+    "vmap": "the whole vmapped batch of calls (outputs stacked on the mapped axis)",
+    "scan": "every iteration of the scan (outputs stacked on the scanned axis)",
+}
+
+
+def _named(signature: inspect.Signature, args: Any, kwargs: Any) -> dict[str, Any]:
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    named: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    return named
+
+
 def capture(
     run: Callable[[], Any], paths: Sequence[str], rngs: dict[str, jax.Array] | None = None
 ) -> list[tuple[nn.Module, DebugInputs]]:
     """Run `run()` until the first `__call__` at each of `paths`; return them bound.
+
+    Calls inside Flax lifted transforms are taken at the transformed module's own
+    call (see the module docstring): a transformed module itself is returned bound as
+    it is (calling it runs the transform), a call inside `nn.remat`/`nn.jit` comes from
+    the original class run untransformed on the same variables and arguments.
 
     Args:
         run: runs the model once (eagerly, or while tracing under `jax.jit`).
@@ -328,27 +447,28 @@ def capture(
 
     Raises:
         UnknownPathError: `run()` finished without calling some of the paths.
+        TransformedCallError: a path is called inside `nn.scan`, `nn.vmap` (or another
+            transform that is not value-transparent) below the transformed module, or
+            inside a JAX transform that no module call wraps.
     """
     wanted = list(dict.fromkeys(paths))
-    got: dict[str, tuple[nn.Module, DebugInputs]] = {}
-
-    def listen(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
-        module = context.module
-        if context.method_name == "__call__":
-            path = path_of(module)
-            if path in wanted and path not in got:
-                variables = dict(module.variables)
-                bound = module.clone(parent=None).bind(variables, rngs=rngs)
-                got[path] = (bound, DebugInputs(_arguments(context, args, kwargs)))
-                if len(got) == len(wanted):
-                    raise _Captured
-        return next_fun(*args, **kwargs)
-
+    undo: list[Callable[[], None]] = []
+    hooked: set[type] = set()
+    restarted: set[str] = set()
     try:
-        with nn.intercept_methods(listen):
-            run()
-    except _Captured:
-        pass
+        while True:
+            try:
+                got = _capture_once(run, wanted, rngs, hooked, restarted)
+                break
+            except _Restart as restart:
+                [boundary, classes] = restart.args
+                restarted.add(boundary)
+                for cls in classes:
+                    hooked.add(cls)
+                    undo.append(_hook(cls))
+    finally:
+        for step in reversed(undo):
+            step()
     missing = [p for p in wanted if p not in got]
     if missing:
         raise UnknownPathError(
@@ -356,3 +476,113 @@ def capture(
             "discovery found must be called on every run (does the trace branch on its inputs?)"
         )
     return [got[p] for p in paths]
+
+
+def _capture_once(
+    run: Callable[[], Any],
+    wanted: list[str],
+    rngs: dict[str, jax.Array] | None,
+    hooked: set[type],
+    restarted: set[str],
+) -> dict[str, tuple[nn.Module, DebugInputs]]:
+    got: dict[str, tuple[nn.Module, DebugInputs]] = {}
+    base = _trace_state()
+    prefix = [""]  # where the untransformed copy being run sits in the model
+    stack: list[tuple[str, bool, type]] = []  # active calls: (path, in the base trace, class)
+
+    def take(module: nn.Module, path: str, named: dict[str, Any]) -> None:
+        variables = dict(module.variables)
+        bound = module.clone(parent=None).bind(variables, rngs=rngs)
+        got[path] = (bound, DebugInputs(named))
+        if len(got) == len(wanted):
+            raise _Captured
+
+    def inside(path: str) -> None:
+        """`path` is called in a trace a transform opened: hook its class, or explain."""
+        foreign = [frame for frame in stack if not frame[1]]
+        boundary, _, cls = foreign[0] if foreign else (path, False, type(None))
+        outer = [frame[0] for frame in stack if frame[1]]
+        around = repr(outer[-1]) if outer else "the trace"
+        subclasses = _lifted_subclasses(cls) if foreign else []
+        classes = [c for c in subclasses if c not in hooked]
+        if classes and boundary not in restarted:
+            raise _Restart(boundary, classes)
+        if subclasses:  # hooked, yet not seen from outside: the class is made at each call
+            kind = (lifted(subclasses[-1]) or ("transform", cls))[0]
+            raise TransformedCallError(
+                f"module path {path!r} is called inside nn.{kind} at {boundary!r}, whose "
+                f"transformed class is created anew at each call (nn.{kind}(...) inside setup or "
+                "a compact method), so its values cannot leave the transform; create the "
+                f"class once at module level (Scanned = nn.{kind}(Module, ...)) and use it"
+            )
+        raise TransformedCallError(
+            f"module path {path!r} is called inside a JAX transformation opened within "
+            f"{around} that no lifted module class wraps (jax.lax.scan, jax.vmap, or an "
+            "nn.remat/nn.vmap/nn.scan class created anew inside a compact method), so its "
+            f"values cannot leave it; select {around} instead, or define the transformed "
+            "class once (RematBlock = nn.remat(Block)) and use it"
+        )
+
+    def listen(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
+        if context.method_name != "__call__":
+            return next_fun(*args, **kwargs)
+        module = context.module
+        path = _join(prefix[-1], path_of(module))
+        here = _trace_state() == base
+        if path in wanted and path not in got:
+            if not here:
+                stack.append((path, here, type(module)))
+                try:
+                    inside(path)
+                finally:
+                    stack.pop()
+            take(module, path, _arguments(context, args, kwargs))
+        stack.append((path, here, type(module)))
+        try:
+            return next_fun(*args, **kwargs)
+        finally:
+            stack.pop()
+
+    def outer_call(module: nn.Module, original: Any, args: Any, kwargs: Any) -> Any:
+        """The call of a lifted module, outside its transform (the hooked `__call__`)."""
+        path = _join(prefix[-1], path_of(module))
+        kind, cls = lifted(type(module)) or ("", type(module))
+        if _trace_state() != base:  # nested in another transform: the inner call decides
+            return original(module, *args, **kwargs)
+        if path in wanted and path not in got:
+            named = _named(inspect.signature(cls.__call__), (module, *args), kwargs)
+            named.pop(next(iter(named)))  # self
+            take(module, path, named)
+        below = [p for p in wanted if p not in got and p.startswith(path + "/" if path else "")]
+        if below and kind in _TRANSPARENT:
+            attrs = {
+                f.name: getattr(module, f.name)
+                for f in dataclasses.fields(module)
+                if f.name != "parent" and f.init
+            }
+            copy = cls(parent=None, **attrs).bind(dict(module.variables), rngs=rngs)
+            prefix.append(path)
+            try:
+                copy(*args, **kwargs)
+            finally:
+                prefix.pop()
+        elif below:
+            name = f"nn.{kind}" if kind else "a Flax transform"
+            what = _WHOLE.get(kind, "the transformed call as a whole")
+            raise TransformedCallError(
+                f"module path {below[0]!r} is called inside {name} at {path!r}, whose calls "
+                f"cannot be taken apart outside the transform; select {path!r} instead (the "
+                f"{type(module).__name__} module bound, with its arguments: calling it runs "
+                f"{what})"
+            )
+        return original(module, *args, **kwargs)
+
+    _hooks.append(outer_call)
+    try:
+        with nn.intercept_methods(listen):
+            run()
+    except _Captured:
+        pass
+    finally:
+        _hooks.pop()
+    return got

@@ -1,0 +1,376 @@
+"""The compiled engine against references it does not share code with.
+
+References: Flax's own `capture_intermediates` on the same parameters and batch
+(on an untransformed twin of a model whose blocks are `nn.remat`-ed), and layers
+computed by hand with NumPy from the parameters (the MLP, the attention
+probabilities with rotary positions written as complex rotations, a vmapped MLP
+ensemble member by member). Also: calls inside `nn.scan` and below `nn.vmap` are
+one-line errors, and an `analyze()` may return its `inputs`. Tolerance: float32 on
+CPU, rtol 1e-5 (atol 1e-6) between the compiled analysis and a reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from theseus.analysis import AnalysisBase
+from theseus.data.datasets import Synthetic
+from theseus.experiments.models.gpt import PretrainGPT
+from theseus.model.attention.base import SelfAttention
+from theseus.model.debug import DebugInputs, TransformedCallError
+from theseus.model.models import GPT, MLP, Block, _norm
+from theseus.quick import quick
+from theseus.registry import import_module_or_file
+
+jobs = import_module_or_file(str(Path(__file__).with_name("analysis_jobs.py")))
+
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+RematBlock = nn.remat(Block)
+Ensemble = nn.vmap(
+    MLP,
+    variable_axes={"params": 0},
+    split_rngs={"params": True},
+    in_axes=None,
+    out_axes=0,
+    axis_size=2,
+    metadata_params={nn.PARTITION_NAME: None},
+)
+
+
+class TransformedGPT(GPT):
+    """GPT whose blocks are `nn.remat(Block)`, plus an `nn.vmap`-ed MLP ensemble before `ln_f`."""
+
+    BLOCK = RematBlock
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.wte = nn.Embed(cfg.vocab_size, cfg.n_embd)
+        self.blocks = [
+            self.BLOCK(cfg, self.attention, self.mlp_config) for _ in range(cfg.n_layers)
+        ]
+        self.ensemble = Ensemble(self.mlp_config)
+        self.ln_f = _norm(cfg, "ln_f")
+
+    def __call__(self, x, y=None, padding_mask=None, deterministic=True):
+        h = self.wte(x)
+        for block in self.blocks:
+            h = block(h)
+        h = h + self.ensemble(h).mean(axis=0)
+        logits = self.wte.attend(self.ln_f(h))
+        return logits, None if y is None else jnp.mean(logits)
+
+
+class TwinGPT(TransformedGPT):
+    """The same model with plain blocks: same parameters, nothing transformed in the blocks."""
+
+    BLOCK = Block
+
+
+class TransformedTrainer(PretrainGPT):
+    MODEL = TransformedGPT
+
+
+class Step(Block):
+    def __call__(self, h, _):
+        return super().__call__(h), None
+
+
+ScannedStep = nn.scan(
+    Step,
+    variable_axes={"params": 0},
+    split_rngs={"params": True},
+    length=2,  # architecture/n_layers in these tests
+    metadata_params={nn.PARTITION_NAME: None},
+)
+
+
+class ScanGPT(GPT):
+    """GPT whose blocks are one `nn.scan` over a stacked `Step` (a `Block`)."""
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.wte = nn.Embed(cfg.vocab_size, cfg.n_embd)
+        self.layers = ScannedStep(cfg, self.attention, self.mlp_config)
+        self.ln_f = _norm(cfg, "ln_f")
+
+    def __call__(self, x, y=None, padding_mask=None, deterministic=True):
+        h, _ = self.layers(self.wte(x), None)
+        logits = self.wte.attend(self.ln_f(h))
+        return logits, None if y is None else jnp.mean(logits)
+
+
+class ScanTrainer(PretrainGPT):
+    MODEL = ScanGPT
+
+
+class _Analysis(AnalysisBase):
+    PATH = ""
+
+    def select(self, paths):
+        return self.PATH
+
+    def plot(self, results):
+        return None
+
+
+class RematAttention(_Analysis, TransformedTrainer):
+    TARGET = SelfAttention
+    NAME = "remat-attention"
+    PATH = "blocks_1/attn"
+
+    def analyze(self, layer, inputs):
+        return {"x": inputs.x, "out": layer(inputs.x), "weights": layer.weights(inputs.x)}
+
+
+class RematBlockOutput(_Analysis, TransformedTrainer):
+    TARGET = Block
+    NAME = "remat-block"
+    PATH = "blocks_0"
+
+    def analyze(self, layer, inputs):
+        return {"x": inputs.x, "out": layer(inputs.x)}
+
+
+class EnsembleOutput(_Analysis, TransformedTrainer):
+    TARGET = MLP
+    NAME = "ensemble"
+    PATH = "ensemble"
+
+    def analyze(self, layer, inputs):
+        return {"x": inputs.x, "out": layer(inputs.x)}
+
+
+class EnsembleInside(EnsembleOutput):
+    TARGET = nn.Dense
+    NAME = "ensemble-inside"
+    PATH = "ensemble/c_fc"
+
+
+class ScanInside(_Analysis, ScanTrainer):
+    TARGET = SelfAttention
+    NAME = "scan-inside"
+    PATH = "layers/attn"
+
+    def analyze(self, layer, inputs):
+        return inputs.x
+
+
+class ScanWhole(_Analysis, ScanTrainer):
+    TARGET = Block
+    NAME = "scan-whole"
+    PATH = "layers"
+
+    def analyze(self, layer, inputs):
+        carry, _ = layer(inputs.h, None)
+        return {"h": inputs.h, "out": carry}
+
+
+class PlainMLP(_Analysis, PretrainGPT):
+    TARGET = MLP
+    NAME = "plain-mlp"
+    PATH = "blocks_1/mlp"
+
+    def analyze(self, layer, inputs):
+        return {"x": inputs.x, "out": layer(inputs.x)}
+
+
+class PlainAttention(_Analysis, PretrainGPT):
+    TARGET = SelfAttention
+    NAME = "plain-attention"
+    PATH = "blocks_1/attn"
+
+    def analyze(self, layer, inputs):
+        return {"out": layer(inputs.x), "weights": layer.weights(inputs.x)}
+
+
+class ReturnsInputs(_Analysis, PretrainGPT):
+    TARGET = SelfAttention
+    NAME = "returns-inputs"
+    PATH = "blocks_0/attn"
+
+    def analyze(self, layer, inputs):
+        return inputs
+
+
+class ReturnsX(ReturnsInputs):
+    NAME = "returns-x"
+
+    def analyze(self, layer, inputs):
+        return inputs.x
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("reference")
+    Synthetic.prepare(root, tokens=40_000, val_tokens=6_000)
+    return root
+
+
+def _create(root: Path, cls: type, run: str):
+    with quick(root) as q:
+        q.build(cls, run)
+        jobs.tiny(q.config)
+        job = q.create()
+    job.setup()
+    return job
+
+
+def _intermediates(model_cls, job) -> dict:
+    """Every module's output on the job's batch, from Flax's `capture_intermediates`."""
+    twin = model_cls(job.model.config, job.model.attention, job.model.mlp_config)
+    x = np.asarray(job.batch("train")["x"])
+    _, state = jax.jit(
+        lambda params: twin.apply(
+            {"params": params}, x, capture_intermediates=True, mutable=["intermediates"]
+        )
+    )(job.state.params)
+    return jax.tree.map(np.asarray, state["intermediates"])
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))  # nn.gelu's default
+
+
+def _mlp(params, x):
+    """`MLP` by hand (no biases: architecture/bias is false)."""
+    return _gelu(x @ np.asarray(params["c_fc"]["kernel"])) @ np.asarray(params["c_proj"]["kernel"])
+
+
+def _attention_weights(params, x, heads, base=10000.0):
+    """Causal attention probabilities by hand, rotary positions as complex rotations."""
+    batch, seq, _ = x.shape
+    qkv = (x @ np.asarray(params["c_attn"]["kernel"], np.float64)).reshape(batch, seq, 3, heads, -1)
+    half = qkv.shape[-1] // 2
+    angle = np.arange(seq)[:, None] * base ** (-2.0 * np.arange(half) / (2 * half))
+
+    def rotate(a):
+        z = (a[..., :half] + 1j * a[..., half:]) * np.exp(1j * angle)[None, :, None, :]
+        return np.concatenate([z.real, z.imag], axis=-1)
+
+    q, k = rotate(qkv[:, :, 0]), rotate(qkv[:, :, 1])
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(2 * half)
+    scores = np.where(np.tril(np.ones((seq, seq), bool)), scores, -np.inf)
+    scores = np.exp(scores - scores.max(-1, keepdims=True))
+    return scores / scores.sum(-1, keepdims=True)
+
+
+def test_a_call_inside_nn_remat_matches_capture_intermediates_of_the_twin(root: Path) -> None:
+    job = _create(root, RematAttention, "remat")
+    values = job.compute()
+    ref = _intermediates(TwinGPT, job)
+    np.testing.assert_allclose(values["x"], ref["blocks_1"]["ln_1"]["__call__"][0], **TOL)
+    np.testing.assert_allclose(values["out"], ref["blocks_1"]["attn"]["__call__"][0], **TOL)
+    params = job.state.params["blocks_1"]["attn"]
+    heads = job.model.attention.n_head
+    expected = _attention_weights(params, values["x"].astype(np.float64), heads)
+    np.testing.assert_allclose(values["weights"], expected, **TOL)
+    # the eager debugger takes the same call
+    layer, inputs = job.debug("blocks_1/attn")
+    np.testing.assert_allclose(inputs.x, ref["blocks_1"]["ln_1"]["__call__"][0], **TOL)
+    np.testing.assert_allclose(layer(inputs.x), ref["blocks_1"]["attn"]["__call__"][0], **TOL)
+    # new parameters: the same compilation, numbers that follow them
+    job.state = job.state.replace(params=jax.tree.map(lambda p: p * 1.5, job.state.params))
+    again = job.compute()
+    np.testing.assert_allclose(
+        again["x"], _intermediates(TwinGPT, job)["blocks_1"]["ln_1"]["__call__"][0], **TOL
+    )
+    assert job.traces == 1 and job._analysis_fn._cache_size() == 1
+
+
+def test_a_remat_block_itself_is_captured_outside_the_transform(root: Path) -> None:
+    job = _create(root, RematBlockOutput, "remat-block")
+    values = job.compute()
+    ref = _intermediates(TwinGPT, job)
+    x = np.asarray(job.batch("train")["x"])
+    np.testing.assert_allclose(
+        values["x"], np.asarray(job.state.params["wte"]["embedding"])[x], **TOL
+    )
+    np.testing.assert_allclose(values["out"], ref["blocks_0"]["__call__"][0], **TOL)
+
+
+def test_an_nn_vmap_module_gives_the_whole_batch_of_calls(root: Path) -> None:
+    job = _create(root, EnsembleOutput, "ensemble")
+    assert "ensemble" in job.find(MLP)
+    values = job.compute()
+    ref = _intermediates(TwinGPT, job)
+    np.testing.assert_allclose(values["x"], ref["blocks_1"]["__call__"][0], **TOL)
+    params = jax.tree.map(np.asarray, job.state.params["ensemble"])
+    assert values["out"].shape == (2, *values["x"].shape)  # stacked on the mapped axis
+    for member in range(2):
+        mine = jax.tree.map(lambda p, m=member: p[m], params)
+        np.testing.assert_allclose(values["out"][member], _mlp(mine, values["x"]), **TOL)
+    layer, inputs = job.debug("ensemble")
+    np.testing.assert_allclose(layer(inputs.x), values["out"], **TOL)
+
+
+def test_a_call_below_nn_vmap_is_a_one_line_error(root: Path) -> None:
+    job = _create(root, EnsembleInside, "ensemble-inside")
+    message = r"'ensemble/c_fc' is called inside nn\.vmap at 'ensemble'.*select 'ensemble'"
+    with pytest.raises(TransformedCallError, match=message):
+        job.compute()
+    with pytest.raises(TransformedCallError, match=message):
+        job.debug("ensemble/c_fc")
+
+
+def test_a_call_inside_nn_scan_is_a_one_line_error(root: Path) -> None:
+    job = _create(root, ScanInside, "scan-inside")
+    assert job.find(SelfAttention) == ["layers/attn"]
+    message = r"^module path 'layers/attn' is called inside nn\.scan at 'layers'.*select 'layers'"
+    with pytest.raises(TransformedCallError, match=message) as info:
+        job.compute()
+    assert "\n" not in str(info.value).split("\n-----")[0]  # JAX may add a traceback note
+    with pytest.raises(TransformedCallError, match=message):
+        job.debug("layers/attn")
+
+
+def test_the_scanned_module_itself_runs_every_iteration(root: Path) -> None:
+    job = _create(root, ScanWhole, "scan-whole")
+    values = job.compute()
+    params = job.state.params
+    x = np.asarray(job.batch("train")["x"])
+    h = np.asarray(params["wte"]["embedding"])[x]
+    np.testing.assert_allclose(values["h"], h, **TOL)
+    # reference: the plain GPT's blocks applied one by one with each iteration's slice
+    block = Block(job.model.config, job.model.attention, job.model.mlp_config)
+    for i in range(job.model.config.n_layers):
+        mine = jax.tree.map(lambda p, i=i: p[i], params["layers"])
+        h = np.asarray(jax.jit(block.apply)({"params": mine}, h))
+    np.testing.assert_allclose(values["out"], h, **TOL)
+
+
+def test_the_compiled_mlp_matches_flax_and_a_hand_computation(root: Path) -> None:
+    job = _create(root, PlainMLP, "plain-mlp")
+    values = job.compute()
+    ref = _intermediates(GPT, job)
+    np.testing.assert_allclose(values["x"], ref["blocks_1"]["ln_2"]["__call__"][0], **TOL)
+    np.testing.assert_allclose(values["out"], ref["blocks_1"]["mlp"]["__call__"][0], **TOL)
+    params = jax.tree.map(np.asarray, job.state.params["blocks_1"]["mlp"])
+    np.testing.assert_allclose(values["out"], _mlp(params, values["x"]), **TOL)
+
+
+def test_the_compiled_attention_matches_flax_and_a_hand_computation(root: Path) -> None:
+    job = _create(root, PlainAttention, "plain-attention")
+    values = job.compute()
+    ref = _intermediates(GPT, job)
+    np.testing.assert_allclose(values["out"], ref["blocks_1"]["attn"]["__call__"][0], **TOL)
+    x = ref["blocks_1"]["ln_1"]["__call__"][0].astype(np.float64)
+    params = job.state.params["blocks_1"]["attn"]
+    expected = _attention_weights(params, x, job.model.attention.n_head)
+    np.testing.assert_allclose(values["weights"], expected, **TOL)
+
+
+def test_analyze_may_return_its_inputs(root: Path) -> None:
+    whole = _create(root, ReturnsInputs, "returns-inputs").compute()
+    job = _create(root, ReturnsX, "returns-x")
+    x = job.compute()
+    assert isinstance(whole, DebugInputs) and set(whole) == {"x", "deterministic"}
+    np.testing.assert_array_equal(whole.x, x)
+    rows = np.asarray(job.batch("train")["x"])
+    np.testing.assert_allclose(whole.x, np.asarray(jobs.embed_reference(job, rows)), **TOL)
