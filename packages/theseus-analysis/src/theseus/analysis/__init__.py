@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from theseus.analysis._base import AnalysisBase, AnalysisResult
     from theseus.analysis._engine import Selection
     from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
+    from theseus.analysis._view import TrainerView
     from theseus.model.debug import DebugInputs, DebugLayer
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "DebugInputs",
     "DebugLayer",
     "Selection",
+    "TrainerView",
 ]
 
 # The engine needs JAX and Flax; the recorder (`theseus.analysis.inspector`) must not
@@ -45,6 +47,7 @@ _LAZY = {
     "Selection": "theseus.analysis._engine",
     "AnalysisError": "theseus.analysis._errors",
     "AnalysisSelectionError": "theseus.analysis._errors",
+    "TrainerView": "theseus.analysis._view",
     "DebugInputs": "theseus.model.debug",
     "DebugLayer": "theseus.model.debug",
 }

@@ -7,8 +7,9 @@ model, data, setup from fresh weights or a checkpoint, surgery) and replaces `ru
         -> results on every host -> plot(results) on host zero -> PDF/JSON file + artifact
 
 A standalone analysis is a job: `A(spec)` or `A(spec, base=node)`, then call it.
-A tandem analysis is a borrowed view, `A.from_trainer(trainer)`, that the trainer
-runs at validation cadence on its own node, state and batch.
+A tandem analysis is a borrowed view, `A.from_trainer(trainer)` (a `TrainerView`,
+in `_view.py`), that the trainer runs at validation cadence on its own node, state
+and batch.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from theseus.analysis import _comet
 from theseus.analysis._engine import Selection, compile_analysis, to_host
 from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
 from theseus.analysis._publish import render, write_atomic
-from theseus.config import configure
 from theseus.job import Mode, is_primary, process_count
 from theseus.store import Artifact, Node
 
@@ -110,12 +110,11 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         configuration: Tree
         args: Any
         model: Any
-        _store: Store | None
-        _owns_store: bool
-        _sharding: ParameterShardingContext | None
 
         @property
         def mode(self) -> Mode | None: ...
+        @property
+        def node(self) -> Node: ...
         @property
         def sharding(self) -> ParameterShardingContext: ...
         @property
@@ -146,12 +145,11 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._check_declarations()
-        self._init_engine(borrowed=None)
+        self._init_engine()
         super().__init__(*args, **kwargs)
 
-    def _init_engine(self, borrowed: Any) -> None:
-        """The engine's own fields (a standalone job's, or a view of `borrowed`)."""
-        self._borrowed = borrowed
+    def _init_engine(self) -> None:
+        """The engine's own fields (a standalone job's, or a tandem view's)."""
         self._in_analyze = False
         self._analysis_fn: Any = None
         self._selection: Selection | None = None
@@ -182,67 +180,40 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
     # ------------------------------------------------------------- borrowed view
     @classmethod
     def from_trainer(cls, trainer: Any) -> AnalysisBase[C, M]:
-        """A view of this analysis on `trainer`'s node, state, batch, spec, store and sharding.
+        """A view of this analysis that holds `trainer` (a `TrainerView`, see its docstring).
 
-        The view is not constructed as a job and allocates nothing; it checks its
-        selection now, so a bad `select()` fails before training goes on. It never
-        sets up, ticks or cleans up, and its state cannot be assigned.
+        The view is not constructed as a job and allocates nothing: the trainer's
+        spec, store, configuration, model, sharding, node, state, cursor, keys and
+        batches are read from the trainer itself. It checks its selection now, so a
+        bad `select()` fails before training goes on. It never sets up, ticks or
+        cleans up (those raise `AnalysisError`), and its state cannot be assigned.
         """
+        from theseus.analysis._view import view_class
+
         cls._check_declarations()
-        view = cls.__new__(cls)
-        view._init_engine(borrowed=trainer)
-        view.spec = trainer.spec
-        view.base = None
-        view._store = trainer.store
-        view._owns_store = False
-        view.configuration = trainer.configuration
-        schema = getattr(cls, "CONFIG", None)
-        view.args = configure(schema, trainer.configuration) if schema is not None else None
-        view.model = trainer.model
-        view._sharding = trainer.sharding
+        view = view_class(cls)(trainer)
         view._prepare()
         return view
 
     @property
     def borrowed(self) -> bool:
-        """Whether this is a trainer's tandem view."""
-        return self._borrowed is not None
-
-    @property
-    def node(self) -> Node:
-        """The live node (the trainer's, for a borrowed view)."""
-        if self._borrowed is not None:
-            return self._borrowed.node
-        return super().node  # type: ignore[misc]
+        """Whether this is a trainer's tandem view (False for a standalone analysis)."""
+        return False
 
     @property
     def state(self) -> Any:
         """The train state being analyzed (the trainer's live state, for a borrowed view)."""
         self._not_while_analyzing("self.state")
-        if self._borrowed is not None:
-            return self._borrowed.state
         return self.__dict__.get("_own_state")
 
     @state.setter
     def state(self, value: Any) -> None:
-        if self.__dict__.get("_borrowed") is not None:
-            raise AnalysisError(
-                f"{type(self).__name__} is a borrowed view of {type(self._borrowed).__name__}; "
-                "its state is the trainer's and cannot be replaced here"
-            )
         self.__dict__["_own_state"] = value
 
     def batch(self, slice: str = "train") -> Any:
         """The live node's batch (a borrowed view reads the trainer's node-cached batch)."""
         self._not_while_analyzing("self.batch()")
-        if self._borrowed is not None:
-            return self._borrowed.batch(slice)
         return super().batch(slice)  # type: ignore[misc]
-
-    def __repr__(self) -> str:
-        if self._borrowed is not None:
-            return f"<{type(self).__name__} view of {self._borrowed!r}>"
-        return super().__repr__()
 
     def _not_while_analyzing(self, what: str) -> None:
         if self.__dict__.get("_in_analyze"):
@@ -269,16 +240,8 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         finally:
             self._in_analyze = False
 
-    def _not_for_views(self, what: str) -> None:
-        if self._borrowed is not None:
-            raise AnalysisError(
-                f"{type(self).__name__} is a borrowed view of {type(self._borrowed).__name__}: "
-                f"the trainer owns setup, ticking and cleanup, so the view cannot {what}"
-            )
-
     def setup(self, resume: bool = False) -> Node:
         """Set up as the trainer does (fresh weights, or the base checkpoint); idempotent."""
-        self._not_for_views("set up")
         return super().setup(resume)  # type: ignore[misc]
 
     def tick(self) -> Node:
@@ -290,12 +253,10 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
 
     def finish(self) -> None:
         """Finish as a job does, and end the Comet experiment (its files are sent or written)."""
-        self._not_for_views("finish")
         super().finish()  # type: ignore[misc]
         _comet.close()
 
     def __call__(self, resume: bool = False) -> Any:
-        self._not_for_views("run as a job")
         return super().__call__(resume)  # type: ignore[misc]
 
     def status_key(self, what: str) -> str:
@@ -374,10 +335,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         Every host must call it (the results are gathered across hosts).
         """
         fn = self._compiled_analysis()
-        key = None
-        if self.STOCHASTIC:
-            owner = self._borrowed if self._borrowed is not None else self
-            key = owner.inspection_key()
+        key = self.inspection_key() if self.STOCHASTIC else None
         batch = self.inspection_batch()
         return to_host(fn(self.state, batch, key))
 
@@ -424,8 +382,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
     def close(self) -> None:
         """End the Comet experiment (if any) and close the store if this job opened it."""
         _comet.close()
-        if self._borrowed is None:
-            super().close()  # type: ignore[misc]
+        super().close()  # type: ignore[misc]
 
 
 def _names(target: type | tuple[type, ...]) -> str:

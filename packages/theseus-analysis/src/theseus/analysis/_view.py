@@ -1,0 +1,243 @@
+"""`TrainerView`: a tandem analysis, made as a view that holds its trainer.
+
+`A.from_trainer(trainer)` returns an instance of `TrainerView[A]`, a subclass of the
+analysis `A` with this mixin first. The view is built by one constructor that takes
+the trainer, never by `BasicJob.__init__`, and it copies none of the trainer's fields:
+every attribute the trainer documents is either forwarded to the trainer (read-only),
+computed by the analysis on the trainer's state (`find`, `debug`, `run`, ...), or
+refused with an `AnalysisError` (setting up, ticking, finishing, checkpointing). So no
+attribute of a view can be missing; `FORWARDED`, `OWN` and `REFUSED` list them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+
+from theseus.analysis import _comet
+from theseus.analysis._base import AnalysisBase
+from theseus.analysis._errors import AnalysisError
+from theseus.config import configure
+
+if TYPE_CHECKING:
+    from theseus.store import Node
+
+__all__ = ["TrainerView", "view_class"]
+
+
+def _forwarded(name: str, doc: str) -> Any:
+    """A read-only property that returns `trainer.<name>`; assigning it is an `AnalysisError`."""
+
+    def get(self: TrainerView) -> Any:
+        return getattr(self.trainer, name)
+
+    def refuse(self: TrainerView, value: Any) -> None:
+        self._refuse_assignment(name)
+
+    return property(get, refuse, doc=f"{doc} (the trainer's, read-only).")
+
+
+class TrainerView(AnalysisBase[Any, Any]):
+    """A tandem analysis: a view of the trainer it is borrowed from.
+
+    Forwarded to the trainer (`view.X` is `trainer.X`; assigning one raises
+    `AnalysisError`): `spec`, `base`, `mode`, `configuration`, `model`, `store`,
+    `sharding`, `node`, `state`, `cursor`, `block_size`, `total_steps`,
+    `accumulate_steps`, `analysis_failures`, and the methods `batch_geometry()`,
+    `batch(slice)`, `inspection_batch()`, `step_key()`, `inspection_key()`,
+    `validate()`, `evaluate_batch(rows)`, `log(values)`.
+
+    The view's own: `trainer` (the trainer itself), `borrowed` (True), `args` (the
+    analysis's `CONFIG` read from the trainer's configuration), `traces`, and the
+    methods `find`, `debug` (the analysis's `trace` on the trainer's state and batch),
+    `configure`, `activated` (the trainer's configuration), `status_key`, `compute`,
+    `run` and `close` (ends the Comet experiment; the store stays the trainer's).
+
+    Refused with `AnalysisError` (the trainer owns them): `setup`, `on_setup`,
+    `before_run`, `tick`, `finish`, `on_finish`, `save_checkpoint` and `__call__`
+    (running the view as a job).
+    """
+
+    FORWARDED: ClassVar[tuple[str, ...]] = (
+        "spec",
+        "base",
+        "mode",
+        "configuration",
+        "model",
+        "store",
+        "sharding",
+        "node",
+        "state",
+        "cursor",
+        "block_size",
+        "total_steps",
+        "accumulate_steps",
+        "analysis_failures",
+        "batch_geometry",
+        "batch",
+        "inspection_batch",
+        "step_key",
+        "inspection_key",
+        "validate",
+        "evaluate_batch",
+        "log",
+    )
+    OWN: ClassVar[tuple[str, ...]] = (
+        "trainer",
+        "borrowed",
+        "args",
+        "traces",
+        "find",
+        "debug",
+        "configure",
+        "activated",
+        "status_key",
+        "compute",
+        "run",
+        "close",
+    )
+    REFUSED: ClassVar[tuple[str, ...]] = (
+        "setup",
+        "on_setup",
+        "before_run",
+        "tick",
+        "finish",
+        "on_finish",
+        "save_checkpoint",
+        "__call__",
+    )
+
+    def __init__(self, trainer: Any) -> None:  # not a job: BasicJob.__init__ never runs
+        self._check_declarations()
+        self._init_engine()
+        self._trainer = trainer
+        schema = getattr(type(self), "CONFIG", None)
+        self.args = configure(schema, trainer.configuration) if schema is not None else None
+
+    # ------------------------------------------------------------------ own
+    @property
+    def trainer(self) -> Any:
+        """The trainer this view is borrowed from."""
+        return self._trainer
+
+    @property
+    def borrowed(self) -> bool:
+        """Always True: this is a trainer's tandem view."""
+        return True
+
+    def close(self) -> None:
+        """End the Comet experiment (if any); the store is the trainer's and stays open."""
+        _comet.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} view of {self._trainer!r}>"
+
+    # ------------------------------------------------------------ forwarded
+    spec = _forwarded("spec", "Who the run is and where it writes")
+    base = _forwarded("base", "The node the trainer branched from or resumed")
+    mode = _forwarded("mode", "How the trainer's setup chose its node")
+    configuration = _forwarded("configuration", "The composed configuration")
+    model = _forwarded("model", "The Flax model")
+    store = _forwarded("store", "The store")
+    sharding = _forwarded("sharding", "The mesh and logical-axis rules")
+    node = _forwarded("node", "The live node")
+    cursor = _forwarded("cursor", "Position of the live node's batch in the data plan")
+    block_size = _forwarded("block_size", "Sequence length of a batch row")
+    total_steps = _forwarded("total_steps", "Optimizer steps of the whole run")
+    accumulate_steps = _forwarded("accumulate_steps", "Micro-steps per optimizer step")
+    analysis_failures = _forwarded("analysis_failures", "Tandem analyses that failed")
+
+    @property
+    def state(self) -> Any:
+        """The trainer's live state (read-only; not readable inside `analyze`)."""
+        self._not_while_analyzing("self.state")
+        return self._trainer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._refuse_assignment("state")
+
+    def batch(self, slice: str = "train") -> Any:
+        """The trainer's node-cached batch (not readable inside `analyze`)."""
+        self._not_while_analyzing("self.batch()")
+        return self._trainer.batch(slice)
+
+    def batch_geometry(self) -> dict[str, int]:
+        """The trainer's `MixturePlan.batch` arguments for this process."""
+        return self._trainer.batch_geometry()
+
+    def inspection_batch(self) -> dict[str, Any]:
+        """The trainer's first micro-batch of the live node, placed on the devices."""
+        return self._trainer.inspection_batch()
+
+    def step_key(self) -> Any:
+        """The RNG key of the trainer's update at the live node."""
+        return self._trainer.step_key()
+
+    def inspection_key(self) -> Any:
+        """The dropout key of the trainer's first micro-step at the live node."""
+        return self._trainer.inspection_key()
+
+    def validate(self) -> dict[str, float]:
+        """The trainer's validation loss on its live state (its compiled program)."""
+        return self._trainer.validate()
+
+    def evaluate_batch(self, rows: Any) -> tuple[float, int]:
+        """The trainer's `(loss_sum, count)` of `val_step` on host rows."""
+        return self._trainer.evaluate_batch(rows)
+
+    def log(self, values: dict[str, Any]) -> None:
+        """Record scalar values on the trainer's live node (host zero only)."""
+        self._trainer.log(values)
+
+    # -------------------------------------------------------------- refused
+    def setup(self, resume: bool = False) -> Node:
+        self._refuse("setup", "it was set up with the trainer", standalone=True)
+
+    def on_setup(self, mode: Any) -> None:
+        self._refuse("setup", "it was set up with the trainer", standalone=True)
+
+    def before_run(self) -> None:
+        self._refuse("running", "the trainer calls view.run() at validation", standalone=True)
+
+    def tick(self) -> Node:
+        self._refuse("ticking", "the view always reads trainer.node; tick the trainer")
+
+    def finish(self) -> None:
+        self._refuse("finishing", "the trainer calls view.close() when it finishes")
+
+    def on_finish(self) -> None:
+        self._refuse("finishing", "the trainer calls view.close() when it finishes")
+
+    def save_checkpoint(self) -> None:
+        self._refuse("checkpoints", "call trainer.save_checkpoint()")
+
+    def __call__(self, resume: bool = False) -> Any:
+        self._refuse("running as a job", "call view.run() to analyze now", standalone=True)
+
+    def _refuse(self, what: str, instead: str, *, standalone: bool = False) -> NoReturn:
+        name = type(self).__name__
+        alone = f", or run {name}(spec, base=node)() as its own job" if standalone else ""
+        raise AnalysisError(
+            f"{name} is a view borrowed from {type(self._trainer).__name__}, and the trainer "
+            f"owns {what}: {instead}{alone}"
+        )
+
+    def _refuse_assignment(self, name: str) -> NoReturn:
+        raise AnalysisError(
+            f"{type(self).__name__} is a view borrowed from {type(self._trainer).__name__}; "
+            f"its {name} is the trainer's and cannot be replaced here"
+        )
+
+
+@functools.cache
+def view_class(cls: type[AnalysisBase[Any, Any]]) -> type[TrainerView]:
+    """`TrainerView[cls]`: the analysis `cls` with the view's attributes first (made once)."""
+    if issubclass(cls, TrainerView):
+        return cls
+    namespace = {
+        "__module__": cls.__module__,
+        "__qualname__": f"TrainerView[{cls.__qualname__}]",
+        "__doc__": cls.__doc__,
+    }
+    return type(cls.__name__, (TrainerView, cls), namespace)
