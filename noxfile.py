@@ -36,7 +36,7 @@ SIBLINGS = {
 TEST_DEPS = {
     "theseus-plot": ["pytest", "pytest-timeout", "pandas"],
     "theseus-store": ["pytest", "pytest-timeout", "hypothesis"],
-    "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock"],
+    "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "hypothesis"],
     "theseus-analysis": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox"],
 }
 # The JAX packages' suites are spread over the cores, as the README's command does
