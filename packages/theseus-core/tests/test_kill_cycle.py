@@ -58,10 +58,14 @@ def plan(seed: int) -> Plan:
     rng = random.Random(seed)
     interval = rng.choice((1, 2, 3))
     stages = []
-    for _ in range(rng.choice((1, 2))):  # killed stages; a last one trains to the end
+    last = 0  # a stage resumes at or before the step where the one before was killed,
+    for _ in range(rng.choice((1, 2))):  # so each pause comes later than the last one
         where = rng.choice(("save", "tick"))
-        at = rng.choice([s for s in range(1, STEPS) if where == "tick" or s % interval == 0])
-        stages.append(Stage(rng.choice(SPELLINGS), f"{where}:{at}", rng.choice((0, 0.02, 0.2))))
+        later = [s for s in range(last + 1, STEPS) if where == "tick" or s % interval == 0]
+        if not later:
+            break
+        last = rng.choice(later[: max(1, len(later) - 1)])  # leave room for one more
+        stages.append(Stage(rng.choice(SPELLINGS), f"{where}:{last}", rng.choice((0, 0.02, 0.2))))
     stages.append(Stage(rng.choice(SPELLINGS), "none", 0.0))
     return Plan(seed, rng.choice(RUN_NAMES), interval, tuple(stages), rng.choice(SPELLINGS))
 
