@@ -602,7 +602,8 @@ def _layer_mapping(
     """
     if kind == "vmap":
         variable_axes, split_rngs = trafo_args
-        extra = {k: trafo_kwargs[k] for k in ("axis_name", "spmd_axis_name") if k in trafo_kwargs}
+        names = ("axis_name", "spmd_axis_name")
+        extra: dict[str, Any] = {k: trafo_kwargs[k] for k in names if k in trafo_kwargs}
     else:
         if trafo_kwargs.get("variable_carry", False) is not False:
             raise TransformedCallError(
