@@ -1,11 +1,13 @@
 """The compiled engine against references it does not share code with.
 
 References: Flax's own `capture_intermediates` on the same parameters and batch
-(on an untransformed twin of a model whose blocks are `nn.remat`-ed), and layers
-computed by hand with NumPy from the parameters (the MLP, the attention
-probabilities with rotary positions written as complex rotations, a vmapped MLP
-ensemble member by member). Also: calls inside `nn.scan` and below `nn.vmap` are
-one-line errors, and an `analyze()` may return its `inputs`. Tolerance: float32 on
+(on untransformed twins of models whose blocks are `nn.remat`-ed: at module level, in
+`setup`, inline in a compact method), the plain `Block` applied iteration by iteration
+(for calls below `nn.scan`), and layers computed by hand with NumPy from the
+parameters (the MLP, the attention probabilities with rotary positions written as
+complex rotations, a vmapped MLP ensemble and the dense layers inside it member by
+member). Also: a call below an `nn.scan` that carries variables is a one-line error,
+and an `analyze()` may return its `inputs`. Tolerance: float32 on
 CPU, rtol 1e-5 (atol 1e-6) between the compiled analysis and a reference.
 """
 

@@ -15,13 +15,19 @@ module is `""`):
 
 Calls inside a Flax lifted transform (`nn.remat`, `nn.vmap`, `nn.scan`, ...) run in the
 transform's own trace, so their values cannot leave it. `capture` therefore takes
-them at the transformed module's own call, outside the transform: a selected
-transformed module (`nn.remat(Block)` at `"blocks_0"`, `nn.vmap(MLP)`, `nn.scan(...)`)
-is captured bound as it is, so calling it runs the transform on its real arguments
-(the whole vmapped batch, every scan iteration); a call inside `nn.remat`/`nn.checkpoint`
-or `nn.jit` (value-transparent transforms) is captured by running the transformed
-module's original class untransformed on the same variables and arguments; a call
-inside any other transform is a `TransformedCallError` naming the module to select.
+them at the transformed module's own call, outside the transform (classes made inside
+`setup` or a compact method included: they are hooked as Flax creates them): a
+selected transformed module (`nn.remat(Block)` at `"blocks_0"`, `nn.vmap(MLP)`,
+`nn.scan(...)`) is captured bound as it is, so calling it runs the transform on its
+real arguments; a call inside `nn.remat`/`nn.checkpoint` or `nn.jit` (value-transparent)
+is captured by running the original class untransformed on the same variables and
+arguments; a call below `nn.vmap` or `nn.scan` is captured by running the original class
+under the same transform, with the body returning the call's array arguments next to
+its output, so they leave stacked on a leading axis (one entry per mapped call or per
+iteration; Python values stay as they are); its module is wrapped in `nn.vmap` over
+that axis (variables on the transform's own axes), so calling it gives every entry's
+output. A call below any other transform, or below an `nn.scan` that carries
+variables, is a `TransformedCallError` naming the module to select.
 
 `DebugSession` is what `trainer.debug(path)` returns: unpack it
 (`layer, inputs = trainer.debug(path)`) or use it as a context manager; `close()`
@@ -83,7 +89,7 @@ class DebugClosedError(TheseusError, RuntimeError):
 
 
 class TransformedCallError(TheseusError, ValueError):
-    """A selected call inside a Flax transform whose calls cannot be taken apart (`nn.scan`, `nn.vmap`)."""
+    """A selected call inside a transform whose calls cannot be taken apart (`jax.lax.scan`, ...)."""
 
 
 def path_of(module: nn.Module) -> str:
