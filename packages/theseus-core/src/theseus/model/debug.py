@@ -15,13 +15,19 @@ module is `""`):
 
 Calls inside a Flax lifted transform (`nn.remat`, `nn.vmap`, `nn.scan`, ...) run in the
 transform's own trace, so their values cannot leave it. `capture` therefore takes
-them at the transformed module's own call, outside the transform: a selected
-transformed module (`nn.remat(Block)` at `"blocks_0"`, `nn.vmap(MLP)`, `nn.scan(...)`)
-is captured bound as it is, so calling it runs the transform on its real arguments
-(the whole vmapped batch, every scan iteration); a call inside `nn.remat`/`nn.checkpoint`
-or `nn.jit` (value-transparent transforms) is captured by running the transformed
-module's original class untransformed on the same variables and arguments; a call
-inside any other transform is a `TransformedCallError` naming the module to select.
+them at the transformed module's own call, outside the transform (classes made inside
+`setup` or a compact method included: they are hooked as Flax creates them): a
+selected transformed module (`nn.remat(Block)` at `"blocks_0"`, `nn.vmap(MLP)`,
+`nn.scan(...)`) is captured bound as it is, so calling it runs the transform on its
+real arguments; a call inside `nn.remat`/`nn.checkpoint` or `nn.jit` (value-transparent)
+is captured by running the original class untransformed on the same variables and
+arguments; a call below `nn.vmap` or `nn.scan` is captured by running the original class
+under the same transform, with the body returning the call's array arguments next to
+its output, so they leave stacked on a leading axis (one entry per mapped call or per
+iteration; Python values stay as they are); its module is wrapped in `nn.vmap` over
+that axis (variables on the transform's own axes), so calling it gives every entry's
+output. A call below any other transform, or below an `nn.scan` that carries
+variables, is a `TransformedCallError` naming the module to select.
 
 `DebugSession` is what `trainer.debug(path)` returns: unpack it
 (`layer, inputs = trainer.debug(path)`) or use it as a context manager; `close()`
@@ -30,6 +36,7 @@ releases the layer and inputs, and using either afterwards is a `DebugClosedErro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -39,6 +46,9 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
+import numpy as np
+from flax.core import lift
 
 from theseus.errors import TheseusError
 
@@ -79,7 +89,7 @@ class DebugClosedError(TheseusError, RuntimeError):
 
 
 class TransformedCallError(TheseusError, ValueError):
-    """A selected call inside a Flax transform whose calls cannot be taken apart (`nn.scan`, `nn.vmap`)."""
+    """A selected call inside a transform whose calls cannot be taken apart (`jax.lax.scan`, ...)."""
 
 
 def path_of(module: nn.Module) -> str:
@@ -310,8 +320,16 @@ def _arguments(context: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
 # wrapping it again, so `nn.intercept_methods` never sees that outer call). While
 # `capture` runs, such classes get a thin `__call__` that reports the outer call, with
 # its real arguments, to the capture; it is removed again when `capture` returns.
+# Classes that exist before `capture` starts are hooked when a selected call is first
+# seen inside one (the capture then runs again); classes made while it runs
+# (`nn.remat(Block)` inside `setup` or a compact method) are hooked as Flax makes them:
+# `capture` wraps `flax.linen.transforms.module_class_lift_transform` (and its cached
+# twin, used by `nn.jit`), through which every lifted module class is created.
 _TRANSFORMS_FILE = inspect.getsourcefile(nn.transforms)
 _TRANSPARENT = ("checkpoint", "remat", "jit")  # values are those of the untransformed call
+_MAPPED = ("vmap", "scan")  # calls below are re-run in a probe that returns their values
+_MAKERS = ("module_class_lift_transform", "module_class_lift_transform_cached")
+_make_lifted = nn.transforms.module_class_lift_transform  # the original, never hooked
 _hooks: list[Callable[..., Any]] = []
 
 
@@ -337,6 +355,16 @@ def lifted(cls: type) -> tuple[str, type] | None:
         return None
     base = cls.__bases__[0]
     return cls.__name__.removesuffix(base.__name__).lower(), base
+
+
+def _lift_arguments(call: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """`(lift transform, its positional, its keyword arguments)` a lifted `__call__` closes over."""
+    cells = dict(zip(call.__code__.co_freevars, call.__closure__ or (), strict=True))
+    return (
+        cells["transform"].cell_contents,
+        tuple(cells["trafo_args"].cell_contents),
+        dict(cells["trafo_kwargs"].cell_contents),
+    )
 
 
 def _lifted_subclasses(cls: type) -> list[type]:
@@ -373,6 +401,32 @@ def _hook(cls: type) -> Callable[[], None]:
         type.__setattr__(cls, "__call__", original)
 
     return undo
+
+
+@contextlib.contextmanager
+def _hook_new_classes(hooked: set[type], undo: list[Callable[[], None]]) -> Iterator[None]:
+    """Hook every lifted module class Flax creates while the block runs (see above)."""
+    saved = {name: getattr(nn.transforms, name) for name in _MAKERS}
+
+    def hooking(make: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(make)
+        def making(*args: Any, **kwargs: Any) -> Any:
+            made = make(*args, **kwargs)
+            cls = made.func if isinstance(made, functools.partial) else made
+            if isinstance(cls, type) and cls not in hooked and lifted(cls) is not None:
+                hooked.add(cls)
+                undo.append(_hook(cls))
+            return made
+
+        return making
+
+    for name, make in saved.items():
+        setattr(nn.transforms, name, hooking(make))
+    try:
+        yield
+    finally:
+        for name, make in saved.items():
+            setattr(nn.transforms, name, make)
 
 
 def _join(prefix: str, path: str) -> str:
@@ -434,7 +488,10 @@ def capture(
     Calls inside Flax lifted transforms are taken at the transformed module's own
     call (see the module docstring): a transformed module itself is returned bound as
     it is (calling it runs the transform), a call inside `nn.remat`/`nn.jit` comes from
-    the original class run untransformed on the same variables and arguments.
+    the original class run untransformed on the same variables and arguments, a call
+    below `nn.vmap`/`nn.scan` from the original class run under the same transform with
+    its values returned stacked on a leading axis (one entry per mapped call or per
+    iteration) and its module wrapped in `nn.vmap` over that axis.
 
     Args:
         run: runs the model once (eagerly, or while tracing under `jax.jit`).
@@ -447,8 +504,8 @@ def capture(
 
     Raises:
         UnknownPathError: `run()` finished without calling some of the paths.
-        TransformedCallError: a path is called inside `nn.scan`, `nn.vmap` (or another
-            transform that is not value-transparent) below the transformed module, or
+        TransformedCallError: a path is called below a transform that is neither
+            value-transparent nor mapped (or an `nn.scan` that carries variables), or
             inside a JAX transform that no module call wraps.
     """
     wanted = list(dict.fromkeys(paths))
@@ -456,16 +513,17 @@ def capture(
     hooked: set[type] = set()
     restarted: set[str] = set()
     try:
-        while True:
-            try:
-                got = _capture_once(run, wanted, rngs, hooked, restarted)
-                break
-            except _Restart as restart:
-                [boundary, classes] = restart.args
-                restarted.add(boundary)
-                for cls in classes:
-                    hooked.add(cls)
-                    undo.append(_hook(cls))
+        with _hook_new_classes(hooked, undo):
+            while True:
+                try:
+                    got = _capture_once(run, wanted, rngs, hooked, restarted)
+                    break
+                except _Restart as restart:
+                    [boundary, classes] = restart.args
+                    restarted.add(boundary)
+                    for cls in classes:
+                        hooked.add(cls)
+                        undo.append(_hook(cls))
     finally:
         for step in reversed(undo):
             step()
@@ -478,6 +536,97 @@ def capture(
     return [got[p] for p in paths]
 
 
+@dataclasses.dataclass
+class _Level:
+    """Where calls are being taken: the run itself, or the body of a mapped transform.
+
+    Attributes:
+        trace: the trace state calls at this level run in.
+        recorded: inside a probed `nn.vmap`/`nn.scan` body, the selected calls seen
+            there (module, arguments by name), returned from the body stacked; None for
+            the run itself, whose calls are taken as they come.
+    """
+
+    trace: Any
+    recorded: dict[str, tuple[nn.Module, dict[str, Any]]] | None = None
+
+
+class _MappedLeaf:
+    """Stands for an array argument in a probed call's arguments (returned stacked)."""
+
+
+_MAPPED_LEAF = _MappedLeaf()
+
+
+def _attributes(module: nn.Module) -> dict[str, Any]:
+    """The dataclass fields a module was constructed with (what a copy of it needs)."""
+    return {
+        f.name: getattr(module, f.name)
+        for f in dataclasses.fields(module)
+        if f.name != "parent" and f.init
+    }
+
+
+def _is_array(leaf: Any) -> bool:
+    return isinstance(leaf, jax.Array | np.ndarray)
+
+
+def _subtree(variables: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Each collection's variables of the submodule at `path` (relative, `/`-joined)."""
+    found: dict[str, Any] = {}
+    for collection, tree in variables.items():
+        for part in path.split("/") if path else ():
+            if not isinstance(tree, Mapping) or part not in tree:
+                break
+            tree = tree[part]
+        else:
+            found[collection] = tree
+    return found
+
+
+def _public_methods(cls: type) -> list[str]:
+    """`__call__` and the public methods `cls` defines below `nn.Module` (mapped on a layer)."""
+    names = ["__call__"]
+    for klass in cls.__mro__:
+        if klass is nn.Module or not issubclass(klass, nn.Module):
+            continue
+        for name, value in vars(klass).items():
+            public = not name.startswith("_") and name != "setup"
+            if public and inspect.isfunction(value) and name not in names:
+                names.append(name)
+    return names
+
+
+def _layer_mapping(
+    kind: str, path: str, trafo_args: tuple[Any, ...], trafo_kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`lift.vmap` arguments that map a call below `nn.vmap`/`nn.scan` over its stacked values.
+
+    The variables keep the transform's own axes (`variable_axes`; an `nn.scan`'s
+    broadcast collections are shared), RNGs are split as the transform splits them,
+    and every positional argument and output is mapped over axis 0.
+    """
+    if kind == "vmap":
+        variable_axes, split_rngs = trafo_args
+        names = ("axis_name", "spmd_axis_name")
+        extra: dict[str, Any] = {k: trafo_kwargs[k] for k in names if k in trafo_kwargs}
+    else:
+        if trafo_kwargs.get("variable_carry", False) is not False:
+            raise TransformedCallError(
+                f"the calls below nn.scan at {path!r} cannot be taken apart: it carries "
+                f"variables from one iteration to the next (variable_carry="
+                f"{trafo_kwargs['variable_carry']!r}); select {path!r} instead"
+            )
+        variable_axes = dict(trafo_kwargs.get("variable_axes", {}))
+        broadcast = trafo_kwargs.get("variable_broadcast", False)
+        if broadcast is not False:
+            variable_axes[broadcast] = None
+        split_rngs = trafo_kwargs.get("split_rngs", {})
+        extra = {}
+    metadata = trafo_kwargs.get("metadata_params", {})
+    return (variable_axes, split_rngs), {"metadata_params": metadata, **extra}
+
+
 def _capture_once(
     run: Callable[[], Any],
     wanted: list[str],
@@ -486,16 +635,24 @@ def _capture_once(
     restarted: set[str],
 ) -> dict[str, tuple[nn.Module, DebugInputs]]:
     got: dict[str, tuple[nn.Module, DebugInputs]] = {}
-    base = _trace_state()
-    prefix = [""]  # where the untransformed copy being run sits in the model
-    stack: list[tuple[str, bool, type]] = []  # active calls: (path, in the base trace, class)
+    levels = [_Level(_trace_state())]  # the innermost is where calls are taken now
+    prefix = [""]  # where the copy being run (untransformed or probed) sits in the model
+    stack: list[tuple[str, bool, type]] = []  # active calls: (path, at its level, class)
 
-    def take(module: nn.Module, path: str, named: dict[str, Any]) -> None:
-        variables = dict(module.variables)
-        bound = module.clone(parent=None).bind(variables, rngs=rngs)
-        got[path] = (bound, DebugInputs(named))
+    def take(module: nn.Module, path: str, named: dict[str, Any], bound: bool = False) -> None:
+        recorded = levels[-1].recorded
+        if recorded is not None:  # inside a probe: returned from its body, taken after it
+            recorded.setdefault(path, (module, named))
+            return
+        if not bound:
+            module = module.clone(parent=None).bind(dict(module.variables), rngs=rngs)
+        got[path] = (module, DebugInputs(named))
         if len(got) == len(wanted):
             raise _Captured
+
+    def pending(path: str) -> bool:
+        recorded = levels[-1].recorded
+        return path in wanted and path not in got and (recorded is None or path not in recorded)
 
     def inside(path: str) -> None:
         """`path` is called in a trace a transform opened: hook its class, or explain."""
@@ -507,20 +664,19 @@ def _capture_once(
         classes = [c for c in subclasses if c not in hooked]
         if classes and boundary not in restarted:
             raise _Restart(boundary, classes)
-        if subclasses:  # hooked, yet not seen from outside: the class is made at each call
+        if subclasses:  # hooked, yet not seen from outside: made by other means than Flax's
             kind = (lifted(subclasses[-1]) or ("transform", cls))[0]
             raise TransformedCallError(
                 f"module path {path!r} is called inside nn.{kind} at {boundary!r}, whose "
-                f"transformed class is created anew at each call (nn.{kind}(...) inside setup or "
-                "a compact method), so its values cannot leave the transform; create the "
-                f"class once at module level (Scanned = nn.{kind}(Module, ...)) and use it"
+                "transformed class was not created through flax.linen.transforms while the "
+                "capture ran, so its values cannot leave the transform; create the class "
+                f"with nn.{kind}(Module, ...) and use it"
             )
         raise TransformedCallError(
             f"module path {path!r} is called inside a JAX transformation opened within "
-            f"{around} that no lifted module class wraps (jax.lax.scan, jax.vmap, or an "
-            "nn.remat/nn.vmap/nn.scan class created anew inside a compact method), so its "
-            f"values cannot leave it; select {around} instead, or define the transformed "
-            "class once (RematBlock = nn.remat(Block)) and use it"
+            f"{around} that no lifted module class wraps (jax.lax.scan, jax.vmap, ...), so "
+            f"its values cannot leave it; select {around} instead, or use the Flax lifted "
+            "transform (nn.scan, nn.vmap, nn.remat) of a module class"
         )
 
     def listen(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
@@ -528,8 +684,8 @@ def _capture_once(
             return next_fun(*args, **kwargs)
         module = context.module
         path = _join(prefix[-1], path_of(module))
-        here = _trace_state() == base
-        if path in wanted and path not in got:
+        here = _trace_state() == levels[-1].trace
+        if pending(path):
             if not here:
                 stack.append((path, here, type(module)))
                 try:
@@ -543,29 +699,90 @@ def _capture_once(
         finally:
             stack.pop()
 
+    def probe(module: nn.Module, original: Any, path: str, kind: str, args: Any) -> None:
+        """Run a mapped module's original class under its transform; take the calls below.
+
+        The body records the selected calls below (at its own level) and returns their
+        array arguments next to its output, so they leave the transform stacked on
+        axis 0; each is then taken with its module wrapped in `nn.vmap` over that axis.
+        """
+        transform, trafo_args, trafo_kwargs = _lift_arguments(original)
+        layer_args, layer_kwargs = _layer_mapping(kind, path, trafo_args, trafo_kwargs)
+        cls = lifted(type(module))[1]  # type: ignore[index]
+        recorded: dict[str, tuple[nn.Module, dict[str, Any]]] = {}
+        kept: dict[str, tuple[Any, list[Any]]] = {}
+
+        def body(copy: nn.Module, *inner: Any) -> Any:
+            recorded.clear()  # a transform may trace its body more than once
+            levels.append(_Level(_trace_state(), recorded))
+            prefix.append(path)
+            try:
+                out = copy(*inner)
+            finally:
+                prefix.pop()
+                levels.pop()
+            found: dict[str, list[Any]] = {}
+            for where, (_, named) in recorded.items():
+                leaves, treedef = jax.tree_util.tree_flatten(named)
+                kept[where] = (treedef, [_MAPPED_LEAF if _is_array(x) else x for x in leaves])
+                found[where] = [x for x in leaves if _is_array(x)]
+            values = (found, jnp.zeros((), jnp.int8))  # the marker stacks to [axis size]
+            if kind == "scan":
+                carry, ys = out
+                return carry, (ys, values)
+            return out, values
+
+        out_axes = (trafo_kwargs.get("out_axes", 0), 0)
+        probed = nn.transforms.decorator_lift_transform(
+            transform, body, *trafo_args, **{**trafo_kwargs, "out_axes": out_axes}
+        )
+        copy = cls(parent=None, **_attributes(module)).bind(dict(module.variables), rngs=rngs)
+        out = probed(copy, *args)
+        found, marker = out[1][1] if kind == "scan" else out[1]
+        for where, (inner_module, _) in recorded.items():
+            treedef, leaves = kept[where]
+            arrays = iter(found[where])
+            named = jax.tree_util.tree_unflatten(
+                treedef, [next(arrays) if x is _MAPPED_LEAF else x for x in leaves]
+            )
+            inner_cls = type(inner_module)
+            layer_cls = _make_lifted(
+                lift.vmap,
+                inner_cls,
+                *layer_args,
+                methods=_public_methods(inner_cls),
+                in_axes=0,
+                out_axes=0,
+                axis_size=marker.shape[0],
+                **layer_kwargs,
+            )
+            relative = where[len(path) + 1 :] if path else where
+            variables = _subtree(module.variables, relative)
+            layer = layer_cls(parent=None, **_attributes(inner_module))
+            take(layer.bind(variables, rngs=rngs), where, named, bound=True)
+
     def outer_call(module: nn.Module, original: Any, args: Any, kwargs: Any) -> Any:
         """The call of a lifted module, outside its transform (the hooked `__call__`)."""
         path = _join(prefix[-1], path_of(module))
         kind, cls = lifted(type(module)) or ("", type(module))
-        if _trace_state() != base:  # nested in another transform: the inner call decides
+        if (
+            _trace_state() != levels[-1].trace
+        ):  # nested in another transform: the inner call decides
             return original(module, *args, **kwargs)
-        if path in wanted and path not in got:
+        if pending(path):
             named = _named(inspect.signature(cls.__call__), (module, *args), kwargs)
             named.pop(next(iter(named)))  # self
             take(module, path, named)
-        below = [p for p in wanted if p not in got and p.startswith(path + "/" if path else "")]
+        below = [p for p in wanted if pending(p) and p.startswith(path + "/" if path else "")]
         if below and kind in _TRANSPARENT:
-            attrs = {
-                f.name: getattr(module, f.name)
-                for f in dataclasses.fields(module)
-                if f.name != "parent" and f.init
-            }
-            copy = cls(parent=None, **attrs).bind(dict(module.variables), rngs=rngs)
+            copy = cls(parent=None, **_attributes(module)).bind(dict(module.variables), rngs=rngs)
             prefix.append(path)
             try:
                 copy(*args, **kwargs)
             finally:
                 prefix.pop()
+        elif below and kind in _MAPPED:
+            probe(module, original, path, kind, args)
         elif below:
             name = f"nn.{kind}" if kind else "a Flax transform"
             what = _WHOLE.get(kind, "the transformed call as a whole")
