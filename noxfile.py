@@ -39,6 +39,8 @@ TEST_DEPS = {
     "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "hypothesis"],
     "theseus-analysis": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox"],
 }
+# What the whole suite (every package's tests at once, as the README runs it) needs.
+SUITE_DEPS = sorted({dep for deps in TEST_DEPS.values() for dep in deps})
 # The JAX packages' suites are spread over the cores, as the README's command does
 # (filelock lets their processes share one compilation cache; see conftest.py).
 SPREAD = {"theseus-core", "theseus-analysis"}
@@ -126,12 +128,7 @@ def tests(session: nox.Session, jax: str, optimized: bool) -> None:
         *_editable_packages(),
         f"jax=={jax}",
         f"jaxlib=={jax}",
-        "pytest",
-        "pytest-timeout",
-        "pytest-xdist",
-        "filelock",
-        "pandas",
-        "equinox",
+        *SUITE_DEPS,
     )
     session.run(
         "python", "-c", "import sys, jax; print(sys.version.split()[0], 'jax', jax.__version__)"
@@ -143,7 +140,7 @@ def tests(session: nox.Session, jax: str, optimized: bool) -> None:
 def _accelerator(session: nox.Session, extra: str, platform: str) -> None:
     """Install `jax[extra]`, check that JAX sees `platform`, train and analyze on it, then
     run the default suite (which pins itself to virtual CPU devices) beside that JAX."""
-    session.install(*_editable_packages(), f"jax[{extra}]", "pytest", "pytest-timeout", "pandas")
+    session.install(*_editable_packages(), f"jax[{extra}]", *SUITE_DEPS)
     probe = (
         "import jax, sys\n"
         "try:\n"
@@ -198,7 +195,7 @@ def torch(session: nox.Session) -> None:
     """Tests that need PyTorch, with the CPU wheel installed by pip (never by uv), and
     clouseau's own test suite from its sdist run against theseus's recorder."""
     session.install(f"torch=={TORCH_VERSION}")
-    session.install(*_editable_packages(), "pytest", "pytest-timeout", "equinox")
+    session.install(*_editable_packages(), *SUITE_DEPS)
     session.run("python", "-c", "import torch; print('torch', torch.__version__)")
     env = {"THESEUS_CLOUSEAU_SDIST": _clouseau_sdist(session)}
     session.run("python", "-m", "pytest", "-q", "-m", "torch", *session.posargs, env=env)
