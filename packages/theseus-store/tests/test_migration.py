@@ -1,8 +1,12 @@
-"""A store the previous release wrote opens, migrated: one row per checkpoint, canonical paths.
+"""Stores earlier releases wrote open, migrated: one row per checkpoint, canonical paths,
+and the checkpoints of a moved root found at their new place.
 
-The fixture ``data/legacy-store`` was made by ``data/make_legacy_store.py`` with
-the code of commit 5dddae6: seven checkpoint rows for three checkpoints (plain
+The fixture ``data/legacy-store`` (format 1) was made by ``data/make_legacy_store.py``
+with the code of commit 5dddae6: seven checkpoint rows for three checkpoints (plain
 duplicates, and spellings through ``sub/..``), values and two artifact versions.
+``data/format2-root`` (format 2) was made by ``data/make_format2_root.py`` with the
+code of commit cda5cc4, in a scratch folder that no longer exists: its rows hold
+absolute paths to that folder, as a root's rows do after ``mv``.
 """
 
 from __future__ import annotations
@@ -72,9 +76,9 @@ def test_opening_dedupes_canonicalizes_and_keeps_everything_else(legacy: Path) -
         assert again.meta == {"k": 1} and again.created == entry.created
         store.checkpoint(OTHER, legacy / "ckpt" / "6", step=6)
         assert len(_rows(legacy)) == 3
-    assert json.loads((legacy / "theseus-store.json").read_text()) == {"format": 2}
+    assert json.loads((legacy / "theseus-store.json").read_text()) == {"format": 3}
     with contextlib.closing(sqlite3.connect(legacy / "store.sqlite")) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone() == ("2",)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone() == ("3",)
         with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
             conn.execute(
                 "INSERT INTO checkpoints(node, path, relative, step, meta, created) "
@@ -95,3 +99,72 @@ def test_registering_twice_in_a_new_store_is_idempotent(store: Store, tmp_path: 
     assert store.checkpoints(node) == [first]
     other = store.checkpoint(node, path, step=9)  # another step of the same folder is its own
     assert store.checkpoints(node) == [first, other] and store.fsck().clean
+
+
+FORMAT2 = Path(__file__).parent / "data" / "format2-root"
+LINEAGE = ("general", "default", "legacy", "12345678")
+DIGITS = ("proj", "2024", "7", "00000001")
+
+
+@pytest.fixture
+def moved(tmp_path: Path) -> Path:
+    """A copy of the format 2 root at a new place, with the step folders of its layout."""
+    root = tmp_path / "moved root"
+    shutil.copytree(FORMAT2, root)
+    for step in (2, 4):
+        (root / "checkpoints" / Path(*LINEAGE) / str(step)).mkdir(parents=True)
+    (root / "checkpoints" / Path(*DIGITS) / "3").mkdir(parents=True)
+    return root
+
+
+def test_a_moved_format_2_root_finds_its_checkpoints_at_their_new_place(moved: Path) -> None:
+    (old,) = {Path(row[2]).parents[5] for row in _rows(moved / "store") if row[4] != 9}
+    assert not old.exists()  # the rows name the scratch root the fixture was made in
+    lineage = moved / "checkpoints" / Path(*LINEAGE)
+    with Store(moved / "store") as store:
+        # rows below ROOT/checkpoints are now relative to ROOT; the one outside stays absolute
+        assert _rows(moved / "store") == [
+            (1, 1, "checkpoints/general/default/legacy/12345678/2", 2, 2),
+            (2, 2, "checkpoints/general/default/legacy/12345678/4", 2, 4),
+            (3, 3, "checkpoints/proj/2024/7/00000001/3", 2, 3),
+            (4, 2, str(old / "elsewhere" / "9"), 0, 9),
+        ]
+        node = Node("general.default.legacy", "12345678", 4)
+        assert [(c.path, c.step, c.meta) for c in store.checkpoints(node)] == [
+            (str(lineage / "4"), 4, {"k": 2}),
+            (str(old / "elsewhere" / "9"), 9, {}),
+        ]
+        report = store.fsck(repair=True)
+        # nothing of the layout is set aside; the checkpoint outside it is missing
+        assert not report.set_aside and not report.unregistered_checkpoints
+        assert [(lineage / str(step)).is_dir() for step in (2, 4)] == [True, True]
+        (problem,) = report.problems
+        assert str(old / "elsewhere" / "9") in problem and "missing" in problem
+    assert not old.exists()  # fsck made nothing at the old place (no lock file, no folder)
+    assert json.loads((moved / "store" / "theseus-store.json").read_text()) == {"format": 3}
+
+
+def test_a_format_2_row_whose_new_place_is_empty_stays_as_it_was(moved: Path) -> None:
+    shutil.rmtree(moved / "checkpoints" / Path(*DIGITS))
+    before = _rows(moved / "store")[2]
+    with Store(moved / "store") as store:
+        assert _rows(moved / "store")[2] == before  # nothing to point at: kept, reported
+        assert any(before[2] in p for p in store.fsck().problems)
+
+
+def test_a_moved_or_copied_new_root_reads_its_own_checkpoints(tmp_path: Path) -> None:
+    node = Node("general.default.r", "12345678", 8)
+    first = tmp_path / "a"
+    step = first / "checkpoints" / "general" / "default" / "r" / "12345678" / "8"
+    step.mkdir(parents=True)
+    (step / "_CHECKPOINT_METADATA").write_text("{}")
+    with Store(first / "store") as store:
+        store.checkpoint(node, step, step=8)
+    shutil.copytree(first, tmp_path / "copy", symlinks=True)
+    first.rename(tmp_path / "b")
+    for where in ("b", "copy"):
+        with Store(tmp_path / where / "store") as store:
+            (entry,) = store.checkpoints(node)
+            assert entry.path == str(tmp_path / where / step.relative_to(first))
+            report = store.fsck(repair=True)
+            assert report.clean and not report.set_aside, report.render()

@@ -36,7 +36,7 @@ from theseus.store import (
     Node,
     Store,
     canonical_path,
-    registered_checkpoints,
+    named_checkpoints,
     set_aside,
     strays,
 )
@@ -202,7 +202,7 @@ def set_aside_strays(directory: Path, store: Store) -> list[Path]:
     Returns:
         The new paths of the folders moved.
     """
-    unregistered, interrupted = strays(directory, registered_checkpoints(store))
+    unregistered, interrupted = strays(directory, named_checkpoints(store))
     return set_aside(unregistered + interrupted)
 
 

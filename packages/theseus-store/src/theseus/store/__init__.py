@@ -32,6 +32,7 @@ from theseus.store._errors import (
 from theseus.store._folders import (
     FolderBusyError,
     FolderLock,
+    named_checkpoints,
     registered_checkpoints,
     set_aside,
     strays,
@@ -68,6 +69,7 @@ __all__ = [
     "UnknownNodeError",
     "ValueTypeError",
     "canonical_path",
+    "named_checkpoints",
     "registered_checkpoints",
     "set_aside",
     "strays",

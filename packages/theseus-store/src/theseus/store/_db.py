@@ -38,9 +38,11 @@ __all__ = [
 ]
 
 # Format 2: checkpoint paths canonical (``_paths.canonical_path``), one row per
-# (node, step, path). Format 1 stores are migrated when opened with write access.
-FORMAT = 2
-FORMATS_READ = (1, 2)
+# (node, step, path). Format 3: a checkpoint below ``ROOT/checkpoints`` of a Theseus
+# root is stored relative to ROOT (``relative = 2``), so a moved or copied root keeps
+# its checkpoints. Stores of earlier formats are migrated when opened with write access.
+FORMAT = 3
+FORMATS_READ = (1, 2, 3)
 # Artifacts of at most this many bytes live in the database's ``inline`` table
 # (content-addressed like the blob folder): one fsync per write instead of three.
 INLINE_MAX = 64 * 1024
@@ -185,12 +187,17 @@ def create_schema(conn: sqlite3.Connection) -> None:
         raise
 
 
-def migrate(conn: sqlite3.Connection, canonical: Callable[[str, int], tuple[str, int]]) -> bool:
-    """Bring a format 1 database to :data:`FORMAT`, inside the caller's write transaction.
+def migrate(
+    conn: sqlite3.Connection, canonical: Callable[[str, int, tuple[str, ...]], tuple[str, int]]
+) -> bool:
+    """Bring a database of an earlier format to :data:`FORMAT`, inside the caller's write
+    transaction.
 
     Format 1 kept checkpoint paths as spelled (``..`` and symlinks included) and
-    let one checkpoint be registered many times. This rewrites every checkpoint
-    row's ``(path, relative)`` as ``canonical(path, relative)`` returns it,
+    let one checkpoint be registered many times; formats 1 and 2 kept the
+    checkpoints of a Theseus root absolute. This rewrites every checkpoint row's
+    ``(path, relative)`` as ``canonical(path, relative, layout)`` returns it
+    (``layout``: the node's project, group, run and nonce, and the row's step),
     deletes all but the earliest row of each ``(node, step, path)``, points each
     node's latest-checkpoint pointer at its latest remaining row, and adds the
     unique index that keeps it so. Idempotent: a database at :data:`FORMAT` is
@@ -198,7 +205,7 @@ def migrate(conn: sqlite3.Connection, canonical: Callable[[str, int], tuple[str,
 
     Args:
         conn: a connection inside a write (``BEGIN IMMEDIATE``) transaction.
-        canonical: maps a row's stored ``(path, relative)`` to its canonical form.
+        canonical: maps a row's stored ``(path, relative)`` and layout to this format's form.
 
     Returns:
         Whether anything was migrated (False: already at :data:`FORMAT`).
@@ -207,8 +214,12 @@ def migrate(conn: sqlite3.Connection, canonical: Callable[[str, int], tuple[str,
     if row is not None and int(row[0]) >= FORMAT:
         return False
     changed = []
-    for cid, path, relative in conn.execute("SELECT id, path, relative FROM checkpoints"):
-        now = canonical(path, relative)
+    rows = conn.execute(
+        "SELECT c.id, c.path, c.relative, n.project, n.grp, n.run, n.nonce, c.step "
+        "FROM checkpoints c JOIN nodes n ON n.id = c.node"
+    )
+    for cid, path, relative, *layout in rows:
+        now = canonical(path, relative, tuple(map(str, layout)))
         if now != (path, relative):
             changed.append((*now, cid))
     conn.executemany("UPDATE checkpoints SET path = ?, relative = ? WHERE id = ?", changed)

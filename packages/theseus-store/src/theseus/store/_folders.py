@@ -63,6 +63,7 @@ __all__ = [
     "FolderLock",
     "checkpoint_folders",
     "incomplete",
+    "named_checkpoints",
     "registered_checkpoints",
     "set_aside",
     "strays",
@@ -198,10 +199,31 @@ def registered_checkpoints(store: Store) -> set[Path]:
     def read(conn: sqlite3.Connection) -> list[tuple[str, int]]:
         return list(conn.execute("SELECT path, relative FROM checkpoints"))
 
-    return {
-        canonical_path(store.root / path if relative else path)
-        for path, relative in store.read(read)
-    }
+    return {canonical_path(store.checkpoint_path(path, relative)) for path, relative in store.read(read)}
+
+
+def named_checkpoints(store: Store) -> set[Path]:
+    """What ``--repair`` and a resuming trainer must never set aside, canonical.
+
+    Every registered checkpoint path (:func:`registered_checkpoints`), and, for a
+    Theseus root, the layout folder ``ROOT/checkpoints/<project>/<group>/<run>/<nonce>/<step>``
+    of every registered (node, step), wherever its row says the checkpoint is: a
+    folder that a row's node and step name is that checkpoint, not a stray.
+    """
+
+    def read(conn: sqlite3.Connection) -> list[tuple[str, ...]]:
+        return list(
+            conn.execute(
+                "SELECT n.project, n.grp, n.run, n.nonce, c.step "
+                "FROM checkpoints c JOIN nodes n ON n.id = c.node"
+            )
+        )
+
+    named = registered_checkpoints(store)
+    if store.root.name == "store":
+        tree = canonical_path(store.root.parent / "checkpoints")
+        named |= {tree.joinpath(*map(str, row)) for row in store.read(read)}
+    return named
 
 
 def _is_step(entry: Path) -> bool:
@@ -243,7 +265,7 @@ def strays(folder: Path, registered: set[Path]) -> tuple[list[Path], list[Path]]
 
     Args:
         folder: a checkpoint folder.
-        registered: the store's checkpoint paths, canonical (:func:`registered_checkpoints`).
+        registered: the paths never to call strays, canonical (:func:`named_checkpoints`).
 
     Returns:
         ``(unregistered, interrupted)``: complete step folders no row names, and

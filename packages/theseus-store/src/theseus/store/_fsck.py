@@ -44,6 +44,7 @@ from theseus.store._folders import (
     FolderLock,
     checkpoint_folders,
     incomplete,
+    named_checkpoints,
     registered_checkpoints,
     set_aside,
     strays,
@@ -82,6 +83,7 @@ class FsckReport:
         set_aside: where ``repair=True`` moved checkpoint leftovers (``unregistered/``).
         artifacts: artifact rows checked.
         blobs: distinct blobs checked.
+        checkpoints: registered checkpoints checked.
     """
 
     root: Path
@@ -96,6 +98,7 @@ class FsckReport:
     set_aside: list[Path] = dataclasses.field(default_factory=list)
     artifacts: int = 0
     blobs: int = 0
+    checkpoints: int = 0
 
     @property
     def clean(self) -> bool:
@@ -104,7 +107,10 @@ class FsckReport:
 
     def render(self) -> str:
         """Return the report as the text ``theseus-store fsck`` prints."""
-        lines = [f"fsck {self.root}: {self.artifacts} artifact rows, {self.blobs} blobs checked"]
+        lines = [
+            f"fsck {self.root}: {self.artifacts} artifact rows, {self.blobs} blobs, "
+            f"{self.checkpoints} registered checkpoints checked"
+        ]
         lines += [f"PROBLEM {p}" for p in self.problems]
         for label, paths in (
             ("orphan temporary file (interrupted write, safe to remove)", self.orphan_temps),
@@ -214,16 +220,43 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
     return report
 
 
+def _registered_rows(store: Store) -> list[tuple[Path, str, int]]:
+    """``(canonical path, node as name~nonce~seq, step)`` of every checkpoint row."""
+
+    def read(conn: sqlite3.Connection) -> list[tuple[str, int, str, str, int, int]]:
+        return list(
+            conn.execute(
+                "SELECT c.path, c.relative, n.name, n.nonce, n.seq, c.step "
+                "FROM checkpoints c JOIN nodes n ON n.id = c.node ORDER BY c.id"
+            )
+        )
+
+    return [
+        (canonical_path(store.checkpoint_path(path, relative)), f"{name}~{nonce}~{seq}", step)
+        for path, relative, name, nonce, seq, step in store.read(read)
+    ]
+
+
 def _checkpoint_leftovers(store: Store, report: FsckReport, repair: bool) -> None:
-    for path in sorted(registered_checkpoints(store)):
+    for path, node, step in sorted(set(_registered_rows(store))):
+        report.checkpoints += 1
         if not path.exists():
-            report.problems.append(f"The registered checkpoint {path} is missing")
+            report.problems.append(
+                f"The registered checkpoint {path} (node {node}, step {step}) is missing: "
+                "put the folder back there or restore it from a backup (a root moves as a "
+                "whole, its store/ and checkpoints/ together); until then that node cannot "
+                "be resumed from this step"
+            )
         elif incomplete(path):
             report.problems.append(
-                f"The registered checkpoint {path} is incomplete: an orbax step folder "
-                "without its commit marker _CHECKPOINT_METADATA (the save never finished)"
+                f"The registered checkpoint {path} (node {node}, step {step}) is incomplete: "
+                "an orbax step folder without its commit marker _CHECKPOINT_METADATA (the "
+                "save never finished); restore it from a backup, or resume or branch from "
+                "an earlier checkpoint"
             )
     for folder in checkpoint_folders(store):
+        if not folder.is_dir():  # the folder of a missing checkpoint: reported above
+            continue
         lock = FolderLock(folder)
         if repair:
             if not lock.acquire():
@@ -233,8 +266,11 @@ def _checkpoint_leftovers(store: Store, report: FsckReport, repair: bool) -> Non
             report.busy_folders.append(folder)
             continue
         try:
-            registered = registered_checkpoints(store)
+            registered = named_checkpoints(store)
             unregistered, interrupted = strays(folder, registered)
+            # a step folder without orbax's commit marker is a save that never finished
+            interrupted += [p for p in unregistered if incomplete(p)]
+            unregistered = [p for p in unregistered if p not in interrupted]
             # a registered path is never a stray, whatever its name looks like
             interrupted = [p for p in interrupted if canonical_path(p) not in registered]
             report.unregistered_checkpoints += unregistered

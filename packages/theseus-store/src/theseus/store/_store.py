@@ -500,19 +500,54 @@ class Store:
 
         return self.write(insert)
 
+    def _checkpoint_tree(self) -> Path | None:
+        """``ROOT/checkpoints`` for a store at ``ROOT/store`` (a Theseus root), else None."""
+        return self.root.parent / "checkpoints" if self.root.name == "store" else None
+
     def _stored(self, full: Path) -> tuple[str, int]:
         """``(path, relative)`` as a row holds the canonical path ``full``.
 
-        A path inside the root is stored relative to it (so a root can be moved).
+        ``relative`` says what the stored path is relative to, so that a root moved
+        or copied as a whole still finds its own checkpoints: 1, the store's folder
+        (a path inside it); 2, the folder that holds the store (a path below
+        ``ROOT/checkpoints`` of a Theseus root, the store at ``ROOT/store``); 0,
+        nothing (any other path, kept absolute).
         """
         try:
             return str(full.relative_to(self.root)), 1
         except ValueError:
-            return str(full), 0
+            pass
+        tree = self._checkpoint_tree()
+        if tree is not None and tree in full.parents:
+            return str(full.relative_to(self.root.parent)), 2
+        return str(full), 0
 
-    def _stored_row(self, path: str, relative: int) -> tuple[str, int]:
-        """A row's ``(path, relative)`` in canonical form (for rows earlier versions wrote)."""
-        return self._stored(canonical_path(self.root / path if relative else path))
+    def checkpoint_path(self, path: str, relative: int) -> Path:
+        """The checkpoint path a row's stored ``(path, relative)`` names (see ``_stored``)."""
+        if relative == 1:
+            return self.root / path
+        if relative == 2:
+            return self.root.parent / path
+        return Path(path)
+
+    def _stored_row(self, path: str, relative: int, layout: tuple[str, ...]) -> tuple[str, int]:
+        """A row's ``(path, relative)`` in this version's form (for rows earlier versions wrote).
+
+        Earlier versions kept a checkpoint below ``ROOT/checkpoints`` absolute. Such
+        a row is rewritten relative to the root when it lies below this root's
+        ``checkpoints/``, and also when the root has been moved or copied since:
+        the row's path ends in ``checkpoints/<layout>`` (``layout`` = the node's
+        project, group, run and nonce, and the row's step) and that folder exists
+        below this root's ``checkpoints/``.
+        """
+        full = canonical_path(self.checkpoint_path(path, relative))
+        tree = self._checkpoint_tree()
+        if relative == 0 and tree is not None and tree not in full.parents:
+            tail = full.parts[-len(layout) - 1 :]
+            here = tree.joinpath(*layout)
+            if tail == ("checkpoints", *layout) and here.exists():
+                full = canonical_path(here)
+        return self._stored(full)
 
     def record_job(self, node: Node, job: str, config: str) -> None:
         """Record that a run of ``job`` started at ``node`` with this YAML configuration.
@@ -629,7 +664,7 @@ class Store:
 
     def checkpoint_from_row(self, node: Node, row: tuple[Any, ...]) -> Checkpoint:
         """Build a Checkpoint from ``(path, relative, step, meta, created)``."""
-        path = str(self.root / row[0]) if row[1] else row[0]
+        path = str(self.checkpoint_path(row[0], row[1]))
         return Checkpoint(node, path, row[2], json.loads(row[3]), row[4])
 
     def parents(self, node: Node) -> list[Node]:
