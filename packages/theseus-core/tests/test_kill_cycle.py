@@ -4,7 +4,8 @@ Each trial is planned by one seed (printed; rerun it with THESEUS_KILL_SEED=SEED
 run name (digits and dashes included), the checkpoint interval, where each stage is
 killed (just after an asynchronous save started, or after a tick), how long after, and
 the spelling of the root each stage and fsck use (a symlink, a relative path from
-another folder, `..`, `./`, a trailing slash). After every stage: every checkpoint
+another folder, `..`, `./`, a trailing slash), and whether the root is moved (`mv`) or
+copied (`cp -a`, the stage then runs in the copy) before a stage. After every stage: every checkpoint
 registered before it still exists with the same bytes, fsck finds no problem, and
 fsck --repair sets every stray aside (the same files under `unregistered/`, none
 deleted) and leaves the store clean. The last stage trains to the end.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +37,7 @@ WORKER = Path(__file__).with_name("kill_cycle_worker.py")
 STEPS = 8
 SPELLINGS = ("plain", "slash", "dot", "dotdot", "symlink", "relative")
 RUN_NAMES = ("2024", "12345678", "r-1", "0-0", "run", "7_x")
+RELOCATIONS = ("stay", "move", "copy")
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Stage:
     spelling: str
     pause: str  # "save:K", "tick:K" or "none"
     delay: float  # seconds between the pause and SIGKILL
+    relocate: str = "stay"  # before the stage: "stay", "move" (mv) or "copy" (cp -a)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,10 @@ def plan(seed: int) -> Plan:
         last = rng.choice(later[: max(1, len(later) - 1)])  # leave room for one more
         stages.append(Stage(rng.choice(SPELLINGS), f"{where}:{last}", rng.choice((0, 0.02, 0.2))))
     stages.append(Stage(rng.choice(SPELLINGS), "none", 0.0))
+    relocations = [rng.choice(RELOCATIONS) for _ in stages[1:]]  # the first stage makes the root
+    stages[1:] = [
+        Stage(s.spelling, s.pause, s.delay, how) for s, how in zip(stages[1:], relocations)
+    ]
     return Plan(seed, rng.choice(RUN_NAMES), interval, tuple(stages), rng.choice(SPELLINGS))
 
 
@@ -80,7 +88,7 @@ def spell(root: Path, how: str) -> tuple[str, Path | None]:
         (root / "sub").mkdir(exist_ok=True)
         return f"{root}/sub/..", None
     if how == "symlink":
-        link = root.parent / "link"
+        link = root.parent / f"link-to-{root.name}"
         if not link.exists():
             link.symlink_to(root, target_is_directory=True)
         return str(link), None
@@ -174,12 +182,35 @@ def fsck_and_repair(root: Path, spelling: str, seed: int) -> None:
     assert again.interrupted_checkpoints == [], f"seed {seed}"
 
 
+def relocate(root: Path, how: str, seed: int) -> Path:
+    """Move or copy the whole root to a new folder beside it; return where to go on.
+
+    Every registered checkpoint is then read at the new place, with the same bytes;
+    a copied root's original stays as it was.
+    """
+    if how == "stay":
+        return root
+    before = {p.relative_to(root): files for p, files in registered(root).items()}
+    target = root.with_name(f"{root.name}-{how}d")
+    if how == "move":
+        root.rename(target)
+    else:
+        shutil.copytree(root, target, symlinks=True)
+    after = registered(target)
+    assert all(target in p.parents for p in after), f"seed {seed}: {how}d root reads {sorted(after)}"
+    assert {p.relative_to(target): files for p, files in after.items()} == before, f"seed {seed}"
+    if how == "copy":
+        assert {p.relative_to(root): f for p, f in registered(root).items()} == before
+    return target
+
+
 def trial(seed: int, base: Path) -> None:
     chosen = plan(seed)
     print(f"kill cycle: seed {seed} (rerun with THESEUS_KILL_SEED={seed}): {chosen}")
     root = base / "root"
     Synthetic.prepare(root, tokens=20_000, val_tokens=4_000)
     for index, stage in enumerate(chosen.stages):
+        root = relocate(root, stage.relocate, seed)
         before = registered(root) if (store_root(root)).exists() else {}
         nonce = lineage_with_checkpoints(root, chosen.run) if index else None
         output = run_stage(root, chosen, stage, nonce)
