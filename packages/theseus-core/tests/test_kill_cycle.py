@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -71,10 +71,8 @@ def plan(seed: int) -> Plan:
         last = rng.choice(later[: max(1, len(later) - 1)])  # leave room for one more
         stages.append(Stage(rng.choice(SPELLINGS), f"{where}:{last}", rng.choice((0, 0.02, 0.2))))
     stages.append(Stage(rng.choice(SPELLINGS), "none", 0.0))
-    relocations = [rng.choice(RELOCATIONS) for _ in stages[1:]]  # the first stage makes the root
-    stages[1:] = [
-        Stage(s.spelling, s.pause, s.delay, how) for s, how in zip(stages[1:], relocations)
-    ]
+    # every stage but the first (which makes the root) may find it moved or copied
+    stages[1:] = [replace(s, relocate=rng.choice(RELOCATIONS)) for s in stages[1:]]
     return Plan(seed, rng.choice(RUN_NAMES), interval, tuple(stages), rng.choice(SPELLINGS))
 
 
@@ -197,7 +195,9 @@ def relocate(root: Path, how: str, seed: int) -> Path:
     else:
         shutil.copytree(root, target, symlinks=True)
     after = registered(target)
-    assert all(target in p.parents for p in after), f"seed {seed}: {how}d root reads {sorted(after)}"
+    assert all(target in p.parents for p in after), (
+        f"seed {seed}: {how}d root reads {sorted(after)}"
+    )
     assert {p.relative_to(target): files for p, files in after.items()} == before, f"seed {seed}"
     if how == "copy":
         assert {p.relative_to(root): f for p, f in registered(root).items()} == before

@@ -199,7 +199,9 @@ def registered_checkpoints(store: Store) -> set[Path]:
     def read(conn: sqlite3.Connection) -> list[tuple[str, int]]:
         return list(conn.execute("SELECT path, relative FROM checkpoints"))
 
-    return {canonical_path(store.checkpoint_path(path, relative)) for path, relative in store.read(read)}
+    return {
+        canonical_path(store.checkpoint_path(path, relative)) for path, relative in store.read(read)
+    }
 
 
 def named_checkpoints(store: Store) -> set[Path]:

@@ -45,7 +45,6 @@ from theseus.store._folders import (
     checkpoint_folders,
     incomplete,
     named_checkpoints,
-    registered_checkpoints,
     set_aside,
     strays,
 )
