@@ -158,6 +158,24 @@ def test_run_fresh_resume_and_branch(tmp_path: Path) -> None:
     assert "resume run finished" in again.output
     assert store.query().nonce(end.nonce).latest().first().seq == 6  # type: ignore[union-attr]
 
+    # a resumed lineage keeps its name: a RUN or --project that names another is refused
+    lineage = f"{end.name}~{end.nonce}"
+    for args, said in (
+        (("other",), "names RUN other. Pass RUN train to continue it"),
+        (("train", "--project", "q"), "names --project q. Pass --project p to continue it"),
+    ):
+        cli = (args[0], str(config), str(root), *args[1:], "--resume", lineage)
+        result = invoke("run", *cli, "--import", JOBS_FILE)
+        assert result.exit_code == 2 and said in result.output, result.output
+        assert f"--branch {lineage}" in result.output
+    short = fail("run", "train", str(config), str(root), "--resume", f"train~{end.nonce}",
+                 "--import", JOBS_FILE)  # fmt: skip
+    assert f"lineage {end.nonce} is p.g.train~{end.nonce}" in short
+    beyond = fail("run", "train", str(config), str(root), "--resume", f"{lineage}~99",
+                  "--import", JOBS_FILE)  # fmt: skip
+    assert f"{lineage} has no node 99: its nodes are 0 to 6" in beyond
+    assert store.query().nonce(end.nonce).latest().first().seq == 6  # type: ignore[union-attr]
+
     branched = ok(
         "run",
         "side",
@@ -219,7 +237,7 @@ def test_run_errors_are_one_paragraph(tmp_path: Path) -> None:
     message = fail(
         "run", "r", str(config), root, "--resume", "general.default.r~abc~0", "--import", JOBS_FILE
     )
-    assert "selected no node" in message
+    assert "no lineage general.default.r~abc" in message and "theseus-store runs" in message
     message = fail("run", "r", str(config), root, "--resume", "not-a-node", "--import", JOBS_FILE)
     assert "InvalidNodeError" in message
     message = fail("configure", "tests/countr", str(tmp_path / "x.yaml"), "--import", JOBS_FILE)

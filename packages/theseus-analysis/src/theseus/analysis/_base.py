@@ -98,6 +98,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
     TARGET: ClassVar[type | tuple[type, ...]]
     NAME: ClassVar[str]
     STOCHASTIC: ClassVar[bool] = False
+    RESUME_ATTACHES: ClassVar[bool] = True  # a resumed node is another run's checkpoint
 
     heatmap = _PlotHelper("heatmap")
     bar = _PlotHelper("bar")

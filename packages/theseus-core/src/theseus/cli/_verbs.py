@@ -41,6 +41,28 @@ def _base_node(store: Store, text: str) -> Node:
     return max(saved, key=lambda n: n.seq) if saved else node
 
 
+def _check_resumed_name(
+    node: Node, text: str, run: str, project: str | None, group: str | None
+) -> None:
+    """Refuse `--resume` of a node whose run is not the one RUN (and --project, --group) name.
+
+    A resumed lineage keeps its name; a RUN that names another run would be silently
+    ignored, so it is an error that says which to pass.
+    """
+    have = dict(zip(("project", "group", "run"), node.name.split(".", 2), strict=True))
+    asked = {"project": project, "group": group, "run": run}
+    wrong = [key for key, value in asked.items() if value is not None and value != have[key]]
+    if wrong:
+        flag = {"project": "--project ", "group": "--group ", "run": "RUN "}
+        said = ", ".join(f"{flag[key]}{asked[key]}" for key in wrong)
+        keep = " and ".join(f"{flag[key]}{have[key]}" for key in wrong)
+        raise click.UsageError(
+            f"--resume {text} continues {node.name}, but this command names {said}. "
+            f"Pass {keep} to continue it, or --branch {text} to start a new lineage "
+            f"named by RUN, --project and --group from that node."
+        )
+
+
 def _summary(cls: type) -> str:
     doc = (cls.__doc__ or "").strip()
     return doc.splitlines()[0] if doc else "(no description)"
@@ -144,11 +166,17 @@ def run_command(
         )
     settings = parse_overrides(overrides)
     with quick(root) as q:
-        tree = q.build(_job_class(job_name), run_name, project=project, group=group)
-        tree.load(values)
+        cls = _job_class(job_name)
         base = resume_node or branch_node
+        node = None
         if base is not None:
             node = from_host_zero(lambda: _base_node(q.store, base))  # host zero reads the store
+            if resume_node and not cls.RESUME_ATTACHES:  # the job continues the node's run
+                _check_resumed_name(node, base, run_name, project, group)
+                project, group, _ = node.name.split(".", 2)
+        tree = q.build(cls, run_name, project=project, group=group)
+        tree.load(values)
+        if node is not None:
             finder = q.find().node(node)
             from_file = tree.flat()
             finder.resume() if resume_node else finder.branch()

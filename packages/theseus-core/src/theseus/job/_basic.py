@@ -64,6 +64,11 @@ class BasicJob(abc.ABC):
     """
 
     CONFIG: ClassVar[type | None] = None
+    #: False (most jobs): resuming a node continues its run, so the job's run is that
+    #: node's. True: resuming works on a node of another run and writes this job's own
+    #: results beside it (an analysis of a checkpoint); `theseus run RUN --resume NODE`
+    #: then takes RUN as this job's own name.
+    RESUME_ATTACHES: ClassVar[bool] = False
 
     @classmethod
     def config(cls) -> list[type]:

@@ -717,18 +717,41 @@ class Store:
 
         Raises:
             InvalidNodeError: ``text`` is neither form.
-            UnknownNodeError: the lineage of a short form is not in this store.
+            UnknownNodeError: the store has no such lineage, or no such node in it; the
+                message names what it does have (the lineage's full name when only its
+                nonce matched, the range of its nodes when only the seq is wrong).
         """
         if text.count("~") == 1:
             name, nonce = text.split("~")
-            nodes = self.query().name(name).nonce(nonce).all()
-            if not nodes:
+            seq = None
+        else:
+            node = Node.deserialize(text)
+            name, nonce, seq = node.name, node.nonce, node.seq
+        nodes = self.query().name(name).nonce(nonce).all()
+        listing = f"List them with `theseus-store runs {self.root}`."
+        if not nodes:
+            named = sorted({n.name for n in self.query().nonce(nonce).all()})
+            if named:
+                hint = f"lineage {nonce} is {' and '.join(f'{n}~{nonce}' for n in named)}"
                 raise UnknownNodeError(
-                    f"The store has no lineage {text}. List them with "
-                    f"`theseus-store runs {self.root}`."
+                    f"The store has no lineage {name}~{nonce}; {hint}. A node is written "
+                    "project.group.run~nonce (~seq for one node); pass that name."
                 )
-            return max(nodes, key=lambda node: node.seq)
-        return Node.deserialize(text)
+            raise UnknownNodeError(
+                f"The store has no lineage {name}~{nonce} (a lineage is written "
+                f"project.group.run~nonce, as `theseus-store runs` prints it). {listing}"
+            )
+        last = max(nodes, key=lambda node: node.seq)
+        if seq is None:
+            return last
+        if not any(node.seq == seq for node in nodes):
+            first = min(nodes, key=lambda node: node.seq)
+            raise UnknownNodeError(
+                f"The lineage {name}~{nonce} has no node {seq}: its nodes are "
+                f"{first.seq} to {last.seq}. Pass {name}~{nonce}~SEQ with SEQ in that range, "
+                f"or {name}~{nonce} for its last node."
+            )
+        return Node(name, nonce, seq)
 
     def runs(self) -> list[dict[str, Any]]:
         """Return one summary per lineage, oldest first (what ``theseus-store runs`` prints)."""
