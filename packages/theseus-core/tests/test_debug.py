@@ -11,11 +11,13 @@ from pathlib import Path
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from theseus.data.datasets import Synthetic
 from theseus.job import JobError, JobSpec
+from theseus.model import debug
 from theseus.model.attention.base import SelfAttention
 from theseus.model.debug import (
     DebugClosedError,
@@ -179,3 +181,26 @@ def test_find_and_debug_need_setup(root: Path) -> None:
         trainer.find(SelfAttention)
     with pytest.raises(JobError, match="setup"):
         trainer.debug("blocks_0/attn")
+
+
+def test_capture_names_a_misspelt_path_and_refuses_a_path_that_is_not_a_string() -> None:
+    class Two(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return nn.Dense(3, name="head")(nn.Dense(4, name="body")(x))
+
+    model, x = Two(), jnp.ones((2, 5))
+    variables = model.init(jax.random.key(0), x)
+
+    def run() -> jax.Array:
+        return model.apply(variables, x)
+
+    with pytest.raises(UnknownPathError, match=r"'bdy', which the trace never calls\. Did you "
+                       r"mean 'body'\?.*Discovered paths: '', 'body', 'head'"):  # fmt: skip
+        debug.capture(run, ["bdy"])
+    for wrong in ("body", [["body"]], [0]):
+        with pytest.raises(UnknownPathError, match="list of module paths as strings"):
+            debug.capture(run, wrong)  # type: ignore[arg-type]
+    ((body, inputs),) = debug.capture(run, ["body"])
+    expected = x @ variables["params"]["body"]["kernel"] + variables["params"]["body"]["bias"]
+    np.testing.assert_allclose(body(inputs["inputs"]), expected, rtol=1e-6)

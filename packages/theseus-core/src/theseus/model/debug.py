@@ -508,6 +508,11 @@ def capture(
             value-transparent nor mapped (or an `nn.scan` that carries variables), or
             inside a JAX transform that no module call wraps.
     """
+    if isinstance(paths, str) or not all(isinstance(path, str) for path in paths):
+        raise UnknownPathError(
+            "capture() takes a list of module paths as strings like ['blocks_0/attn'] (as "
+            f"discover() returns them); got {paths!r}."
+        )
     wanted = list(dict.fromkeys(paths))
     undo: list[Callable[[], None]] = []
     hooked: set[type] = set()
@@ -529,6 +534,8 @@ def capture(
             step()
     missing = [p for p in wanted if p not in got]
     if missing:
+        called = discover(run, nn.Module)  # every path the trace calls, for the message
+        check_paths([p for p in missing if p not in called], called, "capture()")
         raise UnknownPathError(
             f"the trace finished without calling module path(s) {missing}; a path that "
             "discovery found must be called on every run (does the trace branch on its inputs?)"
