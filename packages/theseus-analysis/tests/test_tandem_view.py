@@ -206,10 +206,12 @@ def _ran_on(result, trainer) -> bool:
 
 
 def test_the_lifecycle_is_refused_in_one_line(trainer, view) -> None:
-    node, arguments = trainer.node, {"on_setup": (Mode.BRANCH,)}
-    for name in analysis.TrainerView.REFUSED:
+    node, arguments = trainer.node, {"on_setup": (Mode.BRANCH,), "setup": (True,)}
+    # with the trainer's arguments, and with none (a method is refused, not mis-called)
+    calls = [(n, arguments.get(n, ())) for n in analysis.TrainerView.REFUSED]
+    for name, args in [*calls, *((n, ()) for n in arguments)]:
         with pytest.raises(AnalysisError) as caught:
-            getattr(view, name)(*arguments.get(name, ()))
+            getattr(view, name)(*args)
         message = str(caught.value)
         assert message.startswith(
             "Stats is a view borrowed from TrainWithStats, and the trainer owns "

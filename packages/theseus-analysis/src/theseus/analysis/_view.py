@@ -191,10 +191,11 @@ class TrainerView(AnalysisBase[Any, Any]):
         self._trainer.log(values)
 
     # -------------------------------------------------------------- refused
-    def setup(self, resume: bool = False) -> Node:
+    # Refused methods take any arguments, so every call gets the one-line refusal.
+    def setup(self, *args: Any, **kwargs: Any) -> Node:
         self._refuse("setup", "it was set up with the trainer", standalone=True)
 
-    def on_setup(self, mode: Any) -> None:
+    def on_setup(self, *args: Any, **kwargs: Any) -> None:
         self._refuse("setup", "it was set up with the trainer", standalone=True)
 
     def before_run(self) -> None:
@@ -212,7 +213,7 @@ class TrainerView(AnalysisBase[Any, Any]):
     def save_checkpoint(self) -> None:
         self._refuse("checkpoints", "call trainer.save_checkpoint()")
 
-    def __call__(self, resume: bool = False) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._refuse("running as a job", "call view.run() to analyze now", standalone=True)
 
     def _refuse(self, what: str, instead: str, *, standalone: bool = False) -> NoReturn:
