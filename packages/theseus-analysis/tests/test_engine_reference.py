@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import flax.core
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -476,6 +477,82 @@ def test_calls_below_nn_vmap_on_other_axes_are_stacked_on_a_leading_axis() -> No
         expected = np.tanh(hidden) @ params["b"]["kernel"][:, m]
         np.testing.assert_allclose(b(b_in.inputs)[m], expected, **TOL)
         np.testing.assert_allclose(np.asarray(run())[:, :, m], expected, **TOL)  # out_axes=2
+
+
+class _RematOfVmap(nn.Module):
+    """`nn.remat(nn.vmap(_Pair))`, both classes made inline on every call."""
+
+    @nn.compact
+    def __call__(self, x):
+        mapped = nn.vmap(_Pair, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=0)
+        return nn.remat(mapped)(name="pair")(x)
+
+
+def test_calls_below_a_transform_of_a_transformed_class_are_stacked() -> None:
+    from theseus.model import debug
+
+    x = np.random.default_rng(1).normal(size=(3, 5, 2)).astype(np.float32)  # 3 members
+    model = _RematOfVmap()
+    variables = model.init(jax.random.PRNGKey(0), x)
+    run = lambda: model.apply(variables, x)  # noqa: E731
+    assert debug.discover(run, nn.Module) == ["", "pair", "pair/a", "pair/b"]
+    (pair, pair_in), (a, a_in) = debug.capture(run, ["pair", "pair/a"])
+    kernel = np.asarray(variables["params"]["pair"]["a"]["kernel"])  # [members, in, out]
+    np.testing.assert_allclose(a_in.inputs, x, **TOL)
+    np.testing.assert_allclose(a(a_in.inputs), np.einsum("mbi,mio->mbo", x, kernel), **TOL)
+    np.testing.assert_allclose(pair(pair_in.x), run(), **TOL)  # the whole transformed call
+
+
+class _Branching(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        first, second = nn.Dense(2, name="first"), nn.Dense(2, name="second")
+        if self.is_initializing():
+            first(x), second(x)
+        return nn.cond(x.sum() > 0, lambda m, x: first(x), lambda m, x: second(x), self, x)
+
+
+def test_calls_inside_a_function_transform_or_a_transform_around_the_model_say_what_to_do() -> None:
+    from theseus.model import debug
+
+    x = jnp.ones((1, 2))
+    model = _Branching()
+    variables = model.init(jax.random.PRNGKey(0), x)
+    assert debug.discover(lambda: model.apply(variables, x), nn.Dense) == ["first", "second"]
+    message = r"^module path 'first' is called inside .*module '' opens.*nn\.cond.*select ''"
+    with pytest.raises(TransformedCallError, match=message):
+        debug.capture(lambda: model.apply(variables, x), ["first"])
+    plain = _Pair()
+    pv = plain.init(jax.random.PRNGKey(0), x)
+    around = r"^module path 'a' is called inside .*that `run` opens around the model"
+    for transform in (jax.vmap, jax.jit):
+        with pytest.raises(TransformedCallError, match=around):
+            debug.capture(lambda t=transform: t(lambda x: plain.apply(pv, x))(x), ["a"])
+    # the advice works: capture itself under jax.jit
+    inputs = jax.jit(lambda x: debug.capture(lambda: plain.apply(pv, x), ["a"])[0][1].inputs)(x)
+    np.testing.assert_allclose(inputs, x, **TOL)
+
+
+_STASHED_MAKER = nn.transforms.module_class_lift_transform  # Flax's, taken at import
+
+
+class _Stashed(nn.Module):
+    """A remat class made on every call through a maker the capture cannot see."""
+
+    @nn.compact
+    def __call__(self, x):
+        return _STASHED_MAKER(flax.core.lift.checkpoint, _Pair)(name="pair")(x)
+
+
+def test_a_lifted_class_made_behind_the_captures_back_is_a_one_line_error() -> None:
+    from theseus.model import debug
+
+    x = jnp.ones((1, 2))
+    model = _Stashed()
+    variables = model.init(jax.random.PRNGKey(0), x)
+    message = r"^module path 'pair/a' is called inside nn\.checkpoint at 'pair', whose "
+    with pytest.raises(TransformedCallError, match=message + "transformed class was not"):
+        debug.capture(lambda: model.apply(variables, x), ["pair/a"])
 
 
 def test_calls_below_nn_scan_give_every_iteration_stacked(root: Path) -> None:

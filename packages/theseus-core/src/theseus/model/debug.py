@@ -41,6 +41,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -349,12 +350,34 @@ def lifted(cls: type) -> tuple[str, type] | None:
     for `nn.remat`/`nn.checkpoint`, `"vmap"`, `"scan"`, `"jit"`, ...).
     """
     call = cls.__dict__.get("__call__")
-    call = getattr(call, "__theseus_lifted__", call)
+    if _hooked_call(cls):
+        call = call.__theseus_lifted__  # type: ignore[union-attr]
     code = getattr(call, "__code__", None)
     if code is None or code.co_name != "wrapped_fn" or code.co_filename != _TRANSFORMS_FILE:
         return None
     base = cls.__bases__[0]
     return cls.__name__.removesuffix(base.__name__).lower(), base
+
+
+def _lifted_call_around() -> type | None:
+    """The lifted module class whose transformed call the Python stack is inside, if any.
+
+    Flax runs a lifted class's call in a `wrapped_fn` of `module_class_lift_transform`
+    (or its cached twin) whose `self` is the lifted module; a function transform
+    (`nn.cond`) or a JAX transform (`jax.vmap`) around module calls has no such frame.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if (
+            code.co_name == "wrapped_fn"
+            and code.co_filename == _TRANSFORMS_FILE
+            and code.co_qualname.startswith("module_class_lift_transform")
+            and isinstance(frame.f_locals.get("self"), nn.Module)
+        ):
+            return type(frame.f_locals["self"])
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 def _lift_arguments(call: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
@@ -382,10 +405,21 @@ def _lifted_subclasses(cls: type) -> list[type]:
     return found
 
 
+def _hooked_call(cls: type) -> bool:
+    """Whether `cls.__call__` is `_hook`'s wrapper made for `cls` itself.
+
+    Only the wrapper's owner counts: a lifted class made from a hooked one (`nn.remat`
+    of an `nn.vmap` class created while a capture ran) wraps the hooked `__call__`
+    with `functools.wraps`, which copies the wrapper's attributes onto its own.
+    """
+    call = cls.__dict__.get("__call__")
+    return getattr(call, "__theseus_hook_of__", None) is cls
+
+
 def _hook(cls: type) -> Callable[[], None]:
     """Report `cls`'s outer (transformed) call to the innermost active capture; returns an undo."""
     original = cls.__dict__["__call__"]
-    if hasattr(original, "__theseus_lifted__"):
+    if _hooked_call(cls):
         return lambda: None
 
     @functools.wraps(original)
@@ -395,6 +429,7 @@ def _hook(cls: type) -> Callable[[], None]:
         return original(self, *args, **kwargs)
 
     __call__.__theseus_lifted__ = original  # type: ignore[attr-defined]
+    __call__.__theseus_hook_of__ = cls  # type: ignore[attr-defined]
     type.__setattr__(cls, "__call__", __call__)
 
     def undo() -> None:
@@ -666,24 +701,34 @@ def _capture_once(
         foreign = [frame for frame in stack if not frame[1]]
         boundary, _, cls = foreign[0] if foreign else (path, False, type(None))
         outer = [frame[0] for frame in stack if frame[1]]
-        around = repr(outer[-1]) if outer else "the trace"
+        around = repr(outer[-1]) if outer else ""
         subclasses = _lifted_subclasses(cls) if foreign else []
         classes = [c for c in subclasses if c not in hooked]
         if classes and boundary not in restarted:
             raise _Restart(boundary, classes)
-        if subclasses:  # hooked, yet not seen from outside: made by other means than Flax's
-            kind = (lifted(subclasses[-1]) or ("transform", cls))[0]
+        around_cls = _lifted_call_around() if subclasses else None
+        if around_cls is not None:  # hooked, yet not seen from outside: not made by Flax
+            kind = (lifted(around_cls) or ("transform", cls))[0]
             raise TransformedCallError(
                 f"module path {path!r} is called inside nn.{kind} at {boundary!r}, whose "
                 "transformed class was not created through flax.linen.transforms while the "
                 "capture ran, so its values cannot leave the transform; create the class "
                 f"with nn.{kind}(Module, ...) and use it"
             )
+        if not outer:
+            raise TransformedCallError(
+                f"module path {path!r} is called inside a JAX transformation (jax.jit, "
+                "jax.vmap, jax.grad, ...) that `run` opens around the model, so its values "
+                "cannot leave it; call the model directly in `run` (capture() itself may run "
+                "under jax.jit: jax.jit(lambda x: capture(lambda: model.apply(v, x), paths)))"
+            )
         raise TransformedCallError(
-            f"module path {path!r} is called inside a JAX transformation opened within "
-            f"{around} that no lifted module class wraps (jax.lax.scan, jax.vmap, ...), so "
-            f"its values cannot leave it; select {around} instead, or use the Flax lifted "
-            "transform (nn.scan, nn.vmap, nn.remat) of a module class"
+            f"module path {path!r} is called inside a JAX transformation that module "
+            f"{around} opens with no lifted module class around it (a Flax function "
+            "transform such as nn.cond, nn.switch or nn.while_loop, or jax.lax.scan, "
+            "jax.vmap, ... over module calls), so its values cannot leave it; select "
+            f"{around} instead, or make the transformed part a module class lifted with "
+            "nn.vmap, nn.scan or nn.remat"
         )
 
     def listen(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
