@@ -188,31 +188,37 @@ class _Analysis(AnalysisBase):
         return None
 
 
-class RematAttention(_Analysis, TransformedTrainer):
+class _Output(_Analysis):
+    """The layer's input `x` and its output."""
+
+    def analyze(self, layer, inputs):
+        return {"x": inputs.x, "out": layer(inputs.x)}
+
+
+class _Attention(_Analysis):
+    """An attention layer's input `x`, its output and its attention probabilities."""
+
     TARGET = SelfAttention
-    NAME = "remat-attention"
-    PATH = "blocks_1/attn"
 
     def analyze(self, layer, inputs):
         return {"x": inputs.x, "out": layer(inputs.x), "weights": layer.weights(inputs.x)}
 
 
-class RematBlockOutput(_Analysis, TransformedTrainer):
+class RematAttention(_Attention, TransformedTrainer):
+    NAME = "remat-attention"
+    PATH = "blocks_1/attn"
+
+
+class RematBlockOutput(_Output, TransformedTrainer):
     TARGET = Block
     NAME = "remat-block"
     PATH = "blocks_0"
 
-    def analyze(self, layer, inputs):
-        return {"x": inputs.x, "out": layer(inputs.x)}
 
-
-class EnsembleOutput(_Analysis, TransformedTrainer):
+class EnsembleOutput(_Output, TransformedTrainer):
     TARGET = MLP
     NAME = "ensemble"
     PATH = "ensemble"
-
-    def analyze(self, layer, inputs):
-        return {"x": inputs.x, "out": layer(inputs.x)}
 
 
 class EnsembleInside(_Analysis, TransformedTrainer):
@@ -253,13 +259,9 @@ class InlineCalls(_Analysis, InlineTrainer):
         }
 
 
-class ScanInside(_Analysis, ScanTrainer):
-    TARGET = SelfAttention
+class ScanInside(_Attention, ScanTrainer):
     NAME = "scan-inside"
     PATH = "layers/attn"
-
-    def analyze(self, layer, inputs):
-        return {"x": inputs.x, "out": layer(inputs.x), "weights": layer.weights(inputs.x)}
 
 
 class ScanWhole(_Analysis, ScanTrainer):
@@ -272,13 +274,10 @@ class ScanWhole(_Analysis, ScanTrainer):
         return {"h": inputs.h, "out": carry}
 
 
-class PlainMLP(_Analysis, PretrainGPT):
+class PlainMLP(_Output, PretrainGPT):
     TARGET = MLP
     NAME = "plain-mlp"
     PATH = "blocks_1/mlp"
-
-    def analyze(self, layer, inputs):
-        return {"x": inputs.x, "out": layer(inputs.x)}
 
 
 class PlainAttention(_Analysis, PretrainGPT):

@@ -227,12 +227,17 @@ _given = os.environ.get("THESEUS_KILL_SEED")
 SEEDS = st.just(int(_given)) if _given else st.integers(0, 2**31 - 1)
 
 
-@settings(
-    max_examples=2,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+def trials(count: int) -> settings:
+    """`count` seeds drawn by hypothesis (or the one THESEUS_KILL_SEED names), each a trial."""
+    return settings(
+        max_examples=count,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+@trials(2)
 @given(seed=SEEDS)
 def test_killed_and_resumed_runs_never_lose_a_registered_checkpoint(
     seed: int, tmp_path_factory: pytest.TempPathFactory
@@ -241,12 +246,7 @@ def test_killed_and_resumed_runs_never_lose_a_registered_checkpoint(
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=25,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@trials(25)
 @given(seed=SEEDS)
 def test_killed_and_resumed_runs_never_lose_a_registered_checkpoint_many(
     seed: int, tmp_path_factory: pytest.TempPathFactory

@@ -303,16 +303,8 @@ class _Captured(Exception):
 
 
 def _arguments(context: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    signature = inspect.signature(context.orig_method)  # the module is already bound in
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    named: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(value)
-        else:
-            named[name] = value
-    return named
+    """An intercepted call's arguments by name (the module is already bound in)."""
+    return _named(inspect.signature(context.orig_method), args, kwargs)
 
 
 # ----------------------------------------------------------- lifted transforms
@@ -504,6 +496,7 @@ _WHOLE = {
 
 
 def _named(signature: inspect.Signature, args: Any, kwargs: Any) -> dict[str, Any]:
+    """`args` and `kwargs` bound to `signature` by name, defaults filled, `**kwargs` spread."""
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     named: dict[str, Any] = {}
