@@ -143,3 +143,38 @@ def test_cli_fsck_prints_and_repairs_checkpoint_leftovers(tmp_path: Path, capsys
     )
     assert main(["fsck", str(tmp_path / "store"), "--repair"]) == 0
     assert f"set aside: {folder / 'unregistered' / '8'}" in capsys.readouterr().out  # type: ignore[attr-defined]
+
+
+def test_a_folder_a_rows_node_and_step_name_is_never_a_stray(tmp_path: Path) -> None:
+    """A row that points elsewhere (a missing absolute path) still protects the layout
+    folder of its (node, step); fsck reports the row and leaves both places alone."""
+    store, folder, node = _theseus_root(tmp_path)
+    elsewhere = _step(tmp_path / "outside", "6")
+    store.checkpoint(node, elsewhere, step=6)
+    elsewhere.rename(tmp_path / "outside" / "gone")
+    layout = _step(folder, "6", "the same step, at its layout place")
+    report = store.fsck(repair=True)
+    assert layout.is_dir() and not report.set_aside and not report.unregistered_checkpoints
+    (problem,) = report.problems
+    assert problem.startswith(f"The registered checkpoint {elsewhere} (node {node}, step 6)")
+    assert "put the folder back there or restore it from a backup" in problem
+    assert not elsewhere.exists()  # fsck made nothing where the row points
+    assert "2 registered checkpoints checked" in report.render().splitlines()[0]
+    store.close()
+
+
+def test_a_step_folder_without_orbaxs_commit_marker_is_an_interrupted_save(
+    tmp_path: Path,
+) -> None:
+    store, folder, _ = _theseus_root(tmp_path)
+    unfinished = folder / "8"
+    (unfinished / "state").mkdir(parents=True)
+    (unfinished / "state" / "manifest.ocdbt").write_text("orbax was here")  # no marker
+    finished = _step(folder, "10")
+    (finished / "_CHECKPOINT_METADATA").write_text("{}")
+    report = store.fsck()
+    assert report.interrupted_checkpoints == [unfinished]
+    assert report.unregistered_checkpoints == [finished]
+    repaired = store.fsck(repair=True)
+    assert sorted(p.name for p in repaired.set_aside) == ["10", "8"]
+    store.close()
