@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from theseus.data.datasets import Synthetic
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
+from theseus.store import Store
 from theseus.training.base import BaseTrainer
 from theseus.training.evaluation import Evaluation, Perplexity
 from theseus.training.reporting import Reporter, format_duration
@@ -79,3 +82,77 @@ def test_reporter_is_quiet_off_a_terminal_and_logs_each_report(
 
 def test_format_duration() -> None:
     assert [format_duration(s) for s in (0, 59.4, 75.2, 3725)] == ["0s", "59s", "1m15s", "1h02m"]
+
+
+SCRIPT = """
+import sys
+from theseus.data.datasets import Synthetic
+from theseus.quick import quick
+from theseus.registry import import_module_or_file
+
+jobs = import_module_or_file({jobs!r})
+root, configure = sys.argv[1], sys.argv[2] == "configure"
+if configure:  # the script's own logging: every theseus line goes there, none to stderr
+    import logging
+    logging.basicConfig(  # force: absl already gave the root logger a handler
+        filename=root + "/own.log", level=logging.INFO, format="%(message)s", force=True
+    )
+Synthetic.prepare(root, tokens=20_000, val_tokens=4_000)
+with quick(root) as q:
+    q.build(jobs.SyntheticTrainer, "script")
+    jobs.tiny(q.config, steps=6, **{{
+        "logging/report_interval": 2,
+        "logging/validation_interval": 3,
+        "logging/checkpoint_interval": 6,
+    }})
+    q.create()()
+"""
+
+
+@pytest.mark.parametrize("logging_setup", ["none", "configure"])
+def test_a_script_whose_output_is_a_file_says_what_training_does(
+    tmp_path: Path, logging_setup: str
+) -> None:
+    """`python train.py > log.txt 2>&1` with no logging configured: every report,
+    validation and checkpoint is a line of the file. A script that configures logging
+    gets the same lines in its own log, and nothing on stderr."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(jobs=str(Path(__file__).with_name("trainer_jobs.py"))))
+    root = tmp_path / "root"
+    root.mkdir()
+    with open(tmp_path / "out.txt", "w") as out:
+        done = subprocess.run(
+            [sys.executable, str(script), str(root), logging_setup],
+            stdout=out, stderr=subprocess.STDOUT, timeout=300,
+        )  # fmt: skip
+    output = (tmp_path / "out.txt").read_text()
+    assert done.returncode == 0, output
+    lines = (root / "own.log").read_text() if logging_setup == "configure" else output
+    ours = [line for line in lines.splitlines() if line.startswith("general.default.script ")]
+    nonce = next(p.name for p in (root / "checkpoints/general/default/script").iterdir())
+    saved = root / "checkpoints/general/default/script" / nonce / "6"
+
+    def kind(line: str) -> str:
+        if " loss " in line and line.endswith(tuple("0123456789s")) and "tok/s ETA" in line:
+            return "report"
+        if " validation loss " in line:
+            return "validation"
+        return "checkpoint" if line.endswith(f"checkpoint saving to {saved}") else line
+
+    steps = [line.split(" step ")[1].split()[0] for line in ours]
+    assert list(zip(steps, map(kind, ours), strict=True)) == [
+        ("2/6", "report"),
+        ("3/6", "validation"),
+        ("4/6", "report"),
+        ("6/6", "report"),
+        ("6/6", "validation"),
+        ("6/6", "checkpoint"),
+    ]
+    assert saved.is_dir()
+    with Store(root / "store") as store:
+        last = store.query().spec(run="script").latest().first()
+        assert last is not None
+        val = store.values(last)["val/loss"]
+    assert ours[4].endswith(f"validation loss {val:.4f}")
+    if logging_setup == "configure":
+        assert "general.default.script" not in output

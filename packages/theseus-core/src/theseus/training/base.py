@@ -638,11 +638,16 @@ class BaseTrainer(BasicJob):
         else:
             reporter.advance(step)
         if _due(step, cfg.validation_interval, total):
-            self.log(self.validate())
+            validated = self.validate()
+            self.log(validated)
+            shown = [f"{k.removeprefix('val/')} {float(v):.4f}" for k, v in validated.items()]
+            reporter.event(step, f"validation {', '.join(shown)}")
             self._evaluate()
             self._analyze()
         if _due(step, cfg.checkpoint_interval, total):
             self.save_checkpoint()
+            if self._keeper is not None:
+                reporter.event(step, f"checkpoint saving to {self._keeper.directory / str(step)}")
         if self._keeper is not None:
             self._keeper.poll()
 

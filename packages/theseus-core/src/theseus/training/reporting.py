@@ -1,7 +1,11 @@
-"""What a training run shows while it runs: a progress bar on a terminal, log lines always.
+"""What a training run shows while it runs, wherever its output goes.
 
-The bar (step, loss, tokens/s, ETA) appears only when standard error is a terminal;
-redirected output gets one log line per report instead, so CI logs stay readable.
+On a terminal, a progress bar (step, loss, tokens/s, ETA). Every report, validation
+and checkpoint is also a line of the `theseus.training` logger. When logging would
+not show that line (a script that never configured logging: Python drops INFO
+records then), the reporter writes it to standard error itself, so a run under
+`python train.py > log.txt`, nohup, SLURM or a notebook still says what it does.
+A script that configures logging gets the lines through its own handlers only.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["Reporter", "format_duration"]
+__all__ = ["Reporter", "format_duration", "logging_shows"]
 
 log = logging.getLogger("theseus.training")
 
@@ -24,6 +28,24 @@ def format_duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def logging_shows(logger: logging.Logger, level: int = logging.INFO) -> bool:
+    """Whether a record of `level` on `logger` reaches a handler that emits it.
+
+    Python's last-resort handler (used when no handler is configured) shows only
+    warnings, so an unconfigured program shows no INFO line.
+    """
+    if not logger.isEnabledFor(level):
+        return False
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(handler.level <= level for handler in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
 
 
 class Reporter:
@@ -74,7 +96,7 @@ class Reporter:
         return rate
 
     def report(self, step: int, loss: float, rate: float) -> None:
-        """Show one report: the bar on a terminal, a log line always."""
+        """Show one report: the bar on a terminal, a line (see the module docstring)."""
         done = step - self.start
         elapsed = time.perf_counter() - self._began
         eta = elapsed / done * (self.total - step) if done else 0.0
@@ -82,11 +104,27 @@ class Reporter:
             f"{self.run} step {step}/{self.total} loss {loss:.4f} "
             f"{rate:,.0f} tok/s ETA {format_duration(eta)}"
         )
-        log.info(line)
         if self._bar is not None:
             self._bar.update(
                 self._task, completed=step, status=f"loss {loss:.4f} {rate:,.0f} tok/s"
             )
+            if logging_shows(log):  # the bar already says it on the terminal
+                log.info(line)
+            return
+        self.say(line)
+
+    def event(self, step: int, what: str) -> None:
+        """Say what happened at `step` (a validation, a checkpoint), on every output."""
+        self.say(f"{self.run} step {step}/{self.total} {what}")
+
+    def say(self, line: str) -> None:
+        """One line: through logging when it shows it, else on stderr (above the bar)."""
+        if logging_shows(log):
+            log.info(line)
+        elif self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def advance(self, step: int) -> None:
         """Move the bar without a report."""
