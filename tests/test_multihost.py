@@ -169,8 +169,8 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
         np.testing.assert_array_equal(stored["out"], hosts[0]["tandem_out"][index])
     assert multihost[5][1].content == multihost[5][0].content  # the checkpoint's, the same
 
-    # One file per run under results/, the latest version; nothing else (no temporary files).
-    results = tmp_path / "results" / "general" / "default"
+    # One file per run under analyses/, the latest version; nothing else (no temporary files).
+    results = tmp_path / "analyses" / "general" / "default"
     files = sorted(p.relative_to(results).as_posix() for p in results.rglob("*") if p.is_file())
     assert files == [
         "inspect-single/crop.json",

@@ -55,7 +55,7 @@ def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> No
         assert values["job/status"] == "finished"
         assert values["analysis/activation/name"] == "my-model/analyze/activation"
         assert values["analysis/activation/status"] == "finished"
-    pdf = tmp_path / "results/general/default/inspect/activation.pdf"
+    pdf = tmp_path / "analyses/general/default/inspect/activation.pdf"
     assert pdf.read_bytes() == artifact.content
 
     bad = runner.invoke(

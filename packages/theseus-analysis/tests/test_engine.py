@@ -105,7 +105,7 @@ def test_analysis_of_fresh_weights_matches_a_hand_computed_input(root: Path) -> 
     expected = jobs.embed_reference(job, x)[0, :64, :128]
     assert result.values.shape == (32, 32)  # the crop of a [8, 32, 32] input
     np.testing.assert_allclose(result.values, expected, **TOL)
-    assert result.path == root / "results/general/default/fresh/activation.pdf"
+    assert result.path == root / "analyses/general/default/fresh/activation.pdf"
     content = result.path.read_bytes()
     assert content.startswith(b"%PDF")
     [artifact] = job.store.query().node(job.node).artifact().select()

@@ -33,4 +33,4 @@ def test_the_engine_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     weights = result.values  # [query, key] attention probabilities of the last layer
     assert weights.shape == (128, 128)
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
-    assert (tmp_path / "results/results/general/default/fresh/attention.pdf").exists()
+    assert (tmp_path / "results/analyses/general/default/fresh/attention.pdf").exists()

@@ -37,10 +37,10 @@ def test_spec_defaults_and_result_paths(tmp_path: Path) -> None:
         "run-1",
     )
     out = spec.result("plots", "a.pdf")
-    assert out == tmp_path / "results/general/default/run-1/plots/a.pdf"
+    assert out == tmp_path / "analyses/general/default/run-1/plots/a.pdf"
     assert out.parent.is_dir()
     assert (
-        JobSpec("r", root=tmp_path, project="p", group="g").result() == tmp_path / "results/p/g/r"
+        JobSpec("r", root=tmp_path, project="p", group="g").result() == tmp_path / "analyses/p/g/r"
     )
     with pytest.raises(InvalidNodeError, match="run name"):
         JobSpec("bad name", root=tmp_path)

@@ -47,8 +47,12 @@ def test_seed_000_snippet_runs_verbatim(tmp_path: Path, monkeypatch: pytest.Monk
         rows = q.store.query().node(trained).artifact().select()
     assert [json.loads(r["content"]) for r in rows] == [{"target": "blocks_0/attn", "value": 6.0}]
     assert rows[0]["filename"] == "activation.json"
-    saved = tmp_path / "results/results/general/default/inspect/activation.json"
+    saved = tmp_path / "results/analyses/general/default/inspect/activation.json"
     assert saved.read_bytes() == rows[0]["content"]
+    # every folder of the root is named for what it holds: no results/results/
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "analyses", "store"
+    ]  # fmt: skip
 
 
 def test_seed_001_snippet_runs_verbatim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,13 +9,16 @@ from pathlib import Path
 from theseus.store import Node
 
 STORE_DIR = "store"
+# Named for what it holds, so a root called `results` (as in `quick("./results")`)
+# does not become results/results/.
+ANALYSES_DIR = "analyses"
 
 
 def store_root(root: str | os.PathLike[str]) -> Path:
     """The folder of the theseus-store under a Theseus root: ``ROOT/store``.
 
     A root holds everything of its runs: ``store/`` (the lineage database),
-    ``data/`` (prepared datasets), ``results/`` (files written by jobs) and
+    ``data/`` (prepared datasets), ``analyses/`` (the files analyses write) and
     ``checkpoints/``.
     """
     return Path(root) / STORE_DIR
@@ -39,7 +42,7 @@ class JobSpec:
         >>> root = tempfile.mkdtemp()
         >>> spec = JobSpec("inspect", root=root)
         >>> spec.result("activation.pdf").relative_to(root).as_posix()
-        'results/general/default/inspect/activation.pdf'
+        'analyses/general/default/inspect/activation.pdf'
     """
 
     name: str
@@ -66,7 +69,7 @@ class JobSpec:
         return self.name
 
     def result(self, *parts: str) -> Path:
-        """A path under ``ROOT/results/<project>/<group>/<run>/``; its folder is created.
+        """A path under ``ROOT/analyses/<project>/<group>/<run>/``; its folder is created.
 
         Args:
             *parts: path components below the run's result folder.
@@ -74,7 +77,7 @@ class JobSpec:
         Returns:
             The path (the folder itself when no parts are given).
         """
-        folder = self.root / "results" / self.project / self.group / self.name
+        folder = self.root / ANALYSES_DIR / self.project / self.group / self.name
         path = folder.joinpath(*parts)
         (path if not parts else path.parent).mkdir(parents=True, exist_ok=True)
         return path
