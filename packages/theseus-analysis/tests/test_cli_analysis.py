@@ -57,6 +57,10 @@ def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> No
         assert values["analysis/activation/status"] == "finished"
     pdf = tmp_path / "analyses/general/default/inspect/activation.pdf"
     assert pdf.read_bytes() == artifact.content
+    # the command says what it wrote: the file, the artifact and its version, the node
+    assert f"activation: wrote {pdf}\n" in ran.output
+    assert f"artifact 'activation' version 1 on node {node} (read it back: " in ran.output
+    assert f"theseus-store get {tmp_path / 'store'} {node} activation -o FILE" in ran.output
 
     bad = runner.invoke(
         main,

@@ -28,7 +28,7 @@ from theseus.analysis import _comet
 from theseus.analysis._engine import Selection, compile_analysis, to_host
 from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
 from theseus.analysis._publish import render, write_atomic
-from theseus.job import Mode, is_primary, process_count
+from theseus.job import Mode, is_primary, process_count, store_root
 from theseus.store import Artifact, Node
 
 if TYPE_CHECKING:
@@ -259,6 +259,18 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
 
     def __call__(self, resume: bool = False) -> Any:
         return super().__call__(resume)  # type: ignore[misc]
+
+    def outcome(self, result: Any) -> list[str]:
+        """The file this run wrote and its artifact (for `theseus run`)."""
+        if not isinstance(result, AnalysisResult) or result.artifact is None:
+            return [f"{self.NAME}: plot() returned None, so no file and no artifact were written"]
+        artifact = result.artifact
+        return [
+            f"{self.NAME}: wrote {result.path}",
+            f"  artifact {artifact.name!r} version {artifact.version} on node {result.node} "
+            f"(read it back: theseus-store get {store_root(self.spec.root)} {result.node} "
+            f"{artifact.name} -o FILE)",
+        ]
 
     def status_key(self, what: str) -> str:
         """`job/...` on the job's own nodes; `analysis/NAME/...` on a resumed node.

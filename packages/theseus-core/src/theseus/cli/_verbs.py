@@ -9,7 +9,7 @@ import click
 from theseus.cli._app import common_options, main
 from theseus.cli._cluster import cluster_options
 from theseus.config import ConfigError, dump, load, parse_overrides
-from theseus.job import BasicJob, from_host_zero
+from theseus.job import BasicJob, from_host_zero, is_primary
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
 from theseus.store import Node, Store
@@ -190,7 +190,10 @@ def run_command(
                 )
         tree.update(settings)
         job = q.create()
-        job()
+        result = job()
         click.echo(
             f"{tree.job}: {job.mode.value if job.mode else 'run'} run finished at node {job.node}."
         )
+        if is_primary():
+            for line in job.outcome(result):
+                click.echo(line)

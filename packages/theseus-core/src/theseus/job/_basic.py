@@ -298,6 +298,16 @@ class BasicJob(abc.ABC):
         sync_hosts(f"theseus/job/finish/{self.spec.project}.{self.spec.group}.{self.spec.name}")
         return result
 
+    def outcome(self, result: Any) -> list[str]:
+        """What `theseus run` prints after the run, below its "finished" line.
+
+        Override to say what the run wrote (files, artifacts). Default: nothing.
+
+        Args:
+            result: what `__call__` returned.
+        """
+        return []
+
     def close(self) -> None:
         """Close the store if this job opened it (a store passed in stays open)."""
         if self._owns_store and self._store is not None:
