@@ -175,6 +175,9 @@ def test_run_fresh_resume_and_branch(tmp_path: Path) -> None:
                   "--import", JOBS_FILE)  # fmt: skip
     assert f"{lineage} has no node 99: its nodes are 0 to 6" in beyond
     assert store.query().nonce(end.nonce).latest().first().seq == 6  # type: ignore[union-attr]
+    # the run's name alone: its one lineage, from its last checkpoint
+    alone = ok("run", "train", str(config), str(root), "--resume", "train", "--import", JOBS_FILE)
+    assert f"resume run finished at node {lineage}~8" in alone.output
 
     branched = ok(
         "run",
@@ -239,6 +242,8 @@ def test_run_errors_are_one_paragraph(tmp_path: Path) -> None:
     )
     assert "no lineage general.default.r~abc" in message and "theseus-store runs" in message
     message = fail("run", "r", str(config), root, "--resume", "not-a-node", "--import", JOBS_FILE)
+    assert "no run named 'not-a-node'" in message
+    message = fail("run", "r", str(config), root, "--resume", "a~b~c~d", "--import", JOBS_FILE)
     assert "InvalidNodeError" in message
     message = fail("configure", "tests/countr", str(tmp_path / "x.yaml"), "--import", JOBS_FILE)
     assert "Did you mean 'tests/counter'" in message

@@ -88,6 +88,28 @@ def test_lineage_and_short_node(
     assert "children  (2)" in out and branch.serialize() in out
 
 
+def test_a_run_name_alone_is_its_one_lineages_last_node(
+    filled: tuple[Store, Node, Node], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, mid, branch = filled
+    last = mid.next()
+    for spelled in ("train-gpt", "lm.base.train-gpt"):
+        assert store.resolve(spelled) == last
+        assert main(["show", str(store.root), spelled]) == 0
+        assert f"node {last.serialize()}\n" in capsys.readouterr().out
+    assert store.resolve("inspect") == branch
+    other = Node.new("train-gpt", project="lm", group="base")
+    store.touch(other)
+    assert main(["lineage", str(store.root), "train-gpt"]) == 2
+    err = capsys.readouterr().err
+    assert "Run 'train-gpt' has 2 lineages: " in err and "\n" not in err.strip()
+    assert f"lm.base.train-gpt~{mid.nonce} (3 nodes, 1 checkpoints)" in err
+    assert f"lm.base.train-gpt~{other.nonce} (1 nodes, 0 checkpoints)" in err
+    assert main(["show", str(store.root), "train-gtp"]) == 2
+    err = capsys.readouterr().err
+    assert "no run named 'train-gtp' (its runs: lm.base.inspect, lm.base.train-gpt)" in err
+
+
 def test_errors_exit_2_with_message(
     filled: tuple[Store, Node, Node], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -26,14 +26,15 @@ def _job_class(name: str) -> type[BasicJob]:
 
 
 def _base_node(store: Store, text: str) -> Node:
-    """The node `--resume`/`--branch` name; a lineage (`name~nonce`) means its last checkpoint.
+    """The node `--resume`/`--branch` name; a lineage (`name~nonce`, or a run alone with one
+    lineage) means its last checkpoint.
 
     A run killed between checkpoints has later nodes than its last checkpoint, and
     training can only go on from a checkpoint. Without any checkpoint the lineage's
     last node is returned, and setting up explains what to do.
     """
     node = store.resolve(text)
-    if text.count("~") != 1:
+    if text.count("~") == 2:  # one node, as written
         return node
     saved = [
         c.node for c in store.query().nonce(node.nonce).checkpoints() if c.node.name == node.name
@@ -117,9 +118,10 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
     default=None,
     metavar="NODE",
     help=(
-        "Continue this node: `name~nonce~seq` (as `theseus-store show` prints it), or a "
-        "lineage `name~nonce` (as `theseus-store runs ROOT/store` prints it) for its last "
-        "checkpoint. The node must be its lineage's last checkpoint (else use --branch)."
+        "Continue this node: `name~nonce~seq` (as `theseus-store show` prints it), a "
+        "lineage `name~nonce` (as `theseus-store runs ROOT/store` prints it) or a run name "
+        "with one lineage, for its last checkpoint. Training goes on only from its "
+        "lineage's last checkpoint (else use --branch); an analysis takes any node."
     ),
 )
 @click.option(
@@ -129,7 +131,7 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
     metavar="NODE",
     help=(
         "Start a new lineage whose first node's parent is NODE (`name~nonce~seq`, or "
-        "`name~nonce` for that lineage's last checkpoint)."
+        "`name~nonce` or a run name with one lineage, for that lineage's last checkpoint)."
     ),
 )
 @cluster_options

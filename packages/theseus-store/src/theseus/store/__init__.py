@@ -15,6 +15,7 @@ Example:
 """
 
 from theseus.store._errors import (
+    AmbiguousNodeError,
     BlobHashError,
     CheckpointNotFoundError,
     CorruptStoreError,
@@ -46,6 +47,7 @@ from theseus.store._store import MARKER, Store
 
 __all__ = [
     "MARKER",
+    "AmbiguousNodeError",
     "Artifact",
     "BlobHashError",
     "Checkpoint",

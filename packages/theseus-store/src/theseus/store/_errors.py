@@ -11,6 +11,7 @@ import difflib
 from collections.abc import Iterable
 
 __all__ = [
+    "AmbiguousNodeError",
     "BlobHashError",
     "CheckpointNotFoundError",
     "CorruptStoreError",
@@ -95,6 +96,10 @@ class UnknownNodeError(StoreError, KeyError):
     def __str__(self) -> str:
         """Return the message itself (KeyError would print its repr)."""
         return str(self.args[0])
+
+
+class AmbiguousNodeError(InvalidNodeError):
+    """A run name alone was given, and the run has several lineages."""
 
 
 class CheckpointNotFoundError(StoreError, FileNotFoundError):

@@ -41,6 +41,7 @@ from theseus.store._db import (
     translate,
 )
 from theseus.store._errors import (
+    AmbiguousNodeError,
     CheckpointNotFoundError,
     CorruptStoreError,
     MissingBlobError,
@@ -712,15 +713,20 @@ class Store:
         return None if found is None else found[0]
 
     def resolve(self, text: str) -> Node:
-        """The node a user wrote: ``project.group.run~nonce~seq``, or ``...~nonce`` for the
-        last node of that lineage (the form ``theseus-store runs`` prints).
+        """The node a user wrote: ``project.group.run~nonce~seq``, ``...~nonce`` for the
+        last node of that lineage (the form ``theseus-store runs`` prints), or a run
+        alone (``run`` or ``project.group.run``) for the last node of its one lineage.
 
         Raises:
-            InvalidNodeError: ``text`` is neither form.
-            UnknownNodeError: the store has no such lineage, or no such node in it; the
+            InvalidNodeError: ``text`` is none of these forms.
+            AmbiguousNodeError: a run alone that has several lineages (the message
+                lists them, each as ``name~nonce``).
+            UnknownNodeError: the store has no such run, lineage or node in it; the
                 message names what it does have (the lineage's full name when only its
                 nonce matched, the range of its nodes when only the seq is wrong).
         """
+        if "~" not in text:
+            return self._resolve_run(text)
         if text.count("~") == 1:
             name, nonce = text.split("~")
             seq = None
@@ -752,6 +758,29 @@ class Store:
                 f"or {name}~{nonce} for its last node."
             )
         return Node(name, nonce, seq)
+
+    def _resolve_run(self, text: str) -> Node:
+        """The last node of the one lineage of the run ``text`` names (see :meth:`resolve`)."""
+        runs = self.runs()
+        mine = [r for r in runs if text in (r["name"], r["name"].split(".", 2)[-1])]
+        if not mine:
+            known = sorted({r["name"] for r in runs})
+            shown = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "") or "none"
+            raise UnknownNodeError(
+                f"The store at {self.root} has no run named {text!r} (its runs: {shown}). "
+                "Pass a run name, project.group.run, or a node as `theseus-store runs` "
+                "prints it (project.group.run~nonce, or project.group.run~nonce~seq)."
+            )
+        if len(mine) > 1:
+            listed = "; ".join(
+                f"{r['name']}~{r['nonce']} ({r['nodes']} nodes, {r['checkpoints']} checkpoints)"
+                for r in mine
+            )
+            raise AmbiguousNodeError(
+                f"Run {text!r} has {len(mine)} lineages: {listed}. Pass one of them as "
+                "name~nonce (its last node) or name~nonce~seq."
+            )
+        return Node(mine[0]["name"], mine[0]["nonce"], mine[0]["last_seq"])
 
     def runs(self) -> list[dict[str, Any]]:
         """Return one summary per lineage, oldest first (what ``theseus-store runs`` prints)."""

@@ -153,7 +153,10 @@ def _parser() -> argparse.ArgumentParser:
     for command in (runs, show, get, lineage, fsck):
         command.add_argument("root", help="the store's root folder")
     for command in (show, get, lineage):
-        command.add_argument("node", help="project.group.run~nonce~seq (or ...~nonce: last node)")
+        command.add_argument(
+            "node",
+            help="project.group.run~nonce~seq, or ...~nonce or a run with one lineage: its last node",
+        )
     lineage.add_argument("--limit", type=int, default=20, help="ancestors to list (default 20)")
     lineage.add_argument("--all", action="store_true", help="list every ancestor")
     get.add_argument("name", help="the artifact's name")
