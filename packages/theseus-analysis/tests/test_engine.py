@@ -7,11 +7,13 @@ own `capture_intermediates`, and the eager debugger. Tolerance: float32 on CPU,
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import jax
 import numpy as np
+import PIL.Image
 import pytest
 from matplotlib.figure import Figure
 
@@ -108,6 +110,12 @@ def test_analysis_of_fresh_weights_matches_a_hand_computed_input(root: Path) -> 
     assert result.path == root / "analyses/general/default/fresh/activation.pdf"
     content = result.path.read_bytes()
     assert content.startswith(b"%PDF")
+    # in Jupyter the result shows its figure: a PNG of the figure plot() returned
+    png, shown = result._repr_png_()
+    image = PIL.Image.open(io.BytesIO(png))
+    assert image.format == "PNG" and image.width > 200 and image.height > 200
+    assert shown == {"width": result.figure.get_figwidth() * 96}
+    assert result._repr_json_() is None
     [artifact] = job.store.query().node(job.node).artifact().select()
     assert artifact == {**artifact, "name": "activation", "filename": "activation.pdf"}
     assert artifact["content"] == content
@@ -186,6 +194,7 @@ def test_json_results_and_the_layer_output_match_the_debugger(root: Path) -> Non
     np.testing.assert_allclose(saved["out"], np.asarray(layer(inputs.x))[:, :4, :8], **TOL)
     np.testing.assert_allclose(saved["mean"], float(inputs.x.mean()), atol=1e-6)
     assert job.store.get(job.node)["stats"].content == result.path.read_bytes()
+    assert result._repr_json_() == saved and result._repr_png_() is None  # Jupyter: JSON
 
 
 def test_list_selection_keeps_selection_order(root: Path) -> None:

@@ -73,7 +73,12 @@ _FRESH = textwrap.dedent(
             tp.scatter(x=[0, 1], y=[1e-5, 2e-5]),
         ]
         sizes = [len(tp.to_pdf(f)) + len(tp.to_png(f)) for f in figures]
+        notebook = [f._repr_png_() for f in figures]  # what Jupyter shows, pyplot never loaded
     print(json.dumps({
+        "notebook": [
+            [png == tp.to_png(f), shown["width"] / f.get_figwidth()]
+            for f, (png, shown) in zip(figures, notebook)
+        ],
         "jax": sorted(m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jaxlib"))),
         "warnings": [str(w.message) for w in caught],
         "logs": [r for r in records if "font" in r.lower()],
@@ -101,6 +106,13 @@ def fresh_process(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_fresh_process_never_imports_jax(fresh_process: dict):
     assert fresh_process["jax"] == []
     assert all(size > 1000 for size in fresh_process["sizes"])
+
+
+def test_the_helpers_figures_show_themselves_in_a_notebook(fresh_process: dict):
+    # Jupyter shows a plain Figure only once pyplot has loaded its inline backend (at
+    # the first pyplot figure); the helpers' figures carry their own PNG, the same
+    # bytes as to_png, shown at 96 CSS px per inch
+    assert fresh_process["notebook"] == [[True, 96.0]] * 4
 
 
 def test_fresh_machine_saves_without_font_warnings(fresh_process: dict):

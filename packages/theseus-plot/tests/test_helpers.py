@@ -44,7 +44,7 @@ def _reference_axes() -> Any:
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_returns_a_new_figure_with_labels(name: str):
     fig = CALLS[name]()
-    assert type(fig) is Figure
+    assert isinstance(fig, Figure) and callable(fig._repr_png_)  # shows itself in Jupyter
     assert fig.canvas.manager is None  # not registered with pyplot
     ax = fig.axes[0]
     assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == ("T", "X", "Y")

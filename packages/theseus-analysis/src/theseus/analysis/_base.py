@@ -15,9 +15,10 @@ and batch.
 from __future__ import annotations
 
 import abc
+import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -27,7 +28,7 @@ import numpy as np
 from theseus.analysis import _comet
 from theseus.analysis._engine import Selection, compile_analysis, to_host
 from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
-from theseus.analysis._publish import render, write_atomic
+from theseus.analysis._publish import figure_of, render, write_atomic
 from theseus.job import Mode, is_primary, process_count, store_root
 from theseus.store import Artifact, Node
 
@@ -57,12 +58,30 @@ class AnalysisResult:
         path: the file written under `spec.result()` (host zero; None when `plot()`
             returned None or on other hosts).
         artifact: the store record of that file (host zero), else None.
+        figure: the matplotlib Figure `plot()` returned (host zero), else None.
+
+    In Jupyter a result shows itself: its figure as an image, a JSON result as JSON.
     """
 
     values: Any
     node: Node
     path: Path | None
     artifact: Artifact | None
+    figure: Any = field(default=None, repr=False, compare=False)
+
+    def _repr_png_(self) -> tuple[bytes, dict[str, float]] | None:
+        """The figure as PNG, for Jupyter (None: no figure, Jupyter shows the repr)."""
+        if self.figure is None:
+            return None
+        from theseus.plot import to_png
+
+        return to_png(self.figure), {"width": self.figure.get_figwidth() * 96}
+
+    def _repr_json_(self) -> Any:
+        """A JSON result's value, for Jupyter (None for a figure or nothing saved)."""
+        if self.artifact is None or not self.artifact.filename.endswith(".json"):
+            return None
+        return json.loads(self.artifact.content)
 
 
 class _PlotHelper:
@@ -370,19 +389,22 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         node = self.node
         path: Path | None = None
         artifact: Artifact | None = None
+        figure: Any = None
         error: BaseException | None = None
         if is_primary():
             try:
-                path, artifact = self._publish(values, node)
+                path, artifact, figure = self._publish(values, node)
             except BaseException as exc:
                 error = exc
         _agree_on_failure(error, type(self).__name__)
-        return AnalysisResult(values, node, path, artifact)
+        return AnalysisResult(values, node, path, artifact, figure)
 
-    def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None]:
-        rendered = render(self.NAME, self._call("plot", values), type(self).__name__)
+    def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None, Any]:
+        plotted = self._call("plot", values)
+        figure = figure_of(plotted)
+        rendered = render(self.NAME, plotted, type(self).__name__)
         if rendered is None:
-            return None, None
+            return None, None, None
         filename, content = rendered
         path = write_atomic(self.spec.result(filename), content)
         artifact = self.store.put(node, self.NAME, filename, content)
@@ -390,7 +412,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
             _comet.publish(self.configuration, node, self.NAME, filename, content)
         except Exception as exc:  # the file and the artifact are saved; Comet is a copy
             log.warning("%s: not sent to Comet: %s", type(self).__name__, exc)
-        return path, artifact
+        return path, artifact, figure
 
     def close(self) -> None:
         """End the Comet experiment (if any) and close the store if this job opened it."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from theseus.analysis._errors import AnalysisError
 
-__all__ = ["render", "write_atomic"]
+__all__ = ["figure_of", "render", "write_atomic"]
 
 
 def render(name: str, value: Any, owner: str) -> tuple[str, bytes] | None:
@@ -36,14 +36,9 @@ def render(name: str, value: Any, owner: str) -> tuple[str, bytes] | None:
     """
     if value is None:
         return None
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure, SubFigure
-
-    if isinstance(value, Axes):
-        value = value.figure
-    if isinstance(value, SubFigure):
-        value = value.figure
-    if isinstance(value, Figure):
+    figure = figure_of(value)
+    if figure is not None:
+        value = figure
         from theseus.plot import to_pdf
 
         content = to_pdf(value)
@@ -51,6 +46,20 @@ def render(name: str, value: Any, owner: str) -> tuple[str, bytes] | None:
         return f"{name}.pdf", content
     plain = _plain(value, owner, "plot()")
     return f"{name}.json", json.dumps(plain, indent=2, allow_nan=False).encode() + b"\n"
+
+
+def figure_of(value: Any) -> Any:
+    """The top-level matplotlib Figure `value` is or draws in (an Axes, a SubFigure); else None."""
+    if "matplotlib" not in __import__("sys").modules:
+        return None  # nothing returned can be a Figure, and importing matplotlib costs seconds
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure, SubFigure
+
+    if isinstance(value, Axes):
+        value = value.figure
+    while isinstance(value, SubFigure):
+        value = value.figure
+    return value if isinstance(value, Figure) else None
 
 
 def _release(figure: Any) -> None:

@@ -20,6 +20,22 @@ from theseus.plot._errors import PlotTypeError, PlotValueError
 from theseus.plot._ticks import declutter
 
 
+class NotebookFigure(Figure):
+    """A matplotlib Figure that shows itself in Jupyter as an image, with or without pyplot.
+
+    Jupyter displays a plain Figure only once pyplot has loaded its inline backend
+    (at the first pyplot figure); the helpers never make one through pyplot, so
+    their figures carry their own PNG form.
+    """
+
+    def _repr_png_(self) -> tuple[bytes, dict[str, float]]:
+        """PNG bytes (as :func:`~theseus.plot.to_png` renders them), shown at the figure's
+        width in CSS pixels (96 per inch)."""
+        from theseus.plot._export import to_png
+
+        return to_png(self), {"width": self.get_figwidth() * 96}
+
+
 def root_figure(ax: Axes) -> Figure:
     """Return the top-level Figure that holds ``ax`` (through any SubFigures)."""
     figure = ax.figure
@@ -71,7 +87,7 @@ def target_axes(ax: Axes | None, figsize: Sequence[float] | None, helper: str) -
                 f"got {figsize!r}."
             )
         size = (float(values[0]), float(values[1]))
-    fig = Figure(figsize=size, layout="constrained")
+    fig = NotebookFigure(figsize=size, layout="constrained")
     FigureCanvasAgg(fig)
     return fig.add_subplot()
 
