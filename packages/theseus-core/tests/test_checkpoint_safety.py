@@ -16,7 +16,12 @@ from theseus.quick import quick
 from theseus.registry import import_module_or_file
 from theseus.store import CheckpointNotFoundError, FolderBusyError, FolderLock, Node, Store
 from theseus.training.base import TrainerError
-from theseus.training.checkpoints import CheckpointKeeper, checkpoint_dir, restore
+from theseus.training.checkpoints import (
+    CheckpointKeeper,
+    CheckpointMissingError,
+    checkpoint_dir,
+    restore,
+)
 
 jobs = import_module_or_file(str(Path(__file__).with_name("trainer_jobs.py")))
 
@@ -176,6 +181,20 @@ def test_resuming_a_node_without_a_checkpoint_names_the_closest_one(root: Path) 
     assert f"closest checkpoint of its lineage is at general.default.sparse~{nonce}~3" in message
     assert f"--resume general.default.sparse~{nonce}~3" in message
     assert f"q.find().nonce({nonce!r}).seq(3).resume()" in message
+
+
+def test_resuming_a_checkpoint_whose_folder_is_gone_says_so_in_one_line(root: Path) -> None:
+    trainer = jobs.train_tiny(root, jobs.SyntheticTrainer, "vanished", 4)
+    folder = checkpoint_dir(root, trainer.node) / "4"
+    shutil.rmtree(folder)
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "vanished")
+        q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
+        with pytest.raises(CheckpointMissingError) as caught:
+            q.create()
+    message = str(caught.value)
+    assert message.startswith(f"The checkpoint folder {folder} is missing.") and "\n" not in message
+    assert "theseus-store fsck ROOT/store" in message
 
 
 def test_an_interrupted_save_is_set_aside_when_the_lineage_resumes(root: Path) -> None:

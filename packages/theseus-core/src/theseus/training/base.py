@@ -461,8 +461,9 @@ class BaseTrainer(BasicJob):
         if not found:
             return (
                 f"{message}, and neither has any node of its lineage before it. Start a "
-                "fresh run, or pick a checkpointed node with "
-                "q.find().spec(run=...).checkpoint().latest()"
+                "fresh run, or pick a checkpointed node (`theseus-store runs ROOT/store` "
+                "lists lineages with their checkpoints; in Python "
+                "q.find().spec(run=...).checkpoint().latest())"
             )
         closest = max(found, key=lambda n: n.seq)
         flag = "--resume" if mode is Mode.RESUME else "--branch"

@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from theseus.errors import TheseusError
 from theseus.job import from_host_zero, sync_hosts
 from theseus.store import (
+    COMMIT_MARKER,
     FolderBusyError,
     FolderLock,
     Node,
@@ -44,12 +45,17 @@ from theseus.store import (
 __all__ = [
     "CheckpointKeeper",
     "CheckpointMismatchError",
+    "CheckpointMissingError",
     "checkpoint_dir",
     "restore",
     "set_aside_strays",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class CheckpointMissingError(TheseusError, FileNotFoundError):
+    """A registered checkpoint's folder is gone or was never committed."""
 
 
 class CheckpointMismatchError(TheseusError, ValueError):
@@ -244,10 +250,18 @@ def restore(
         `(state, meta)`.
 
     Raises:
+        CheckpointMissingError: the folder is gone, or is not a committed orbax step.
         CheckpointMismatchError: shapes differ and there is no surgery; the message names
             the first mismatching parameter path and both shapes.
     """
     step_dir = Path(path)
+    if not (step_dir / COMMIT_MARKER).is_file():
+        state = "is missing" if not step_dir.exists() else "has no commit marker (never finished)"
+        raise CheckpointMissingError(
+            f"The checkpoint folder {step_dir} {state}. Put it back or restore it from a "
+            "backup (`theseus-store fsck ROOT/store` lists every such checkpoint), or "
+            "resume or branch from an earlier checkpoint of the lineage."
+        )
     with _manager(step_dir.parent) as manager:
         step = int(step_dir.name)
         saved_meta = manager.item_metadata(step)

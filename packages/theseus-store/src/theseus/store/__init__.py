@@ -31,6 +31,7 @@ from theseus.store._errors import (
     ValueTypeError,
 )
 from theseus.store._folders import (
+    COMMIT_MARKER,
     FolderBusyError,
     FolderLock,
     named_checkpoints,
@@ -46,6 +47,7 @@ from theseus.store._records import Artifact, Checkpoint, Scalar
 from theseus.store._store import MARKER, Store
 
 __all__ = [
+    "COMMIT_MARKER",
     "MARKER",
     "AmbiguousNodeError",
     "Artifact",

@@ -57,6 +57,7 @@ except ImportError:  # pragma: no cover - Windows has no fcntl; locks become no-
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "COMMIT_MARKER",
     "SET_ASIDE",
     "WRITER_LOCK",
     "FolderBusyError",
@@ -72,7 +73,7 @@ __all__ = [
 SET_ASIDE = "unregistered"
 WRITER_LOCK = ".writer.lock"
 TEMP_MARK = ".orbax-checkpoint-tmp"
-COMMIT_MARKER = "_CHECKPOINT_METADATA"
+COMMIT_MARKER = "_CHECKPOINT_METADATA"  # orbax writes it last, when a step is committed
 # files orbax writes into a step folder or its item subfolders (``state/``, ``meta/``)
 _ORBAX_TRACES = frozenset({"_METADATA", "metadata", "commit_success.txt", "manifest.ocdbt"})
 _BUSY = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
