@@ -337,6 +337,17 @@ def test_plugin_commands_load_from_entry_points(
     monkeypatch.delitem(sys.modules, "theseus_plugin_demo", raising=False)
 
 
+def test_help_lists_each_command_in_full_and_points_at_theseus_store() -> None:
+    listing = ok("--help").output
+    assert "..." not in listing.split("Commands:")[1]  # no description cut short
+    described = " ".join(listing.split())  # the descriptions are wrapped
+    assert (
+        "run Run the job CONFIG.yaml names (its top-level `job:` key) as run RUN under ROOT."
+        in (described)
+    )
+    assert "`theseus-store runs ROOT/store`" in described and "theseus-store --help" in described
+
+
 def test_a_real_subprocess_runs_the_console_script(tmp_path: Path) -> None:
     config = configured(tmp_path, "counter.steps=1")
     exe = Path(sys.executable).with_name("theseus")

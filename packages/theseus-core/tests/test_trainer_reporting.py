@@ -156,3 +156,20 @@ def test_a_script_whose_output_is_a_file_says_what_training_does(
     assert ours[4].endswith(f"validation loss {val:.4f}")
     if logging_setup == "configure":
         assert "general.default.script" not in output
+
+
+def test_calling_a_finished_run_says_there_is_nothing_to_train(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    Synthetic.prepare(tmp_path, tokens=20_000, val_tokens=4_000)
+    trainer = jobs.train_tiny(tmp_path, jobs.SyntheticTrainer, "done", 2)
+    with quick(tmp_path) as q:
+        q.build(jobs.SyntheticTrainer, "done")
+        q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
+        again = q.create()
+        with caplog.at_level(logging.INFO, logger="theseus.training"):
+            again()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "theseus.training"]
+    assert line.startswith("general.default.done is at step 2 of 2 (training/tokens = ")
+    assert line.endswith("nothing to train. Raise training/tokens to train on.")
+    assert again.node == trainer.node  # nothing ticked

@@ -144,10 +144,17 @@ class TheseusGroup(click.Group):
                 rows.append((name, f"(cannot load: {exc})"))
                 continue
             if command is not None and not command.hidden:
-                rows.append((name, command.get_short_help_str(formatter.width - 6 - len(name))))
+                # the whole first sentence, wrapped, never cut with "..."
+                rows.append((name, command.get_short_help_str(limit=1000)))
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+        with formatter.section("The store"):
+            formatter.write_text(
+                "Each root's lineages, values, checkpoints and artifacts are read with "
+                "theseus-store: `theseus-store runs ROOT/store`, then `show`, `get`, "
+                "`lineage` and `fsck` (see `theseus-store --help`)."
+            )
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

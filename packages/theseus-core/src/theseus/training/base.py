@@ -545,6 +545,13 @@ class BaseTrainer(BasicJob):
         total, step = self.total_steps, int(self.state.step)
         tokens_per_step = self.args.batch_size * self.block_size
         reporter = Reporter(total, step, tokens_per_step, self.node.name)
+        if step >= total:
+            reporter.say(
+                f"{self.node.name} is at step {step} of {total} (training/tokens = "
+                f"{self.args.tokens}): nothing to train. Raise training/tokens to train on."
+            )
+            reporter.close()
+            return self.state
         train = self._compiled_train()
         try:
             while step < total:
