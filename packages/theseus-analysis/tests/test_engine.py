@@ -89,6 +89,19 @@ def test_registration_and_inheritance_order() -> None:
         class BadName(AnalysisBase, PretrainGPT):
             NAME = "a/b"
 
+    message = r"^Named\.TARGET = 'SelfAttention' must be a Flax module class .*write TARGET = "
+    with pytest.raises(TypeError, match=message + "SelfAttention$"):
+
+        class Named(AnalysisBase, PretrainGPT):  # a string, not the class
+            TARGET = "SelfAttention"
+            NAME = "named"
+
+    with pytest.raises(TypeError, match=r"^Listed\.TARGET = \[<class"):
+
+        class Listed(AnalysisBase, PretrainGPT):
+            TARGET = [SelfAttention]  # a list, not a tuple
+            NAME = "listed"
+
     assert AnalysisBase[object, object] is not None  # generic like the trainer
 
 

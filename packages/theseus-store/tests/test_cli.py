@@ -120,7 +120,9 @@ def test_errors_exit_2_with_message(
     assert "project.group.run~nonce~seq" in capsys.readouterr().err
     empty = tmp_path / "empty"
     assert main(["runs", str(empty)]) == 2
-    assert f"{empty} is not a theseus-store root" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{empty} is not a theseus-store root" in err and "the command line never creates" in err
+    assert "create=True" not in err  # a command-line error speaks of the command line
     assert not empty.exists()  # the command line never creates a store
 
 

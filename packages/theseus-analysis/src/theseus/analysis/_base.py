@@ -156,6 +156,21 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
                     f"would train instead of analyze; list AnalysisBase first: "
                     f"class {cls.__name__}(AnalysisBase, {others})"
                 )
+        target = vars(cls).get("TARGET")
+        targets = target if isinstance(target, tuple) else (target,)
+        if target is not None and (
+            not targets
+            or not all(isinstance(t, type) and issubclass(t, nn.Module) for t in targets)
+        ):
+            hint = (
+                f"import it and write TARGET = {target}"
+                if isinstance(target, str)
+                else ("e.g. TARGET = SelfAttention")
+            )
+            raise TypeError(
+                f"{cls.__name__}.TARGET = {target!r} must be a Flax module class (or a tuple "
+                f"of them) whose calls the analysis looks for; {hint}"
+            )
         name = vars(cls).get("NAME")
         if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
             raise TypeError(

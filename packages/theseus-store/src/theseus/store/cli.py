@@ -20,11 +20,12 @@ import datetime
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
 from theseus.store._node import Node
-from theseus.store._store import Store
+from theseus.store._store import MARKER, Store, _inner_hint
 
 __all__ = ["main"]
 
@@ -182,6 +183,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 success, 1 fsck found problems, 2 error.
     """
     args = _parser().parse_args(argv)
+    root = Path(args.root)
+    if not root.is_file() and not (root / MARKER).exists():
+        hint = _inner_hint(root).strip() or (
+            "Pass the folder of an existing store (a Theseus root keeps it in ROOT/store); "
+            "the command line never creates one."
+        )
+        print(
+            f"theseus-store: error: {root} is not a theseus-store root (no {MARKER}). {hint}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with Store(args.root, create=False) as store:
             return int(args.fn(store, args))
