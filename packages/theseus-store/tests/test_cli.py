@@ -74,6 +74,22 @@ def test_get_stdout_and_file(
     assert target.read_bytes() == b"%PDF v2 \x00\xff"
 
 
+def test_get_refuses_binary_to_a_terminal(
+    filled: tuple[Store, Node, Node],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, mid, _ = filled
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["get", str(store.root), mid.serialize(), "activations"]) == 2
+    err = capsys.readouterr().err
+    assert "(activations.pdf, 10 bytes) is binary and would garble the terminal" in err
+    assert "Save it with -o activations.pdf (or redirect: > activations.pdf)" in err
+    store.put(mid, "notes", "notes.txt", "plain text\n".encode())
+    assert main(["get", str(store.root), mid.serialize(), "notes"]) == 0  # text is shown
+    assert capsys.readouterr().out == "plain text\n"
+
+
 def test_lineage_and_short_node(
     filled: tuple[Store, Node, Node], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -81,7 +97,8 @@ def test_lineage_and_short_node(
     assert main(["lineage", str(store.root), f"{branch.name}~{branch.nonce}"]) == 0
     out = capsys.readouterr().out
     assert f"node      {branch.serialize()}" in out
-    assert out.index(mid.serialize()) < out.index(mid.parent.serialize())  # type: ignore[union-attr]
+    # the branch's own lineage starts at seq 0: its ancestors are one stretch of the parent
+    assert f"  branched from {mid.serialize()}..0  (2 nodes; checkpoints at seq 1)" in out
     assert "job       gpt/train/pretrain" in out  # inherited through the branch edge
     assert main(["lineage", str(store.root), mid.serialize()]) == 0
     out = capsys.readouterr().out
@@ -175,11 +192,28 @@ def test_long_lineages_are_cut_unless_asked(
     for _ in range(30):
         node = node.next()
         store.touch(node)
+    (store.root / "c").mkdir()
+    store.checkpoint(Node(node.name, node.nonce, 9), store.root / "c", step=10)
+    side = Node.new("side", parent=Node(node.name, node.nonce, 4))
+    store.touch(side)
+    for _ in range(3):
+        side = side.next()
+        store.touch(side)
+    # a straight chain is one line; a branch point starts the next
+    assert main(["lineage", str(store.root), side.serialize()]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:5] == [
+        "ancestors (8, nearest first)",
+        f"  general.default.side~{side.nonce}~2..0  (3 nodes; no checkpoint)",
+        f"  branched from general.default.long~{node.nonce}~4..0  (5 nodes; no checkpoint)",
+    ]
     assert main(["lineage", str(store.root), node.serialize(), "--limit", "5"]) == 0
     out = capsys.readouterr().out
-    assert "ancestors (30, nearest first)" in out and "... 25 more (--all lists every one)" in out
-    listed = [line for line in out.splitlines() if line.startswith("  general.default.long~")]
-    assert len(listed) == 5
+    assert "ancestors (30, nearest first)" in out
+    assert f"  general.default.long~{node.nonce}~29..0  (30 nodes; checkpoints at seq 9)" in out
+    assert main(["lineage", str(store.root), side.serialize(), "--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "  ... 1 more stretch(es), 5 nodes (--all lists every ancestor)" in out
     assert main(["lineage", str(store.root), node.serialize(), "--all"]) == 0
     out = capsys.readouterr().out
     assert sum(line.startswith("  general.default.long~") for line in out.splitlines()) == 30

@@ -99,7 +99,14 @@ def _get(store: Store, args: argparse.Namespace) -> int:
         raise UnknownNodeError(
             f"Node {node.serialize()} has no artifact {args.name!r} (it has: {names})."
         )
-    content = artifacts[args.name].content
+    artifact = artifacts[args.name]
+    content = artifact.content
+    if not args.output and sys.stdout.isatty() and _binary(content):
+        raise StoreError(
+            f"The artifact {args.name!r} of {node.serialize()} ({artifact.filename}, "
+            f"{len(content)} bytes) is binary and would garble the terminal. Save it with "
+            f"-o {artifact.filename} (or redirect: > {artifact.filename})."
+        )
     if args.output:
         with open(args.output, "wb") as handle:
             handle.write(content)
@@ -110,17 +117,71 @@ def _get(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _stretches(ancestors: list[Node]) -> list[list[Node]]:
+    """Ancestors (nearest first) cut into straight stretches: one lineage, seqs in a row."""
+    stretches: list[list[Node]] = []
+    for node in ancestors:
+        last = stretches[-1][-1] if stretches else None
+        if (
+            last is not None
+            and (node.name, node.nonce) == (last.name, last.nonce)
+            and node.seq == last.seq - 1
+        ):
+            stretches[-1].append(node)
+        else:
+            stretches.append([node])
+    return stretches
+
+
+def _stretch_line(store: Store, stretch: list[Node]) -> str:
+    """`name~nonce~hi..lo (n nodes; checkpoints at seq a, b)` for one straight stretch."""
+    top, bottom = stretch[0], stretch[-1]
+    seqs = {n.seq for n in stretch}
+    saved = sorted(
+        {
+            c.node.seq
+            for c in store.query().nonce(top.nonce).checkpoints()
+            if c.node.name == top.name and c.node.seq in seqs
+        }
+    )
+    where = f"{top.serialize()}" if len(stretch) == 1 else f"{top.serialize()}..{bottom.seq}"
+    marks = f"checkpoints at seq {', '.join(map(str, saved))}" if saved else "no checkpoint"
+    return f"{where}  ({len(stretch)} node{'s' if len(stretch) > 1 else ''}; {marks})"
+
+
+def _binary(content: bytes) -> bool:
+    """Whether `content` is not text a terminal can show (a NUL byte, or not UTF-8)."""
+    if b"\x00" in content:
+        return True
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
 def _lineage(store: Store, args: argparse.Namespace) -> int:
     node = _node(store, args.node)
     print(f"node      {node.serialize()}")
     print(f"job       {store.job_of(node) or '-'}")
     ancestors = store.ancestors(node)
-    shown = ancestors if args.all else ancestors[: args.limit]
     print(f"ancestors ({len(ancestors)}, nearest first)")
-    for ancestor in shown:
-        print(f"  {ancestor.serialize()}")
-    if len(shown) < len(ancestors):
-        print(f"  ... {len(ancestors) - len(shown)} more (--all lists every one)")
+    if args.all:
+        for ancestor in ancestors:
+            print(f"  {ancestor.serialize()}")
+    else:
+        stretches = _stretches(ancestors)
+        below = node  # a stretch of another lineage than the node below it is a branch point
+        for stretch in stretches[: args.limit]:
+            branched = (stretch[0].name, stretch[0].nonce) != (below.name, below.nonce)
+            print(f"  {'branched from ' if branched else ''}{_stretch_line(store, stretch)}")
+            below = stretch[-1]
+        if len(stretches) > args.limit:
+            rest = stretches[args.limit :]
+            print(
+                f"  ... {len(rest)} more stretch(es), {sum(map(len, rest))} nodes "
+                "(--all lists every ancestor)"
+            )
     children = store.children(node)
     print(f"children  ({len(children)})")
     for child in children:
@@ -158,8 +219,13 @@ def _parser() -> argparse.ArgumentParser:
             "node",
             help="project.group.run~nonce~seq, or ...~nonce or a run with one lineage: its last node",
         )
-    lineage.add_argument("--limit", type=int, default=20, help="ancestors to list (default 20)")
-    lineage.add_argument("--all", action="store_true", help="list every ancestor")
+    lineage.add_argument(
+        "--limit",
+        type=int,
+        default=20,
+        help="straight stretches of ancestors to list, one line each (default 20)",
+    )
+    lineage.add_argument("--all", action="store_true", help="list every ancestor on its own line")
     get.add_argument("name", help="the artifact's name")
     get.add_argument("-o", "--output", help="write to this file instead of standard output")
     fsck.add_argument(
