@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -13,6 +14,7 @@ from theseus.cli import main
 from theseus.data.datasets import Synthetic
 from theseus.job import store_root
 from theseus.store import Node, Store
+from theseus.store.cli import main as store_main
 
 
 def test_data_prepare_synthetic_then_train_with_theseus_run(tmp_path: Path) -> None:
@@ -83,6 +85,29 @@ def test_unknown_dataset_and_unprepared_data_are_one_paragraph_errors(tmp_path: 
     result = runner.invoke(main, ["run", "nodata", str(config), str(tmp_path)])
     assert result.exit_code == 1
     assert f"theseus data prepare synthetic --root {tmp_path}" in result.output
+
+
+def test_a_run_that_failed_while_setting_up_is_listed_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Synthetic.prepare(tmp_path, tokens=30_000, val_tokens=4_000)
+    runner = CliRunner()
+    config = tmp_path / "gpt.yaml"
+    runner.invoke(main, ["configure", "gpt/train/pretrain", str(config)])
+    tiny = ["architecture.n_layers=1", "architecture.n_embd=32", "architecture.n_head=2",
+            "architecture.block_size=32", "training.batch_size=8", "training.tokens=512",
+            "training.validation_steps=1"]  # fmt: skip
+    assert runner.invoke(main, ["run", "ok", str(config), str(tmp_path), *tiny]).exit_code == 0
+    bad = runner.invoke(
+        main, ["run", "big", str(config), str(tmp_path), *tiny, "architecture.vocab_size=8"]
+    )
+    assert bad.exit_code == 1  # the vocabulary is checked while setting up, before training
+    assert store_main(["runs", str(tmp_path / "store")]) == 0
+    out = capsys.readouterr().out
+    table, _, apart = out.partition("\nnever started (1; failed while setting up")
+    assert "general.default.ok~" in table and "general.default.big~" not in table
+    (line,) = [row for row in apart.splitlines() if "general.default.big~" in row]
+    assert "TrainerError: architecture/vocab_size = 8 is smaller than" in line
 
 
 def test_a_failed_run_on_a_new_root_leaves_no_empty_store(tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def test_get_refuses_binary_to_a_terminal(
     err = capsys.readouterr().err
     assert "(activations.pdf, 10 bytes) is binary and would garble the terminal" in err
     assert "Save it with -o activations.pdf (or redirect: > activations.pdf)" in err
-    store.put(mid, "notes", "notes.txt", "plain text\n".encode())
+    store.put(mid, "notes", "notes.txt", b"plain text\n")
     assert main(["get", str(store.root), mid.serialize(), "notes"]) == 0  # text is shown
     assert capsys.readouterr().out == "plain text\n"
 

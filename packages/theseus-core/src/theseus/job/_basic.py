@@ -205,7 +205,9 @@ class BasicJob(abc.ABC):
         except BaseException as exc:
             # A new lineage that failed to set up says so; a resumed node keeps its record.
             if wanted is not Mode.RESUME:
-                self._status({"job/status": "failed", "job/error": f"{type(exc).__name__}: {exc}"})
+                error = f"{type(exc).__name__}: {exc}"
+                # `job/failed_in: setup`: it never started (`theseus-store runs` lists it apart)
+                self._status({"job/status": "failed", "job/error": error, "job/failed_in": "setup"})
             self._node = self._start = None
             raise
         self._mode = wanted

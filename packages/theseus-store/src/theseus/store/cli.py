@@ -46,20 +46,47 @@ def _node(store: Store, text: str) -> Node:
     return store.resolve(text)
 
 
+def _never_started(store: Store, run: dict[str, Any]) -> str | None:
+    """The error of a lineage whose job failed while setting up, before it did anything.
+
+    theseus-core records `job/status = failed` with `job/failed_in = setup` on the node
+    a failed setup chose; such a lineage is that one node, without checkpoints.
+    """
+    if run["nodes"] != 1 or run["checkpoints"]:
+        return None
+    values = store.values(Node(run["name"], run["nonce"], run["last_seq"]))
+    if values.get("job/status") != "failed" or values.get("job/failed_in") != "setup":
+        return None
+    error = str(values.get("job/error", "?")).splitlines()[0]
+    return error if len(error) <= 100 else error[:99] + "…"
+
+
 def _runs(store: Store, args: argparse.Namespace) -> int:
-    rows = [
-        (
-            f"{r['name']}~{r['nonce']}",
-            r["nodes"],
-            r["last_seq"],
-            r["checkpoints"],
-            r["artifacts"],
-            _when(r["last_write"]),
+    rows, failed = [], []
+    for r in store.runs():
+        lineage = f"{r['name']}~{r['nonce']}"
+        error = _never_started(store, r)
+        if error is not None:
+            failed.append((f"  {lineage}", _when(r["last_write"]), error))
+            continue
+        rows.append(
+            (
+                lineage,
+                r["nodes"],
+                r["last_seq"],
+                r["checkpoints"],
+                r["artifacts"],
+                _when(r["last_write"]),
+            )
         )
-        for r in store.runs()
-    ]
     header = ("lineage", "nodes", "last seq", "checkpoints", "artifacts", "last write")
     print(_table(header, rows) if rows else f"{store.root}: no runs yet")
+    if failed:
+        print(
+            f"\nnever started ({len(failed)}; failed while setting up, nothing trained or "
+            "saved; `theseus-store show ROOT NODE` has the whole error)"
+        )
+        print(_table(("  lineage", "when", "error"), failed))
     return 0
 
 
