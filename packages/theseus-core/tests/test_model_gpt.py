@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from theseus.config import Tree, using
+from theseus.config import ConfigTypeError, Tree, UnknownKeyError, using
 from theseus.model.attention.base import AttentionConfig, SelfAttention
 from theseus.model.models import GPT, MLP, GPTConfig, MLPConfig, cross_entropy
 
@@ -208,3 +208,28 @@ def test_bad_shapes_are_clear_errors() -> None:
     odd = GPT(GPTConfig(n_embd=30), AttentionConfig(n_embd=30, n_head=4), MLPConfig(n_embd=30))
     with pytest.raises(ValueError, match="must split into"):
         jax.eval_shape(odd.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+
+
+def test_build_sets_each_shared_setting_once_for_every_component() -> None:
+    built = GPT.build(n_layers=LAYERS, n_embd=WIDTH, n_head=HEADS, block_size=BLOCK,
+                      vocab_size=VOCAB, dropout=0.25, bias=True)  # fmt: skip
+    by_hand = GPT(
+        GPTConfig(
+            n_layers=LAYERS,
+            n_embd=WIDTH,
+            block_size=BLOCK,
+            vocab_size=VOCAB,
+            dropout=0.25,
+            bias=True,
+        ),
+        AttentionConfig(n_embd=WIDTH, n_head=HEADS, block_size=BLOCK, dropout=0.25, bias=True),
+        MLPConfig(n_embd=WIDTH, dropout=0.25, bias=True),
+    )
+    assert (built.config, built.attention, built.mlp_config) == (
+        by_hand.config, by_hand.attention, by_hand.mlp_config
+    )  # fmt: skip
+    assert GPT.build(**{"architecture/n_embd": 48}).mlp_config.n_embd == 48  # a key works too
+    with pytest.raises(UnknownKeyError, match=r"'n_emb'.*Did you mean 'n_embd'"):
+        GPT.build(n_emb=WIDTH)
+    with pytest.raises(ConfigTypeError, match="architecture/n_head"):
+        GPT.build(n_head="four")

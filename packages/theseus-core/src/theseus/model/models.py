@@ -8,14 +8,18 @@ be sharded by `nn.logical_axis_rules`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from theseus.config import configure, field
+from theseus.config import Tree, UnknownKeyError, configure, field
+from theseus.config._errors import suggest
+from theseus.config._field import PATH_KEY
 from theseus.errors import TheseusError
 from theseus.model.attention.base import AttentionConfig, SelfAttention
 from theseus.model.component import Component, resolve_dtype
@@ -155,9 +159,41 @@ class GPT(nn.Module, Component):
         return [Block]
 
     @classmethod
-    def build(cls) -> GPT:
-        """Construct the model from the active configuration (see `theseus.config.using`)."""
-        return cls(configure(GPTConfig), configure(AttentionConfig), configure(MLPConfig))
+    def build(cls, **settings: Any) -> GPT:
+        """Construct the model; each setting is given once and reaches every component.
+
+        Without settings: from the active configuration (see `theseus.config.using`),
+        as a trainer does. With settings (a field name such as `n_embd=64`, or a key
+        such as `architecture/n_embd`): one fresh configuration of `GPTConfig`,
+        `AttentionConfig` and `MLPConfig` with those values (type-checked) and the
+        defaults, so `n_embd`, `block_size` and `dropout` are never written three times.
+
+        Example:
+            >>> GPT.build(n_layers=2, n_embd=64, n_head=2, block_size=32).attention.n_embd
+            64
+
+        Raises:
+            UnknownKeyError: a setting that none of the three declares (with the
+                closest names).
+            ConfigTypeError: a value of the wrong type.
+        """
+        schemas = (GPTConfig, AttentionConfig, MLPConfig)
+        if not settings:
+            return cls(*(configure(schema) for schema in schemas))
+        keys = {
+            f.name: f.metadata[PATH_KEY] for schema in schemas for f in dataclasses.fields(schema)
+        }
+        tree = Tree.of(*schemas)
+        for name, value in settings.items():
+            key = keys.get(name, name)
+            if key not in keys.values():
+                raise UnknownKeyError(
+                    f"GPT.build() got the setting {name!r}, which none of GPTConfig, "
+                    f"AttentionConfig and MLPConfig declares.{suggest(name, keys)} Settings: "
+                    f"{', '.join(sorted(keys))}."
+                )
+            tree.set(key, value)
+        return cls(*(configure(schema, tree) for schema in schemas))
 
     def setup(self) -> None:
         cfg = self.config
