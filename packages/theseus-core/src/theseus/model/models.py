@@ -179,7 +179,7 @@ class GPT(nn.Module, Component):
         """
         schemas = (GPTConfig, AttentionConfig, MLPConfig)
         if not settings:
-            return cls(*(configure(schema) for schema in schemas))
+            return cls(configure(GPTConfig), configure(AttentionConfig), configure(MLPConfig))
         keys = {
             f.name: f.metadata[PATH_KEY] for schema in schemas for f in dataclasses.fields(schema)
         }
@@ -193,7 +193,9 @@ class GPT(nn.Module, Component):
                     f"{', '.join(sorted(keys))}."
                 )
             tree.set(key, value)
-        return cls(*(configure(schema, tree) for schema in schemas))
+        return cls(
+            configure(GPTConfig, tree), configure(AttentionConfig, tree), configure(MLPConfig, tree)
+        )
 
     def setup(self) -> None:
         cfg = self.config
