@@ -52,3 +52,13 @@ def test_all_packages_share_one_version_and_pin_siblings() -> None:
     (version,) = set(versions.values())
     for pin in pins:
         assert re.fullmatch(rf"theseus-[a-z]+=={re.escape(version)}", pin), pin
+
+
+def test_the_readme_commands_install_with_bytecode() -> None:
+    """`uv run` installs the workspace with its bytecode written (uv's compile-bytecode),
+    so on a machine whose Python does not write bytecode (PYTHONDONTWRITEBYTECODE, as on
+    many clusters) a script does not compile jax, flax and seaborn again at every start."""
+    import tomllib
+
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["uv"]
+    assert settings.get("compile-bytecode") is True
