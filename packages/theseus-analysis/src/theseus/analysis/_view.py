@@ -51,7 +51,8 @@ class TrainerView(AnalysisBase[Any, Any]):
     analysis's `CONFIG` read from the trainer's configuration), `traces`, and the
     methods `find`, `debug` (the analysis's `trace` on the trainer's state and batch),
     `configure`, `activated` (the trainer's configuration), `status_key`, `compute`,
-    `run` and `close` (ends the Comet experiment; the store stays the trainer's).
+    `run`, `outcome` (what a result wrote) and `close` (ends the Comet experiment; the
+    store stays the trainer's).
 
     Refused with `AnalysisError` (the trainer owns them): `setup`, `on_setup`,
     `before_run`, `tick`, `finish`, `on_finish`, `save_checkpoint` and `__call__`
@@ -94,6 +95,7 @@ class TrainerView(AnalysisBase[Any, Any]):
         "status_key",
         "compute",
         "run",
+        "outcome",
         "close",
     )
     REFUSED: ClassVar[tuple[str, ...]] = (
