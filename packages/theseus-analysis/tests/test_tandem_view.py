@@ -177,6 +177,7 @@ def test_the_views_own_attributes(trainer, view) -> None:
         "status_key": lambda got: got("status") == trainer.status_key("status"),
         "compute": lambda got: np.allclose(got()["x"], np.asarray(expected.x)[:, :4, :8], **TOL),
         "run": lambda got: _ran_on(got(), trainer),
+        "outcome": lambda got: got(view.run())[0].startswith(f"{view.NAME}: wrote "),
         "close": lambda got: got() is None and trainer.store.get(trainer.node) is not None,
     }
     assert set(checks) == set(analysis.TrainerView.OWN)

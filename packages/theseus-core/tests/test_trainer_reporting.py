@@ -167,6 +167,7 @@ def test_calling_a_finished_run_says_there_is_nothing_to_train(
         q.build(jobs.SyntheticTrainer, "done")
         q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
         again = q.create()
+        caplog.clear()  # the first run's lines, when another test left logging on INFO
         with caplog.at_level(logging.INFO, logger="theseus.training"):
             again()
     (line,) = [r.getMessage() for r in caplog.records if r.name == "theseus.training"]
