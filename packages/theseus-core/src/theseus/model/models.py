@@ -21,7 +21,7 @@ from theseus.config import Tree, UnknownKeyError, configure, field
 from theseus.config._errors import suggest
 from theseus.config._field import PATH_KEY
 from theseus.errors import TheseusError
-from theseus.model.attention.base import AttentionConfig, SelfAttention
+from theseus.model.attention.base import AttentionConfig, KVCache, SelfAttention
 from theseus.model.component import Component, resolve_dtype
 
 __all__ = ["GPT", "MLP", "Block", "GPTConfig", "MLPConfig", "ModelInputError", "cross_entropy"]
@@ -125,6 +125,14 @@ class Block(nn.Module, Component):
         x = x + self.attn(self.ln_1(x), deterministic=deterministic)
         x = x + self.mlp(self.ln_2(x), deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+    def cached(
+        self, x: jax.Array, cache: KVCache, index: jax.Array, start: jax.Array
+    ) -> tuple[jax.Array, KVCache]:
+        """`__call__` (deterministic) with the attention reading and writing `cache`."""
+        attended, cache = self.attn.cached(self.ln_1(x), cache, index, start)
+        x = x + attended
+        return x + self.mlp(self.ln_2(x)), cache
 
 
 def cross_entropy(
@@ -255,3 +263,30 @@ class GPT(nn.Module, Component):
             return logits, None
         loss, _ = cross_entropy(logits, y, padding_mask)
         return logits, loss
+
+    def cached(
+        self, x: jax.Array, caches: tuple[KVCache, ...], index: jax.Array, start: jax.Array
+    ) -> tuple[jax.Array, tuple[KVCache, ...]]:
+        """Logits of `x` at cache slots `index ..`, reading and writing every layer's cache.
+
+        The model's forward for generation (deterministic): the padded prompt at
+        `index = 0` (prefill), then one token per row and step. See `SelfAttention.cached`
+        for `start` (each row's first real slot, for left-padded prompts).
+
+        Returns:
+            `(logits [batch, seq, vocab_size], caches)`.
+        """
+        h = self.wte(x)
+        written = []
+        for block, cache in zip(self.blocks, caches, strict=True):
+            h, cache = block.cached(h, cache, index, start)
+            written.append(cache)
+        h = self.ln_f(h)
+        logits = self.wte.attend(h) if self.config.tie_embeddings else self.lm_head(h)
+        return logits, tuple(written)
+
+    def empty_caches(self, batch: int, slots: int) -> tuple[KVCache, ...]:
+        """A zero cache per block for `batch` rows of `slots` positions."""
+        return tuple(
+            KVCache.empty(self.attention, batch, slots) for _ in range(self.config.n_layers)
+        )

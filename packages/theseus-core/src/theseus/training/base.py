@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -36,6 +36,7 @@ import optax
 from theseus.config import dump, field
 from theseus.data.batches import Batch, MixturePlan
 from theseus.data.datasets import Synthetic
+from theseus.data.tokenizer import get_tokenizer
 from theseus.errors import TheseusError
 from theseus.job import BasicJob, Mode, from_host_zero, is_primary, process_count, process_index
 from theseus.model import debug as _debug
@@ -390,12 +391,64 @@ class BaseTrainer(BasicJob):
         )
         return _debug.DebugSession(_debug.DebugLayer(module, path), inputs)
 
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        key: jax.Array | None = None,
+    ) -> Any:
+        """Continue prompts with the live state's model (a KV cache; see `theseus.model.generation`).
+
+        Args:
+            prompts: a string, a list of strings (encoded with the dataset's tokenizer),
+                or a list of token-id lists.
+            max_new_tokens: tokens to add to each prompt (prompt + new <= block_size).
+            temperature: 0 is greedy.
+            top_k, top_p: restrict sampling to the most likely tokens.
+            key: the sampling key (default `jax.random.key(training/seed)`).
+
+        Returns:
+            The continuation(s), in the prompts' form: a string for a string, a list of
+            strings for strings, a list of token-id lists for token ids.
+
+        Raises:
+            GenerationError: bad prompts or settings.
+            TrainerError: before setup, or a model without cached decoding.
+        """
+        from theseus.model.generation import generate
+
+        state = self._inspected()
+        if not hasattr(self.model, "cached"):
+            raise TrainerError(
+                f"{type(self.model).__name__} has no cached forward (`cached`, `empty_caches`); "
+                "generate() needs a GPT-like model (see theseus.model.models.GPT.cached)"
+            )
+        tokenizer = self._plan.sources[0].tokenizer if self._plan is not None else get_tokenizer()
+        single = isinstance(prompts, str)
+        given: list[Any] = [prompts] if single else list(prompts)
+        as_text = all(isinstance(p, str) for p in given)
+        ids = [tokenizer.encode(p).tolist() for p in given] if as_text else given
+        key = jax.random.key(self.args.seed) if key is None else key
+        new = generate(
+            self.model, state.params, ids, max_new_tokens,
+            temperature=temperature, top_k=top_k, top_p=top_p, key=key,
+        )  # fmt: skip
+        if not as_text:
+            return new
+        decoded = [tokenizer.decode(tokens) for tokens in new]
+        return decoded[0] if single else decoded
+
     def _inspected(self) -> Any:
         """The live state, or a clear error before setup."""
         self.node  # raises with the fix when the job is not set up  # noqa: B018
         if self.state is None:
             raise TrainerError(
-                f"{type(self).__name__} has no state yet; call setup() before find()/debug()"
+                f"{type(self).__name__} has no state yet; call setup() before "
+                "find()/debug()/generate()"
             )
         return self.state
 

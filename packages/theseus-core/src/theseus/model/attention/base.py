@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 from theseus.config import ConfigError, field
 from theseus.model.component import Component, resolve_dtype
 
-__all__ = ["AttentionConfig", "SelfAttention", "apply_rotary", "causal_softmax"]
+__all__ = ["AttentionConfig", "KVCache", "SelfAttention", "apply_rotary", "causal_softmax"]
 
 
 @dataclass(frozen=True)
@@ -34,17 +35,26 @@ class AttentionConfig:
     dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
 
 
-def apply_rotary(x: jax.Array, base: float) -> jax.Array:
+def apply_rotary(x: jax.Array, base: float, positions: jax.Array | None = None) -> jax.Array:
     """Rotate pairs of features of `x` `[batch, seq, heads, head_dim]` by position.
 
     Feature `i` and `i + head_dim/2` form a pair rotated by angle `pos * base**(-2i/head_dim)`.
+
+    Args:
+        x: queries or keys.
+        base: the rotary frequency base.
+        positions: `[batch, seq]` integer positions (cached decoding, left padding);
+            None: `0 .. seq-1` for every row.
     """
     seq, head_dim = x.shape[1], x.shape[-1]
     half = head_dim // 2
     inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)
-    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # [seq, half]
-    cos = jnp.cos(angles)[None, :, None, :]
-    sin = jnp.sin(angles)[None, :, None, :]
+    if positions is None:
+        angles = jnp.arange(seq, dtype=jnp.float32)[None, :, None] * inv_freq  # [1, seq, half]
+    else:
+        angles = positions.astype(jnp.float32)[:, :, None] * inv_freq  # [batch, seq, half]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
     first, second = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     rotated = jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
     return rotated.astype(x.dtype)
@@ -80,14 +90,60 @@ class SelfAttention(nn.Module, Component):
         self.attn_dropout = nn.Dropout(cfg.dropout)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Queries and keys (rotated) and values, each `[batch, seq, n_head, head_dim]`."""
+    def project(
+        self, x: jax.Array, positions: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Queries and keys (rotated) and values, each `[batch, seq, n_head, head_dim]`.
+
+        `positions` (`[batch, seq]`) places the rows' tokens for the rotation; None:
+        `0 .. seq-1`.
+        """
         cfg = self.config
         batch, seq, width = x.shape
         qkv = self.c_attn(x).reshape(batch, seq, 3, cfg.n_head, width // cfg.n_head)
-        q = apply_rotary(qkv[:, :, 0], cfg.rope_base)
-        k = apply_rotary(qkv[:, :, 1], cfg.rope_base)
+        q = apply_rotary(qkv[:, :, 0], cfg.rope_base, positions)
+        k = apply_rotary(qkv[:, :, 1], cfg.rope_base, positions)
         return q, k, qkv[:, :, 2]
+
+    def cached(
+        self, x: jax.Array, cache: KVCache, index: jax.Array, start: jax.Array
+    ) -> tuple[jax.Array, KVCache]:
+        """Attend from `x` at cache positions `index ..` over the cache, and write its keys.
+
+        The cached twin of `__call__` (deterministic): row `b` holds its real tokens from
+        cache slot `start[b]` on (a left-padded prompt), and its token at slot `s` sits
+        at rotary position `s - start[b]`, so every row computes what it would alone.
+
+        Args:
+            x: `[batch, seq, n_embd]`, the inputs at slots `index .. index + seq - 1`
+                (the whole padded prompt at `index = 0`, then one token per step).
+            cache: this layer's keys and values, `[batch, slots, n_head, head_dim]` each.
+            index: the first slot `x` fills (a scalar int32).
+            start: `[batch]` int32, the slot of each row's first real token.
+
+        Returns:
+            `(out [batch, seq, n_embd], cache)` with `x`'s keys and values written.
+        """
+        batch, seq, width = x.shape
+        slots = jnp.arange(seq, dtype=jnp.int32) + index  # [seq]
+        positions = jnp.maximum(slots[None, :] - start[:, None], 0)  # padding: masked below
+        q, k, v = self.project(x, positions)
+        keys = jax.lax.dynamic_update_slice(
+            cache.keys, k.astype(cache.keys.dtype), (0, index, 0, 0)
+        )
+        values = jax.lax.dynamic_update_slice(
+            cache.values, v.astype(cache.values.dtype), (0, index, 0, 0)
+        )
+        total, head_dim = keys.shape[1], q.shape[-1]
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys).astype(jnp.float32) / jnp.sqrt(head_dim)
+        slot = jnp.arange(total, dtype=jnp.int32)
+        visible = (slot[None, None, :] <= slots[None, :, None]) & (
+            slot[None, None, :] >= start[:, None, None]
+        )  # [batch, seq, slots]: causal, and never a row's padding
+        scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights, values).reshape(batch, seq, width)
+        return self.c_proj(out), KVCache(keys, values)
 
     def weights(self, x: jax.Array) -> jax.Array:
         """Attention probabilities `[batch, n_head, query, key]` (float32, before dropout).
@@ -105,6 +161,20 @@ class SelfAttention(nn.Module, Component):
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, seq, width)
         out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
         return self.resid_dropout(self.c_proj(out), deterministic=deterministic)
+
+
+class KVCache(NamedTuple):
+    """One attention layer's cached keys and values, `[batch, slots, n_head, head_dim]` each."""
+
+    keys: jax.Array
+    values: jax.Array
+
+    @classmethod
+    def empty(cls, config: AttentionConfig, batch: int, slots: int) -> KVCache:
+        """Zeros for `batch` rows of `slots` positions, in the activation dtype."""
+        shape = (batch, slots, config.n_head, config.n_embd // config.n_head)
+        zeros = jnp.zeros(shape, resolve_dtype(config.dtype))
+        return cls(zeros, zeros)
 
 
 def causal_softmax(q: jax.Array, k: jax.Array) -> jax.Array:

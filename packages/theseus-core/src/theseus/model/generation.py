@@ -1,0 +1,202 @@
+"""Sampling from a GPT with a key-value cache: one prefill, then one compiled step a token.
+
+A batch of prompts of different lengths is left-padded to one length, so every row
+writes its next token into the same cache slot. Row `b`'s real tokens start at slot
+`start[b]`; its token at slot `s` is at rotary position `s - start[b]` and attends
+only to slots `start[b] .. s`, so each row computes exactly what it would alone (see
+`SelfAttention.cached`).
+
+Compilation: the prefill is compiled once per (batch, prompt bucket), the prompt
+length rounded up to a power of two (at least 8, at most what the context leaves);
+the decode step once per batch size, over a cache of `block_size` slots, and reused
+for every token of every prompt. The caches are donated to the step, so decoding
+updates them in place.
+
+Sampling: temperature 0 is greedy (argmax). Otherwise the logits are divided by the
+temperature, cut to the `top_k` largest and to the smallest set whose probability
+reaches `top_p`, and token `n` is drawn with `fold_in(key, n)`: the same key, prompts
+and settings give the same tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from theseus.errors import TheseusError
+
+__all__ = ["GenerationError", "generate", "prompt_bucket"]
+
+
+class GenerationError(TheseusError, ValueError):
+    """Generation settings or prompts that cannot be honoured."""
+
+
+def prompt_bucket(longest: int, room: int) -> int:
+    """The padded prompt length: `longest` rounded up to a power of two (>= 8), <= `room`."""
+    bucket = max(8, 1 << max(0, math.ceil(math.log2(max(longest, 1)))))
+    return max(longest, min(bucket, room))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _prefill(model: Any, params: Any, tokens: jax.Array, start: jax.Array, slots: int) -> Any:
+    caches = model.empty_caches(tokens.shape[0], slots)
+    logits, caches = model.apply(
+        {"params": params}, tokens, caches, jnp.int32(0), start, method=type(model).cached
+    )
+    return logits[:, -1], caches
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _step(
+    model: Any, params: Any, caches: Any, token: jax.Array, index: jax.Array, start: jax.Array
+) -> Any:
+    logits, caches = model.apply(
+        {"params": params}, token[:, None], caches, index, start, method=type(model).cached
+    )
+    return logits[:, 0], caches
+
+
+@functools.partial(jax.jit, static_argnames=("greedy", "top_k", "nucleus"))
+def _pick(
+    logits: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    *,
+    greedy: bool,
+    top_k: int | None,
+    nucleus: bool,
+) -> jax.Array:
+    """The next token of each row (`[batch]` int32) from its logits `[batch, vocab]`."""
+    logits = logits.astype(jnp.float32)
+    if greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if nucleus:
+        ordered = jnp.sort(logits, axis=-1)[:, ::-1]
+        before = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) - jax.nn.softmax(
+            ordered, axis=-1
+        )  # probability of the tokens ranked above each one
+        kept = jnp.where(before < top_p, ordered, jnp.inf).min(axis=-1, keepdims=True)
+        logits = jnp.where(logits < kept, -jnp.inf, logits)
+    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+def _check(
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    vocab: int,
+    block_size: int,
+) -> None:
+    if isinstance(prompts, str | bytes) or not len(prompts):
+        raise GenerationError(
+            f"prompts must be a non-empty list of token-id lists; got {prompts!r}. Pass "
+            "[[id, ...], ...] (a trainer's generate() also takes strings)."
+        )
+    for prompt in prompts:
+        ids = np.asarray(prompt)
+        if ids.ndim != 1 or not len(ids) or not np.issubdtype(ids.dtype, np.integer):
+            raise GenerationError(
+                f"each prompt must be a non-empty list of token ids; got {prompt!r}"
+            )
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise GenerationError(
+                f"prompt token ids must lie in [0, {vocab}) (architecture/vocab_size); got "
+                f"ids from {int(ids.min())} to {int(ids.max())}"
+            )
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 1
+    ):
+        raise GenerationError(f"max_new_tokens must be a positive int; got {max_new_tokens!r}")
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > block_size:
+        raise GenerationError(
+            f"the longest prompt ({longest} tokens) plus max_new_tokens ({max_new_tokens}) "
+            f"exceeds the model's context, architecture/block_size = {block_size}; shorten "
+            f"the prompt or ask for at most {block_size - longest} new tokens"
+        )
+    if not temperature >= 0:
+        raise GenerationError(f"temperature must be >= 0 (0: greedy); got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise GenerationError(f"top_k must be a positive int or None; got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise GenerationError(f"top_p must be in (0, 1] or None; got {top_p!r}")
+
+
+def generate(
+    model: Any,
+    params: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    key: jax.Array | None = None,
+    on_token: Callable[[np.ndarray], None] | None = None,
+) -> list[list[int]]:
+    """Continue each prompt by `max_new_tokens` tokens.
+
+    Args:
+        model: a GPT (any module with `cached` and `empty_caches` like `GPT`'s).
+        params: its parameters (`state.params`).
+        prompts: token ids, one list per prompt; lengths may differ.
+        max_new_tokens: tokens to add to each prompt.
+        temperature: 0 is greedy; higher flattens the distribution.
+        top_k: sample only among the `top_k` most likely tokens.
+        top_p: sample only among the most likely tokens whose probability reaches `top_p`.
+        key: the sampling key (default `jax.random.key(0)`); unused when greedy.
+        on_token: called with each step's new tokens (`[batch]` NumPy ints) as soon as
+            they are known, to stream them.
+
+    Returns:
+        The new tokens of each prompt (the prompt itself not included).
+
+    Raises:
+        GenerationError: bad prompts or settings, or a prompt too long for the context.
+    """
+    cfg = model.config
+    _check(prompts, max_new_tokens, temperature, top_k, top_p, cfg.vocab_size, cfg.block_size)
+    batch, longest = len(prompts), max(len(p) for p in prompts)
+    width = prompt_bucket(longest, cfg.block_size - max_new_tokens)
+    tokens = np.zeros((batch, width), np.int32)
+    start = np.zeros(batch, np.int32)
+    for row, prompt in enumerate(prompts):
+        start[row] = width - len(prompt)
+        tokens[row, start[row] :] = np.asarray(prompt)
+    start_j = jnp.asarray(start)
+    logits, caches = _prefill(model, params, jnp.asarray(tokens), start_j, cfg.block_size)
+    key = jax.random.key(0) if key is None else key
+    pick = functools.partial(
+        _pick,
+        temperature=jnp.float32(max(temperature, 1e-6)),
+        top_p=jnp.float32(1.0 if top_p is None else top_p),
+        greedy=temperature == 0,
+        top_k=None if top_k is None else min(top_k, cfg.vocab_size),
+        nucleus=top_p is not None and top_p < 1,
+    )
+    new: list[np.ndarray] = []
+    for n in range(max_new_tokens):
+        token = pick(logits, jax.random.fold_in(key, n))
+        host = np.asarray(token)
+        new.append(host)
+        if on_token is not None:
+            on_token(host)
+        if n + 1 < max_new_tokens:
+            logits, caches = _step(model, params, caches, token, jnp.int32(width + n), start_j)
+    return np.stack(new, axis=1).tolist()

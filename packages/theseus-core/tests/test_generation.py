@@ -1,0 +1,178 @@
+"""Generation with a key-value cache, against the plain forward recomputed at every step.
+
+Reference: `GPT.__call__` on the whole sequence so far (no cache, no padding), its
+logits at the last position, and greedy decoding by argmax over them. Tolerance: float32
+on CPU, logits within 1e-5 relative (atol 1e-5; they are of order 10).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from theseus.data.datasets import Synthetic
+from theseus.model import generation
+from theseus.model.generation import GenerationError, generate
+from theseus.model.models import GPT
+from theseus.quick import quick
+from theseus.registry import import_module_or_file
+
+jobs = import_module_or_file(str(Path(__file__).with_name("trainer_jobs.py")))
+
+VOCAB, BLOCK = 40, 32
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+REFERENCE = GPT.build(
+    n_layers=2, n_embd=32, n_head=4, block_size=BLOCK, vocab_size=VOCAB, tie_embeddings=False
+)
+
+
+@pytest.fixture(scope="module")
+def model_and_params() -> tuple[GPT, dict]:
+    model = REFERENCE
+    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))["params"]
+    # larger weights than the init's 0.02, so the argmax moves from token to token
+    params = jax.tree.map(lambda p: p * 8.0, params)
+    return model, params
+
+
+@jax.jit
+def _last_logits(params: dict, ids: jax.Array) -> jax.Array:
+    logits, _ = REFERENCE.apply({"params": params}, ids)
+    return logits[0, -1]
+
+
+def _full_logits(model: GPT, params: dict, ids: list[int]) -> np.ndarray:
+    """The plain forward's logits at the last position (compiled once per length)."""
+    assert model == REFERENCE
+    return np.asarray(_last_logits(params, jnp.asarray([ids])))
+
+
+def _greedy_by_recompute(model: GPT, params: dict, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(np.argmax(_full_logits(model, params, ids))))
+    return ids[len(prompt) :]
+
+
+PROMPTS = [[3, 17, 5, 9, 22, 1, 30], [11, 2], [39, 0, 8, 8]]
+
+
+def test_cached_logits_equal_the_full_forward_at_every_step(model_and_params) -> None:
+    model, params = model_and_params
+    seen: list[np.ndarray] = []
+    tokens = generate(model, params, PROMPTS, 12, temperature=0, on_token=seen.append)
+    assert [list(map(int, row)) for row in np.stack(seen, axis=1)] == tokens
+    for prompt, new in zip(PROMPTS, tokens, strict=True):
+        assert len(new) == 12
+        # the logits the cache gave at each step are the ones the plain forward gives
+        for n in range(12):
+            ids = prompt + new[:n]
+            reference = _full_logits(model, params, ids)
+            assert new[n] == int(np.argmax(reference))
+        assert new == _greedy_by_recompute(model, params, prompt, 12)
+    assert len({tuple(t) for t in tokens}) == 3 and len(set(tokens[0])) > 3  # not degenerate
+
+
+def test_the_cached_forward_itself_matches_within_1e_5(model_and_params) -> None:
+    model, params = model_and_params
+    prompt = PROMPTS[0]
+    width = generation.prompt_bucket(len(prompt), BLOCK - 4)
+    padded = jnp.asarray([[0] * (width - len(prompt)) + prompt])
+    start = jnp.asarray([width - len(prompt)], jnp.int32)
+    last, caches = generation._prefill(model, params, padded, start, BLOCK)
+    np.testing.assert_allclose(last[0], _full_logits(model, params, prompt), **TOL)
+    ids = list(prompt)
+    for n in range(4):
+        token = int(np.argmax(last[0]))
+        ids.append(token)
+        last, caches = generation._step(
+            model, params, caches, jnp.asarray([token], jnp.int32), jnp.int32(width + n), start
+        )
+        np.testing.assert_allclose(last[0], _full_logits(model, params, ids), **TOL)
+
+
+def test_a_batch_gives_each_prompt_what_it_gives_alone(model_and_params) -> None:
+    model, params = model_and_params
+    together = generate(model, params, PROMPTS, 8, temperature=0)
+    alone = [generate(model, params, [p], 8, temperature=0)[0] for p in PROMPTS]
+    assert together == alone
+
+
+def test_sampling_is_reproducible_from_its_key_and_honours_top_k_and_top_p(
+    model_and_params,
+) -> None:
+    model, params = model_and_params
+
+    def sample(seed: int, **settings: object) -> list[list[int]]:
+        return generate(model, params, PROMPTS, 10, key=jax.random.key(seed), **settings)  # type: ignore[arg-type]
+
+    assert sample(1) == sample(1)
+    assert sample(1) != sample(2)
+    greedy = generate(model, params, PROMPTS, 10, temperature=0)
+    assert sample(1, top_k=1) == greedy  # only the most likely token is left
+    assert sample(1, top_p=1e-6) == greedy  # the smallest set reaching p is the top token
+    # with top_k=3 every drawn token is among the 3 most likely under the plain forward
+    for prompt, new in zip(PROMPTS, sample(5, top_k=3, temperature=2.0), strict=True):
+        for n, token in enumerate(new):
+            top3 = np.argsort(_full_logits(model, params, prompt + new[:n]))[-3:]
+            assert token in top3
+
+
+def test_one_compiled_step_serves_every_token_and_every_prompt_of_a_bucket(
+    model_and_params,
+) -> None:
+    model, params = model_and_params
+    generate(model, params, [[1, 2, 3], [4, 5]], 5, temperature=0)  # batch 2, bucket 8
+    prefills, steps = generation._prefill._cache_size(), generation._step._cache_size()
+    generate(model, params, [[7, 7, 7, 7, 7, 7], [9]], 20, temperature=0)  # same bucket
+    generate(model, params, [[5, 6], [1, 2, 3, 4]], 3, temperature=0.7, top_k=4)
+    assert generation._prefill._cache_size() == prefills  # no recompilation per prompt
+    assert generation._step._cache_size() == steps  # nor per token
+    generate(model, params, [list(range(1, 12)), [2]], 3, temperature=0)  # bucket 16
+    assert generation._prefill._cache_size() == prefills + 1
+    assert generation._step._cache_size() == steps  # the step does not depend on the bucket
+
+
+@pytest.mark.parametrize(
+    ("prompts", "n", "settings", "message"),
+    [
+        ("hello", 4, {}, "non-empty list of token-id lists"),
+        ([[]], 4, {}, "non-empty list of token ids"),
+        ([[1, VOCAB]], 4, {}, rf"must lie in \[0, {VOCAB}\)"),
+        ([[1, 2]], 0, {}, "max_new_tokens must be a positive int"),
+        ([[1] * 30], 5, {}, "exceeds the model's context, architecture/block_size = 32"),
+        ([[1]], 4, {"temperature": -1.0}, "temperature must be >= 0"),
+        ([[1]], 4, {"top_k": 0}, "top_k must be a positive int"),
+        ([[1]], 4, {"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    ],
+)
+def test_bad_prompts_and_settings_are_one_line_errors(
+    model_and_params, prompts, n, settings, message
+) -> None:
+    model, params = model_and_params
+    with pytest.raises(GenerationError, match=message) as caught:
+        generate(model, params, prompts, n, **settings)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_trainer_generates_text_from_its_state(tmp_path: Path) -> None:
+    Synthetic.prepare(tmp_path, tokens=20_000, val_tokens=4_000)
+    trainer = jobs.train_tiny(tmp_path, jobs.SyntheticTrainer, "writer", 4)
+    text = trainer.generate("the ", 12, temperature=0)
+    assert isinstance(text, str)
+    ids = trainer.generate([list(b"the ")], 12, temperature=0)
+    assert text == bytes(ids[0]).decode("utf-8", "replace")  # the byte tokenizer's ids
+    assert trainer.generate(["the ", "a"], 5, key=jax.random.key(3)) == trainer.generate(
+        ["the ", "a"], 5, key=jax.random.key(3)
+    )
+    with quick(tmp_path) as q:  # a resumed checkpoint generates what the trainer did
+        q.build(jobs.SyntheticTrainer, "writer")
+        q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
+        assert q.create().generate("the ", 12, temperature=0) == text
