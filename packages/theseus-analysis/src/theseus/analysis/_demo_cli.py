@@ -146,10 +146,10 @@ def demo(root: Path, steps: int) -> None:
     click.echo("Look at it:")
     store_cli = _command("theseus-store")
     python = _command("python")
-    store = shlex.quote(str(root / "store"))
-    click.echo(f"  {store_cli} runs {store}")
-    click.echo(f"  {store_cli} show {store} {trainer.node.serialize()}")
-    click.echo(f"  {store_cli} lineage {store} {trainer.node.serialize()}")
+    where = shlex.quote(str(root / "store"))
+    click.echo(f"  {store_cli} runs {where}")
+    click.echo(f"  {store_cli} show {where} {trainer.node.serialize()}")
+    click.echo(f"  {store_cli} lineage {where} {trainer.node.serialize()}")
     click.echo(
         f'  {python} -c "from theseus.quick import init; '
         f"q = init({str(root)!r}); print(q.find().spec(run='demo').checkpoint().latest().first())\""
