@@ -118,3 +118,25 @@ def test_sampling_declarations_normalize_and_check_rates(tmp_path: Path) -> None
     batch = plan([Sampling(Synthetic, 1.0, "padded")], tmp_path, seed=0)
     assert batch is not None
     assert batch.batch(0, "train", 4, 16)["x"].shape == (4, 16)
+
+
+def test_the_command_an_error_prints_can_be_pasted_into_a_shell(tmp_path: Path) -> None:
+    import shlex
+    import subprocess
+    import sys
+
+    root = tmp_path / "with space's"
+    with pytest.raises(DataNotPreparedError) as caught:
+        Synthetic.open(root)
+    command = str(caught.value).splitlines()[-1].strip()
+    # the shell splits the printed command back into the same words, the root whole
+    argv = shlex.split(command)
+    assert argv[:4] == ["theseus", "data", "prepare", "synthetic"] and argv[5] == str(root)
+    exe = str(Path(sys.executable).with_name("theseus"))
+    done = subprocess.run(
+        [*shlex.split(command.replace("theseus", shlex.quote(exe), 1)), "--tokens", "2000",
+         "--val-tokens", "500"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert Synthetic.open(root).header["count"] == {"train": 2000, "val": 500}

@@ -69,6 +69,8 @@ def test_get_stdout_and_file(
     store, mid, _ = filled
     assert main(["get", str(store.root), mid.serialize(), "activations"]) == 0
     assert capsysbinary.readouterr().out == b"%PDF v2 \x00\xff"
+    assert main(["get", str(store.root), mid.serialize(), "activations", "-o", "-"]) == 0
+    assert capsysbinary.readouterr().out == b"%PDF v2 \x00\xff"  # `-o -`: standard output
     target = tmp_path / "out.pdf"
     assert main(["get", str(store.root), mid.serialize(), "activations", "-o", str(target)]) == 0
     assert target.read_bytes() == b"%PDF v2 \x00\xff"
@@ -120,8 +122,11 @@ def test_a_run_name_alone_is_its_one_lineages_last_node(
     assert main(["lineage", str(store.root), "train-gpt"]) == 2
     err = capsys.readouterr().err
     assert "Run 'train-gpt' has 2 lineages: " in err and "\n" not in err.strip()
-    assert f"lm.base.train-gpt~{mid.nonce} (3 nodes, 1 checkpoints)" in err
-    assert f"lm.base.train-gpt~{other.nonce} (1 nodes, 0 checkpoints)" in err
+    assert f"lm.base.train-gpt~{mid.nonce} (3 nodes, 1 checkpoint)" in err
+    assert f"lm.base.train-gpt~{other.nonce} (1 node, 0 checkpoints)" in err
+    # a lineage that failed while setting up does not make the run ambiguous
+    store.log(other, {"job/status": "failed", "job/failed_in": "setup", "job/error": "E: x"})
+    assert store.resolve("train-gpt") == last
     assert main(["show", str(store.root), "train-gtp"]) == 2
     err = capsys.readouterr().err
     assert "no run named 'train-gtp' (its runs: lm.base.inspect, lm.base.train-gpt)" in err
@@ -141,6 +146,10 @@ def test_errors_exit_2_with_message(
     assert f"{empty} is not a theseus-store root" in err and "the command line never creates" in err
     assert "create=True" not in err  # a command-line error speaks of the command line
     assert not empty.exists()  # the command line never creates a store
+    afile = tmp_path / "config.yaml"
+    afile.write_text("job: x\n")
+    assert main(["show", str(afile), mid.serialize()]) == 2
+    assert f"{afile} is a file, not a store folder" in capsys.readouterr().err
 
 
 def test_fsck_reports_and_repairs(

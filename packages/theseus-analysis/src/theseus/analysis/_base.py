@@ -18,6 +18,7 @@ import abc
 import json
 import logging
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -302,7 +303,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         return [
             f"{self.NAME}: wrote {result.path}",
             f"  artifact {artifact.name!r} version {artifact.version} on node {result.node} "
-            f"(read it back: theseus-store get {store_root(self.spec.root)} {result.node} "
+            f"(read it back: theseus-store get {shlex.quote(str(store_root(self.spec.root)))} {result.node} "
             f"{artifact.name} -o FILE)",
         ]
 

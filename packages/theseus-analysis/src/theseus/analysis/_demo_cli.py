@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -145,10 +146,11 @@ def demo(root: Path, steps: int) -> None:
     click.echo("Look at it:")
     store_cli = _command("theseus-store")
     python = _command("python")
-    click.echo(f"  {store_cli} runs {root / 'store'}")
-    click.echo(f"  {store_cli} show {root / 'store'} {trainer.node.serialize()}")
-    click.echo(f"  {store_cli} lineage {root / 'store'} {trainer.node.serialize()}")
+    where = shlex.quote(str(root / "store"))
+    click.echo(f"  {store_cli} runs {where}")
+    click.echo(f"  {store_cli} show {where} {trainer.node.serialize()}")
+    click.echo(f"  {store_cli} lineage {where} {trainer.node.serialize()}")
     click.echo(
         f'  {python} -c "from theseus.quick import init; '
-        f"q = init('{root}'); print(q.find().spec(run='demo').checkpoint().latest().first())\""
+        f"q = init({str(root)!r}); print(q.find().spec(run='demo').checkpoint().latest().first())\""
     )

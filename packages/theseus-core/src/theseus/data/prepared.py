@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -135,7 +136,7 @@ class PreparedData:
             raise DataNotPreparedError(
                 f"dataset {name!r} is not prepared under {Path(root)} (expected "
                 f"{header_path}). Prepare it first:\n"
-                f"    theseus data prepare {name} --root {root}"
+                f"    theseus data prepare {name} --root {shlex.quote(str(root))}"
                 + (f" {prepare_args}" if prepare_args else "")
             )
         header = json.loads(header_path.read_text())
@@ -143,7 +144,7 @@ class PreparedData:
             raise DataNotPreparedError(
                 f"{header_path} has format {header.get('format')!r}, this version reads "
                 f"format {FORMAT_VERSION}; prepare it again with "
-                f"`theseus data prepare {name} --root {root}`"
+                f"`theseus data prepare {name} --root {shlex.quote(str(root))}`"
             )
         return cls(name=name, directory=folder, header=header)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from theseus.errors import TheseusError
@@ -74,7 +75,7 @@ class Finder:
             raise QuickError(
                 f"{verb}() selected no node: {self.describe()} matched nothing in the store "
                 f"at {str(self._session.store.root)!r}. Check the run name and filters (list "
-                f"runs with `theseus-store runs {self._session.store.root}`)."
+                f"runs with `theseus-store runs {shlex.quote(str(self._session.store.root))}`)."
             )
         if len(nodes) > 1:
             raise QuickError(

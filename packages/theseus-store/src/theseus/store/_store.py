@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import secrets
+import shlex
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -734,7 +735,7 @@ class Store:
             node = Node.deserialize(text)
             name, nonce, seq = node.name, node.nonce, node.seq
         nodes = self.query().name(name).nonce(nonce).all()
-        listing = f"List them with `theseus-store runs {self.root}`."
+        listing = f"List them with `theseus-store runs {shlex.quote(str(self.root))}`."
         if not nodes:
             named = sorted({n.name for n in self.query().nonce(nonce).all()})
             if named:
@@ -771,9 +772,12 @@ class Store:
                 "Pass a run name, project.group.run, or a node as `theseus-store runs` "
                 "prints it (project.group.run~nonce, or project.group.run~nonce~seq)."
             )
+        if len(mine) > 1:  # a lineage that never started does not compete with one that did
+            mine = [r for r in mine if self.never_started(r) is None] or mine
         if len(mine) > 1:
             listed = "; ".join(
-                f"{r['name']}~{r['nonce']} ({r['nodes']} nodes, {r['checkpoints']} checkpoints)"
+                f"{r['name']}~{r['nonce']} ({_count(r['nodes'], 'node')}, "
+                f"{_count(r['checkpoints'], 'checkpoint')})"
                 for r in mine
             )
             raise AmbiguousNodeError(
@@ -781,6 +785,20 @@ class Store:
                 "name~nonce (its last node) or name~nonce~seq."
             )
         return Node(mine[0]["name"], mine[0]["nonce"], mine[0]["last_seq"])
+
+    def never_started(self, run: Mapping[str, Any]) -> str | None:
+        """The error of a lineage whose job failed while setting up, else None.
+
+        `run` is one of :meth:`runs`' summaries. theseus-core records
+        ``job/status = failed`` and ``job/failed_in = setup`` on the one node a failed
+        setup chose; such a lineage has that node only and no checkpoint.
+        """
+        if run["nodes"] != 1 or run["checkpoints"]:
+            return None
+        values = self.values(Node(run["name"], run["nonce"], run["last_seq"]))
+        if values.get("job/status") != "failed" or values.get("job/failed_in") != "setup":
+            return None
+        return str(values.get("job/error", ""))
 
     def runs(self) -> list[dict[str, Any]]:
         """Return one summary per lineage, oldest first (what ``theseus-store runs`` prints)."""
@@ -796,6 +814,10 @@ class Store:
             The report (``report.clean`` is True when nothing is wrong).
         """
         return fsck(self, repair)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _inner_hint(root: Path) -> str:

@@ -46,28 +46,18 @@ def _node(store: Store, text: str) -> Node:
     return store.resolve(text)
 
 
-def _never_started(store: Store, run: dict[str, Any]) -> str | None:
-    """The error of a lineage whose job failed while setting up, before it did anything.
-
-    theseus-core records `job/status = failed` with `job/failed_in = setup` on the node
-    a failed setup chose; such a lineage is that one node, without checkpoints.
-    """
-    if run["nodes"] != 1 or run["checkpoints"]:
-        return None
-    values = store.values(Node(run["name"], run["nonce"], run["last_seq"]))
-    if values.get("job/status") != "failed" or values.get("job/failed_in") != "setup":
-        return None
-    error = str(values.get("job/error", "?")).splitlines()[0]
-    return error if len(error) <= 100 else error[:99] + "…"
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _runs(store: Store, args: argparse.Namespace) -> int:
     rows, failed = [], []
     for r in store.runs():
         lineage = f"{r['name']}~{r['nonce']}"
-        error = _never_started(store, r)
+        error = store.never_started(r)
         if error is not None:
-            failed.append((f"  {lineage}", _when(r["last_write"]), error))
+            error = error.splitlines()[0] if error else "?"
+            failed.append((f"  {lineage}", _when(r["last_write"]), _cut(error, 100)))
             continue
         rows.append(
             (
@@ -128,13 +118,14 @@ def _get(store: Store, args: argparse.Namespace) -> int:
         )
     artifact = artifacts[args.name]
     content = artifact.content
-    if not args.output and sys.stdout.isatty() and _binary(content):
+    to_stdout = args.output in (None, "-")  # `-o -` is standard output, as elsewhere
+    if to_stdout and sys.stdout.isatty() and _binary(content):
         raise StoreError(
             f"The artifact {args.name!r} of {node.serialize()} ({artifact.filename}, "
             f"{len(content)} bytes) is binary and would garble the terminal. Save it with "
             f"-o {artifact.filename} (or redirect: > {artifact.filename})."
         )
-    if args.output:
+    if not to_stdout:
         with open(args.output, "wb") as handle:
             handle.write(content)
     else:
@@ -277,7 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     root = Path(args.root)
-    if not root.is_file() and not (root / MARKER).exists():
+    if root.is_file():
+        print(
+            f"theseus-store: error: {root} is a file, not a store folder. Pass the folder "
+            f"that holds {MARKER} (a Theseus root keeps it in ROOT/store).",
+            file=sys.stderr,
+        )
+        return 2
+    if not (root / MARKER).exists():
         hint = _inner_hint(root).strip() or (
             "Pass the folder of an existing store (a Theseus root keeps it in ROOT/store); "
             "the command line never creates one."
