@@ -14,15 +14,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from theseus.cli import main
 from theseus.data.datasets import Synthetic
 from theseus.model import generation
 from theseus.model.generation import GenerationError, generate
 from theseus.model.models import GPT
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
+from theseus.store import Store
 
-jobs = import_module_or_file(str(Path(__file__).with_name("trainer_jobs.py")))
+JOBS = str(Path(__file__).with_name("trainer_jobs.py"))
+jobs = import_module_or_file(JOBS)
 
 VOCAB, BLOCK = 40, 32
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -176,3 +180,33 @@ def test_a_trainer_generates_text_from_its_state(tmp_path: Path) -> None:
         q.build(jobs.SyntheticTrainer, "writer")
         q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
         assert q.create().generate("the ", 12, temperature=0) == text
+    streamed: list[str] = []
+    assert trainer.generate("the ", 12, temperature=0, stream=streamed.append) == text
+    assert "".join(streamed) == text
+
+    # the command line: the run's name alone is its latest checkpoint; nothing is written
+    with Store(tmp_path / "store") as store:
+        before = [(n, store.values(n)) for n in store.query().all()]
+    runner = CliRunner()
+    sampled = runner.invoke(
+        main, ["--import", JOBS, "sample", str(tmp_path), "writer", "the ",
+               "--temperature", "0", "--max-new-tokens", "12"],
+    )  # fmt: skip
+    assert sampled.exit_code == 0, sampled.output
+    assert sampled.stdout == "the " + text + "\n"
+    assert f"{trainer.node} (step 4):" in sampled.stderr
+    again = runner.invoke(
+        main, ["--import", JOBS, "sample", str(tmp_path), "writer", "the ", "--seed", "7"]
+    )
+    assert (
+        again.stdout
+        == runner.invoke(
+            main, ["--import", JOBS, "sample", str(tmp_path), "writer", "the ", "--seed", "7"]
+        ).stdout
+    )
+    with Store(tmp_path / "store") as store:
+        assert [(n, store.values(n)) for n in store.query().all()] == before
+    too_long = runner.invoke(
+        main, ["--import", JOBS, "sample", str(tmp_path), "writer", "x", "--max-new-tokens", "99"]
+    )
+    assert too_long.exit_code == 1 and "exceeds the model's context" in too_long.output

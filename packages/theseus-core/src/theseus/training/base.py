@@ -400,6 +400,7 @@ class BaseTrainer(BasicJob):
         top_k: int | None = None,
         top_p: float | None = None,
         key: jax.Array | None = None,
+        stream: Callable[[str], None] | None = None,
     ) -> Any:
         """Continue prompts with the live state's model (a KV cache; see `theseus.model.generation`).
 
@@ -410,6 +411,8 @@ class BaseTrainer(BasicJob):
             temperature: 0 is greedy.
             top_k, top_p: restrict sampling to the most likely tokens.
             key: the sampling key (default `jax.random.key(training/seed)`).
+            stream: for one string prompt, called with each new piece of the decoded
+                continuation as soon as its token is drawn.
 
         Returns:
             The continuation(s), in the prompts' form: a string for a string, a list of
@@ -433,9 +436,23 @@ class BaseTrainer(BasicJob):
         as_text = all(isinstance(p, str) for p in given)
         ids = [tokenizer.encode(p).tolist() for p in given] if as_text else given
         key = jax.random.key(self.args.seed) if key is None else key
+        on_token = None
+        if stream is not None:
+            if not (single and as_text):
+                raise TrainerError("generate(stream=...) streams one string prompt; got several")
+            drawn: list[int] = []
+            shown = [""]
+
+            def on_token(tokens: np.ndarray) -> None:
+                drawn.append(int(tokens[0]))
+                text = tokenizer.decode(drawn)
+                if text.startswith(shown[0]):  # a split character is shown once whole
+                    stream(text[len(shown[0]) :])
+                    shown[0] = text
+
         new = generate(
             self.model, state.params, ids, max_new_tokens,
-            temperature=temperature, top_k=top_k, top_p=top_p, key=key,
+            temperature=temperature, top_k=top_k, top_p=top_p, key=key, on_token=on_token,
         )  # fmt: skip
         if not as_text:
             return new
