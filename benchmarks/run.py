@@ -64,6 +64,7 @@ BENCHMARKS = (
     Benchmark("analysis", "tandem analysis vs plain validation; bytes vs capture_intermediates"),
     Benchmark("scaling", "training tokens/s on 1, 2 and 4 virtual CPU devices"),
     Benchmark("store_scale", "store at scale: latest checkpoint and get(node) p99"),
+    Benchmark("generation", "generation: KV-cache decoding vs full recompute"),
 )
 
 
