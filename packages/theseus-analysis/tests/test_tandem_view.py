@@ -144,6 +144,9 @@ def test_forwarded_attributes_are_the_trainers(trainer, view) -> None:
         ),
         "validate": lambda got: got() == trainer.validate(),
         "evaluate_batch": lambda got: got(rows) == trainer.evaluate_batch(rows),
+        "generate": lambda got: (
+            got("ab", 4, temperature=0) == trainer.generate("ab", 4, temperature=0)
+        ),
         "log": lambda got: (
             got({"view/check": 1.5}) is None
             and trainer.store.values(trainer.node)["view/check"] == 1.5

@@ -45,7 +45,7 @@ class TrainerView(AnalysisBase[Any, Any]):
     `sharding`, `node`, `state`, `cursor`, `block_size`, `total_steps`,
     `accumulate_steps`, `analysis_failures`, and the methods `batch_geometry()`,
     `batch(slice)`, `inspection_batch()`, `step_key()`, `inspection_key()`,
-    `validate()`, `evaluate_batch(rows)`, `log(values)`.
+    `validate()`, `evaluate_batch(rows)`, `generate(...)`, `log(values)`.
 
     The view's own: `trainer` (the trainer itself), `borrowed` (True), `args` (the
     analysis's `CONFIG` read from the trainer's configuration), `traces`, and the
@@ -81,6 +81,7 @@ class TrainerView(AnalysisBase[Any, Any]):
         "inspection_key",
         "validate",
         "evaluate_batch",
+        "generate",
         "log",
     )
     OWN: ClassVar[tuple[str, ...]] = (
@@ -187,6 +188,11 @@ class TrainerView(AnalysisBase[Any, Any]):
     def evaluate_batch(self, rows: Any) -> tuple[float, int]:
         """The trainer's `(loss_sum, count)` of `val_step` on host rows."""
         return self._trainer.evaluate_batch(rows)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The trainer's `generate()` on its live state (not inside `analyze`)."""
+        self._not_while_analyzing("self.generate()")
+        return self._trainer.generate(*args, **kwargs)
 
     def log(self, values: dict[str, Any]) -> None:
         """Record scalar values on the trainer's live node (host zero only)."""
