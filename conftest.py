@@ -34,6 +34,7 @@ _OPTIONAL = {
     "torch": "torch",
     "equinox": "equinox",
     "safetensors": "safetensors",
+    "tokenizers": "tokenizers",
     "treescope": "treescope",
     "comet": "comet_ml",
 }

@@ -37,7 +37,14 @@ TEST_DEPS = {
     "theseus-plot": ["pytest", "pytest-timeout", "pandas"],
     "theseus-store": ["pytest", "pytest-timeout", "hypothesis"],
     "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "hypothesis"],
-    "theseus-analysis": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox"],
+    "theseus-analysis": [
+        "pytest",
+        "pytest-timeout",
+        "pytest-xdist",
+        "filelock",
+        "equinox",
+        "tokenizers",
+    ],
 }
 # What the whole suite (every package's tests at once, as the README runs it) needs.
 SUITE_DEPS = sorted({dep for deps in TEST_DEPS.values() for dep in deps})
@@ -45,7 +52,7 @@ SUITE_DEPS = sorted({dep for deps in TEST_DEPS.values() for dep in deps})
 # (filelock lets their processes share one compilation cache; see conftest.py).
 SPREAD = {"theseus-core", "theseus-analysis"}
 XDIST = ("-n", "auto", "--dist", "loadfile")
-EXTRAS = {"theseus-analysis": "[inspect]"}
+EXTRAS = {"theseus-core": "[gpt2]", "theseus-analysis": "[inspect]"}
 # Modules that must import from the installed wheel.
 MODULES = {
     "theseus-plot": ["theseus.plot"],
@@ -61,6 +68,7 @@ MODULES = {
         "theseus.training",
         "theseus.training.base",
         "theseus.model.debug",
+        "theseus.model.gpt2",
     ],
     "theseus-analysis": [
         "theseus.analysis",
@@ -196,7 +204,15 @@ def torch(session: nox.Session) -> None:
     clouseau's own test suite from its sdist run against theseus's recorder."""
     session.install(f"torch=={TORCH_VERSION}")
     session.install(*_editable_packages(), *SUITE_DEPS)
-    session.run("python", "-c", "import torch; print('torch', torch.__version__)")
+    # The GPT-2 import's reference (tests/test_gpt2_transformers.py), installed after
+    # torch so pip keeps the CPU wheel: transformers (5.x asks torch>=2.6 only in its
+    # extras, so pip never touches torch) and the tokenizers it saves with.
+    session.install("transformers", "tokenizers", "safetensors")
+    kept = (
+        "import torch, transformers; print('torch', torch.__version__, 'transformers', "
+        f"transformers.__version__); assert torch.__version__.split('+')[0] == {TORCH_VERSION!r}"
+    )
+    session.run("python", "-c", kept)
     env = {"THESEUS_CLOUSEAU_SDIST": _clouseau_sdist(session)}
     session.run("python", "-m", "pytest", "-q", "-m", "torch", *session.posargs, env=env)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -272,3 +273,52 @@ def sample_command(
             key=jax.random.key(seed), stream=show,
         )  # fmt: skip
         click.echo("" if started else prompt)
+
+
+@main.group("import")
+def import_group() -> None:
+    """Bring published weights into a root as a new lineage."""
+
+
+@import_group.command("gpt2")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--run", "run_name", default="gpt2", show_default=True, help="The run's name.")
+@click.option("--project", default=None, help="The project (default: general).")
+@click.option("--group", default=None, help="The group (default: default).")
+@common_options
+def import_gpt2_command(
+    src: Path, root: Path, run_name: str, project: str | None, group: str | None
+) -> None:
+    """Import the Hugging Face GPT-2 folder SRC into ROOT as a lineage of --run.
+
+    SRC holds config.json, model.safetensors and the tokenizer (tokenizer.json, or
+    vocab.json and merges.txt); it is checked whole before anything is written. The
+    first node holds a checkpoint of the weights; sample it, analyze it, or resume it
+    to fine-tune.
+    """
+    from theseus.data.tokenizer import tokenizer_name
+    from theseus.experiments.models.gpt2 import import_gpt2
+    from theseus.model.gpt2 import read_gpt2
+
+    folder = read_gpt2(src)  # a bad folder fails here, before the root is touched
+    click.echo(
+        f"Importing GPT-2 from {folder.path}: {folder.parameter_count:,} parameters, "
+        f"{folder.settings['architecture/n_layers']} layers, "
+        f"{folder.settings['architecture/n_embd']} wide, context "
+        f"{folder.settings['architecture/block_size']}, vocabulary "
+        f"{folder.settings['architecture/vocab_size']}.",
+        err=True,
+    )
+    node = import_gpt2(folder.path, root, run_name, project=project, group=group)
+    quoted, run = shlex.quote(str(root)), shlex.quote(run_name)
+    click.echo(f"Imported as node {node.serialize()} (its checkpoint: the weights, step 0).")
+    click.echo(
+        f"Tokenizer: {tokenizer_name(folder.tokenizer, 'gpt2')} (under {root / 'tokenizers'})"
+    )
+    click.echo(f"Sample:    theseus sample {quoted} {run} 'Hello, my name is'")
+    click.echo(
+        f"Fine-tune: theseus data prepare text --root {quoted} --source DIR --tokenizer "
+        f"{tokenizer_name(folder.tokenizer, 'gpt2')}; theseus configure gpt2 gpt2.yaml; "
+        f"theseus run finetune gpt2.yaml {quoted} --branch {run} training/tokens=N"
+    )

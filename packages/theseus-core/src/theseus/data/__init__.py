@@ -26,10 +26,17 @@ from theseus.data.datasets import (
 )
 from theseus.data.prepared import DataNotPreparedError, PreparedData, Split, dataset_dir
 from theseus.data.synthetic import MarkovLanguage
-from theseus.data.tokenizer import ByteTokenizer, TokenizerError, get_tokenizer
+from theseus.data.tokenizer import (
+    BPETokenizer,
+    ByteTokenizer,
+    Tokenizer,
+    TokenizerError,
+    get_tokenizer,
+)
 
 __all__ = [
     "IGNORE",
+    "BPETokenizer",
     "Batch",
     "ByteTokenizer",
     "DataError",
@@ -45,6 +52,7 @@ __all__ = [
     "Style",
     "Synthetic",
     "TextFiles",
+    "Tokenizer",
     "TokenizerError",
     "dataset_dir",
     "get_tokenizer",

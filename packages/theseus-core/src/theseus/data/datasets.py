@@ -205,8 +205,9 @@ def _prepare_documents(
     files: list[Path],
     reader: Any,
     val_fraction: float,
+    tokenizer_name: str = "bytes",
 ) -> Path:
-    tokenizer = get_tokenizer()
+    tokenizer = get_tokenizer(tokenizer_name, root=root)
     docs: list[np.ndarray] = []
     progress, task = _progress(len(files), f"tokenizing {cls.NAME}")
     with progress:
@@ -224,6 +225,8 @@ class LocalDocuments(Dataset):
 
     Subclasses set `NAME`, `SUFFIXES` (the file endings read), `VAL_FRACTION` (whole
     documents held out) and implement `documents(path)`, the texts of one file.
+    `--tokenizer NAME` tokenizes with a tokenizer kept under the root (the name
+    `theseus import gpt2` printed) instead of bytes.
     """
 
     PREPARE_ARGS = "--source DIR"
@@ -237,10 +240,11 @@ class LocalDocuments(Dataset):
 
     @classmethod
     def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
-        _check_options(cls.NAME, options, {"source", "val_fraction"})
+        _check_options(cls.NAME, options, {"source", "val_fraction", "tokenizer"})
         files = _source_files(options.get("source"), cls.SUFFIXES, cls.NAME)
         val_fraction = _as_float("val_fraction", options.get("val_fraction", cls.VAL_FRACTION))
-        return _prepare_documents(cls, root, files, cls.documents, val_fraction)
+        tokenizer = str(options.get("tokenizer", "bytes"))
+        return _prepare_documents(cls, root, files, cls.documents, val_fraction, tokenizer)
 
 
 @dataset("fineweb")
@@ -248,7 +252,7 @@ class FineWeb(LocalDocuments):
     """FineWeb-style records (parquet or jsonl with a `text` field) from a local folder.
 
     Options: `source` (required: a folder or file), `val_fraction` (default 0.01; whole
-    documents are held out).
+    documents are held out), `tokenizer` (default `bytes`).
     """
 
     NAME = "fineweb"
@@ -264,7 +268,8 @@ class FineWeb(LocalDocuments):
 class TextFiles(LocalDocuments):
     """A user's own corpus: every `.txt` file is one document, every `.jsonl` line one record.
 
-    Options: `source` (required), `val_fraction` (default 0.05).
+    Options: `source` (required), `val_fraction` (default 0.05), `tokenizer` (default
+    `bytes`).
     """
 
     NAME = "text"

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from theseus.data._errors import DataError
-from theseus.data.tokenizer import ByteTokenizer, get_tokenizer
+from theseus.data.tokenizer import Tokenizer, get_tokenizer
 from theseus.errors import TheseusError
 
 __all__ = [
@@ -67,7 +67,7 @@ def write_prepared(
     directory: str | os.PathLike[str],
     splits: dict[str, np.ndarray],
     *,
-    tokenizer: ByteTokenizer,
+    tokenizer: Tokenizer,
     meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write token streams for `train` and `val` and then the header that completes them.
@@ -149,9 +149,9 @@ class PreparedData:
         return cls(name=name, directory=folder, header=header)
 
     @property
-    def tokenizer(self) -> ByteTokenizer:
-        """The tokenizer recorded in the header."""
-        return get_tokenizer(self.header["tokenizer"])
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer recorded in the header (a BPE one is read from the same root)."""
+        return get_tokenizer(self.header["tokenizer"], root=self.directory.parent.parent)
 
     def tokens(self, split: Split) -> np.ndarray:
         """The flat token stream of `split` as a read-only memmap `[count]`."""

@@ -1,19 +1,40 @@
-"""The byte-level tokenizer: offline, deterministic, and the default everywhere.
+"""Tokenizers: the byte-level default, and BPE tokenizers kept under a root.
 
-Token ids 0..255 are the bytes of UTF-8 text; special tokens follow them. Nothing is
-downloaded, so a prepared dataset can always be decoded again on any machine.
+`ByteTokenizer` (name `bytes`) needs nothing: ids 0..255 are the bytes of UTF-8 text,
+special tokens follow them. A BPE tokenizer (GPT-2's, brought in by `theseus import
+gpt2`) lives in `ROOT/tokenizers/<name>/tokenizer.json`, a copy the root owns, so a
+lineage and the datasets prepared for it decode the same way after the source folder
+is gone. Nothing is ever downloaded.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from theseus.data._errors import DataError
 
-__all__ = ["ByteTokenizer", "TokenizerError", "get_tokenizer"]
+__all__ = [
+    "BPETokenizer",
+    "ByteTokenizer",
+    "Tokenizer",
+    "TokenizerError",
+    "get_tokenizer",
+    "install_tokenizer",
+    "tokenizer_dir",
+    "tokenizer_name",
+]
+
+#: The end-of-text token a BPE tokenizer must have (GPT-2's spelling).
+END_OF_TEXT = "<|endoftext|>"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 class TokenizerError(DataError):
@@ -88,19 +109,188 @@ class ByteTokenizer:
         return data.decode("utf-8", errors="replace")
 
 
-_TOKENIZERS = {"bytes": ByteTokenizer}
+class Tokenizer(Protocol):
+    """What datasets, trainers and generation use of a tokenizer."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def eot(self) -> int: ...
+    @property
+    def pad(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    def encode(self, text: str, *, eot: bool = False) -> np.ndarray: ...
+    def encode_batch(self, texts: Iterable[str]) -> np.ndarray: ...
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str: ...
 
 
-def get_tokenizer(name: str = "bytes") -> ByteTokenizer:
-    """Return the tokenizer registered under `name`.
+def _tokenizers() -> Any:
+    try:
+        import tokenizers
+    except ImportError:
+        raise TokenizerError(
+            'BPE tokenizers need the `tokenizers` package: pip install "theseus-core[gpt2]"'
+        ) from None
+    return tokenizers
+
+
+@dataclass(frozen=True)
+class BPETokenizer:
+    """A byte-level BPE tokenizer (a Hugging Face `tokenizer.json`), e.g. GPT-2's.
+
+    Special tokens are never produced by `encode` (the text is taken as text) and are
+    dropped by `decode`. Padding reuses end-of-text: padded positions are masked by
+    the batch, not recognized by id.
+    """
+
+    name: str
+    json: str = field(repr=False)
+    _backend: Any = field(init=False, repr=False, compare=False)
+    _eot: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        backend = parse_tokenizer(self.json, self.name)
+        object.__setattr__(self, "_backend", backend)
+        object.__setattr__(self, "_eot", backend.token_to_id(END_OF_TEXT))
+
+    @property
+    def eot(self) -> int:
+        """Id of `<|endoftext|>`, which separates documents."""
+        return int(self._eot)
+
+    @property
+    def pad(self) -> int:
+        """Id written at padded positions (end-of-text; the batch masks them)."""
+        return int(self._eot)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return int(self._backend.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The smallest unsigned dtype that holds every id."""
+        return np.dtype(np.uint16 if self.vocab_size <= 1 << 16 else np.uint32)
+
+    def encode(self, text: str, *, eot: bool = False) -> np.ndarray:
+        """Encode text to ids `[n]`, appending end-of-text when `eot` is true."""
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if eot:
+            ids = [*ids, self.eot]
+        return np.asarray(ids, dtype=self.dtype)
+
+    def encode_batch(self, texts: Iterable[str]) -> np.ndarray:
+        """Encode documents into one stream, each followed by end-of-text."""
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0,), dtype=self.dtype)
+        encoded = self._backend.encode_batch(texts, add_special_tokens=False)
+        return np.concatenate([np.asarray([*e.ids, self.eot], dtype=self.dtype) for e in encoded])
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        """Decode ids back to text; special tokens are dropped.
+
+        Raises:
+            TokenizerError: an id is negative or not below `vocab_size`.
+        """
+        array = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if array.size and (array.min() < 0 or array.max() >= self.vocab_size):
+            bad = array[(array < 0) | (array >= self.vocab_size)][0]
+            raise TokenizerError(
+                f"token id {int(bad)} is outside tokenizer {self.name!r}'s vocabulary "
+                f"[0, {self.vocab_size}); decode ids produced by this tokenizer"
+            )
+        return str(self._backend.decode(array.tolist(), skip_special_tokens=True))
+
+
+def parse_tokenizer(text: str, where: str) -> Any:
+    """A `tokenizers.Tokenizer` from `tokenizer.json` text that has `<|endoftext|>`.
 
     Raises:
-        TokenizerError: no tokenizer of that name; the message lists the known ones.
+        TokenizerError: not a tokenizer file, or no end-of-text token (`where` names it).
     """
+    tokenizers = _tokenizers()
     try:
-        return _TOKENIZERS[name]()
-    except KeyError:
+        backend = tokenizers.Tokenizer.from_str(text)
+    except Exception as error:  # the Rust parser's own message says where
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise TokenizerError(f"{where} is not a readable tokenizer.json ({first})") from None
+    if backend.token_to_id(END_OF_TEXT) is None:
         raise TokenizerError(
-            f"unknown tokenizer {name!r}; known tokenizers: {sorted(_TOKENIZERS)}. "
-            "Theseus only ships offline tokenizers."
-        ) from None
+            f"{where} has no {END_OF_TEXT} token; Theseus separates documents with it"
+        )
+    return backend
+
+
+def tokenizer_dir(root: str | os.PathLike[str], name: str) -> Path:
+    """The folder that holds tokenizer `name` under a Theseus root."""
+    return Path(root) / "tokenizers" / name
+
+
+def tokenizer_name(text: str, prefix: str) -> str:
+    """The name `install_tokenizer` keeps `tokenizer.json` text under: prefix and hash."""
+    return f"{prefix}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def install_tokenizer(root: str | os.PathLike[str], text: str, prefix: str) -> str:
+    """Copy `tokenizer.json` text into the root, named by its content; returns the name.
+
+    The name is `<prefix>-<first 12 hex digits of its SHA-256>`: the same tokenizer
+    imported twice is kept once, and two different ones never share a name. An
+    existing copy is never rewritten.
+
+    Raises:
+        TokenizerError: `text` is not a usable tokenizer, or the root's copy under that
+            name differs (a damaged root).
+    """
+    parse_tokenizer(text, f"the {prefix} tokenizer")
+    name = tokenizer_name(text, prefix)
+    folder = tokenizer_dir(root, name)
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        if path.read_text(encoding="utf-8") != text:
+            raise TokenizerError(
+                f"{path} differs from the tokenizer named {name!r} after its content; the "
+                "root is damaged: move that folder aside and import again"
+            )
+        return name
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".tokenizer.json.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return name
+
+
+def get_tokenizer(name: str = "bytes", root: str | os.PathLike[str] | None = None) -> Tokenizer:
+    """The tokenizer called `name`: `bytes`, or one kept under `ROOT/tokenizers/`.
+
+    Raises:
+        TokenizerError: no tokenizer of that name (the message lists the root's).
+    """
+    if name == "bytes":
+        return ByteTokenizer()
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise TokenizerError(
+            f"tokenizer name {name!r} is not a folder name under ROOT/tokenizers; use "
+            "'bytes' or the name `theseus import gpt2` printed"
+        )
+    if root is None:
+        raise TokenizerError(
+            f"tokenizer {name!r} is kept under a root (ROOT/tokenizers/{name}); this call "
+            "has no root to look in"
+        )
+    path = tokenizer_dir(root, name) / "tokenizer.json"
+    if not path.is_file():
+        kept = sorted(p.parent.name for p in (Path(root) / "tokenizers").glob("*/tokenizer.json"))
+        raise TokenizerError(
+            f"no tokenizer {name!r} under {Path(root)} (expected {path}); known here: "
+            f"{', '.join(['bytes', *kept])}"
+        )
+    return BPETokenizer(name, path.read_text(encoding="utf-8"))

@@ -1,5 +1,6 @@
 """Built-in experiments, registered as jobs when the registry is first used."""
 
 from theseus.experiments.models import gpt as gpt
+from theseus.experiments.models import gpt2 as gpt2
 
-__all__ = ["gpt"]
+__all__ = ["gpt", "gpt2"]

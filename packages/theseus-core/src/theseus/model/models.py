@@ -1,16 +1,20 @@
 """The GPT language model: token embedding, pre-norm blocks, final norm, unembedding.
 
-Module paths are stable and readable: `wte`, `blocks_0` ... `blocks_{n-1}` (each with
-`ln_1`, `attn`, `ln_2`, `mlp`), `ln_f`, and `lm_head` when embeddings are not tied.
-Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `mlp`) so it can
-be sharded by `nn.logical_axis_rules`.
+Module paths are stable and readable: `wte`, `wpe` (learned positions only),
+`blocks_0` ... `blocks_{n-1}` (each with `ln_1`, `attn`, `ln_2`, `mlp`), `ln_f`, and
+`lm_head` when embeddings are not tied. Every parameter carries logical axis names
+(`vocab`, `embed`, `heads`, `mlp`) so it can be sharded by `nn.logical_axis_rules`.
+
+The defaults are a modern small GPT (rotary positions, no biases); GPT-2 is the same
+module with `positions = learned`, `bias = true` and its own sizes (see
+`theseus.model.gpt2`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import flax.linen as nn
 import jax
@@ -39,8 +43,20 @@ class MLPConfig:
     mlp_ratio: int = field("architecture/mlp_ratio", default=4, help="hidden width / n_embd")
     dropout: float = field("architecture/dropout", default=0.0, help="dropout probability")
     bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
+    activation: Literal["gelu_tanh", "gelu", "relu"] = field(
+        "architecture/activation",
+        default="gelu_tanh",
+        help="the MLP's nonlinearity: GELU with the tanh approximation (GPT-2's), exact GELU, ReLU",
+    )
     param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
     dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
+
+
+_ACTIVATIONS = {
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "relu": nn.relu,
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,19 @@ class GPTConfig:
     bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
     tie_embeddings: bool = field(
         "architecture/tie_embeddings", default=True, help="unembed with the embedding matrix"
+    )
+    positions: Literal["rotary", "learned"] = field(
+        "architecture/positions",
+        default="rotary",
+        help="'rotary' rotates queries and keys; 'learned' adds a position embedding (GPT-2)",
+    )
+    norm_eps: float = field(
+        "architecture/norm_eps", default=1e-5, help="epsilon of every layer norm"
+    )
+    tokenizer: str = field(
+        "architecture/tokenizer",
+        default="bytes",
+        help="the tokenizer whose ids the model reads: 'bytes', or one under ROOT/tokenizers",
     )
     param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
     dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
@@ -81,7 +110,8 @@ class MLP(nn.Module, Component):
             name="c_fc",
             **dense,
         )(x)
-        hidden = nn.with_logical_constraint(nn.gelu(hidden), ("batch", "length", "mlp"))
+        hidden = _ACTIVATIONS[cfg.activation](hidden)
+        hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
         out = nn.Dense(
             cfg.n_embd,
             kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")),
@@ -93,7 +123,7 @@ class MLP(nn.Module, Component):
 
 def _norm(cfg: GPTConfig, name: str) -> nn.LayerNorm:
     return nn.LayerNorm(
-        epsilon=1e-5,
+        epsilon=cfg.norm_eps,
         use_bias=cfg.bias,
         dtype=resolve_dtype(cfg.dtype),
         param_dtype=resolve_dtype(cfg.param_dtype),
@@ -216,6 +246,16 @@ class GPT(nn.Module, Component):
             dtype=resolve_dtype(cfg.dtype),
             param_dtype=resolve_dtype(cfg.param_dtype),
         )
+        if cfg.positions == "learned":
+            self.wpe = nn.Embed(
+                cfg.block_size,
+                cfg.n_embd,
+                embedding_init=nn.with_logical_partitioning(
+                    nn.initializers.normal(0.01), ("length", "embed")
+                ),
+                dtype=resolve_dtype(cfg.dtype),
+                param_dtype=resolve_dtype(cfg.param_dtype),
+            )
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = [Block(cfg, self.attention, self.mlp_config) for _ in range(cfg.n_layers)]
         self.ln_f = _norm(cfg, "ln_f")
@@ -253,7 +293,10 @@ class GPT(nn.Module, Component):
                 f"sequence length {x.shape[-1]} exceeds architecture/block_size "
                 f"{self.config.block_size}"
             )
-        h = self.drop(self.wte(x), deterministic=deterministic)
+        h = self.wte(x)
+        if self.config.positions == "learned":
+            h = h + self.wpe(jnp.arange(x.shape[-1]))[None]
+        h = self.drop(h, deterministic=deterministic)
         h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
         for block in self.blocks:
             h = block(h, deterministic=deterministic)
@@ -277,6 +320,9 @@ class GPT(nn.Module, Component):
             `(logits [batch, seq, vocab_size], caches)`.
         """
         h = self.wte(x)
+        if self.config.positions == "learned":  # as SelfAttention.cached places rows
+            slots = jnp.arange(x.shape[-1], dtype=jnp.int32) + index
+            h = h + self.wpe(jnp.maximum(slots[None, :] - start[:, None], 0))
         written = []
         for block, cache in zip(self.blocks, caches, strict=True):
             h, cache = block.cached(h, cache, index, start)

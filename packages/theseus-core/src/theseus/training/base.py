@@ -36,7 +36,8 @@ import optax
 from theseus.config import dump, field
 from theseus.data.batches import Batch, MixturePlan
 from theseus.data.datasets import Synthetic
-from theseus.data.tokenizer import get_tokenizer
+from theseus.data.prepared import DataNotPreparedError
+from theseus.data.tokenizer import Tokenizer, get_tokenizer
 from theseus.errors import TheseusError
 from theseus.job import BasicJob, Mode, from_host_zero, is_primary, process_count, process_index
 from theseus.model import debug as _debug
@@ -89,6 +90,11 @@ class BaseTrainerConfig:
         "logging/validation_interval", default=100, help="steps per validation"
     )
     data_seed: int = field("data/seed", default=0, help="seed of the batch plan")
+    prompt: str = field(
+        "inspection/prompt",
+        default="",
+        help="text that find/debug/analyses trace instead of the node's batch ('' = the batch)",
+    )
     comet: str = field(
         "logging/comet",
         default="",
@@ -132,6 +138,7 @@ class BaseTrainer(BasicJob):
         self._sharding: ParameterShardingContext | None = None
         # set up by on_setup()
         self._plan: MixturePlan | None = None
+        self._missing_data: DataNotPreparedError | None = None  # resumed without its data
         self._tx: optax.GradientTransformation | None = None
         self._lr: optax.Schedule | None = None
         self._layout: train_state.StateLayout | None = None
@@ -213,6 +220,8 @@ class BaseTrainer(BasicJob):
         """
         key = (self.node, slice, self._val_index if slice == "val" else 0)
         if key not in self._batches:
+            if self._missing_data is not None:
+                raise self._missing_data
             if self._plan is None:
                 raise TrainerError(
                     f"{type(self).__name__} declares DATASET = [] (custom batching) and must "
@@ -335,13 +344,52 @@ class BaseTrainer(BasicJob):
 
         This is what `find`, `debug` and analyses trace: the rows `train_step` uses
         for its first micro-step (`batch("train")` itself when there is no
-        gradient accumulation), from the node-cached batch.
+        gradient accumulation), from the node-cached batch. With `inspection/prompt`
+        set, the prompt instead (`prompt_batch`), and no data is read.
         """
+        if self.args.prompt:
+            return self.sharding.place_batch(self.prompt_batch(self.args.prompt))
         rows: dict[str, Any] = dict(self.batch("train"))
         every = self.accumulate_steps
         if every > 1:
             rows = {name: value[::every] for name, value in rows.items()}
         return self.sharding.place_batch(rows)
+
+    def prompt_batch(self, text: str) -> Batch:
+        """`text` as a batch: `x` its ids, `y` the next ids (the last one ignored).
+
+        Every data-parallel shard gets the same row (one row on one device), so a mean
+        over the batch is the prompt's own value. The length is the prompt's: each new
+        length compiles the traced programs once.
+
+        Raises:
+            TrainerError: the prompt encodes to no tokens or to more than the context.
+        """
+        ids = self.tokenizer.encode(text).astype(np.int32)
+        if not 1 <= ids.size <= self.block_size:
+            raise TrainerError(
+                f"inspection/prompt is {ids.size} tokens with tokenizer "
+                f"{self.tokenizer.name!r}; it must be 1 to architecture/block_size = "
+                f"{self.block_size} tokens"
+            )
+        rows = int(self.sharding.mesh.shape["batch"])
+        y = np.append(ids[1:], -1).astype(np.int32)
+        return {
+            "x": np.tile(ids, (rows, 1)),
+            "y": np.tile(y, (rows, 1)),
+            "padding_mask": np.tile(y >= 0, (rows, 1)),
+        }
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer of the model's ids: `architecture/tokenizer` (`bytes` by default).
+
+        A model without that setting uses its first dataset's tokenizer.
+        """
+        name = self.configuration.get("architecture/tokenizer")
+        if name is None and self._plan is not None:
+            return self._plan.sources[0].tokenizer
+        return get_tokenizer(name or "bytes", root=self.spec.root)
 
     def find(self, target: type | tuple[type, ...]) -> list[str]:
         """Paths of every call to a `target` module in `trace`, in call order, each once.
@@ -430,7 +478,7 @@ class BaseTrainer(BasicJob):
                 f"{type(self.model).__name__} has no cached forward (`cached`, `empty_caches`); "
                 "generate() needs a GPT-like model (see theseus.model.models.GPT.cached)"
             )
-        tokenizer = self._plan.sources[0].tokenizer if self._plan is not None else get_tokenizer()
+        tokenizer = self.tokenizer
         single = isinstance(prompts, str)
         given: list[Any] = [prompts] if single else list(prompts)
         as_text = all(isinstance(p, str) for p in given)
@@ -482,11 +530,21 @@ class BaseTrainer(BasicJob):
                 )
         return self.OPTIMIZER.build(settings, lr), lr
 
-    def _check_vocabulary(self) -> None:
+    def _check_data(self) -> None:
+        """Every dataset speaks the model's tokenizer, within its vocabulary."""
         if self._plan is None:
             return
         vocab = int(self.configuration["architecture/vocab_size"])
+        model = self.configuration.get("architecture/tokenizer")
         for source in self._plan.sources:
+            used = source.header["tokenizer"]
+            if model is not None and used != model:
+                raise TrainerError(
+                    f"dataset {source.name!r} was prepared with tokenizer {used!r}, but the "
+                    f"model reads {model!r} ids (architecture/tokenizer); prepare it again: "
+                    f"theseus data prepare {source.name} --root ROOT --source DIR "
+                    f"--tokenizer {model}"
+                )
             needed = source.tokenizer.vocab_size
             if vocab < needed:
                 raise TrainerError(
@@ -496,14 +554,24 @@ class BaseTrainer(BasicJob):
                 )
 
     def on_setup(self, mode: Mode) -> None:
-        """Open the data, then initialize (fresh) or restore (resume, branch) the state."""
-        self._plan = plan(self.DATASET, self.spec.root, self.args.data_seed)
-        self._check_vocabulary()
+        """Open the data, then initialize (fresh) or restore (resume, branch) the state.
+
+        A resumed node whose data is not under the root still sets up (to sample,
+        debug, or analyze `inspection/prompt`); reading a batch raises the missing
+        dataset's error, and so does training.
+        """
+        try:
+            self._plan = plan(self.DATASET, self.spec.root, self.args.data_seed)
+        except DataNotPreparedError as missing:
+            if self.data_required(mode):
+                raise
+            self._plan, self._missing_data = None, missing
+        self._check_data()
         self.accumulate_steps  # validate the batch geometry before any work  # noqa: B018
         self._tx, self._lr = self._optimizer()
         self._layout = train_state.layout(self.model, self._tx, self.block_size, self.sharding)
         if mode is Mode.FRESH:
-            self.state = train_state.initialize(self._layout, self.args.seed)
+            self.state = self.initial_state()
             self._cursor_offset, self._next_cursor = 0, 0
         else:
             assert self.base is not None
@@ -519,6 +587,19 @@ class BaseTrainer(BasicJob):
             live = spent if mode is Mode.RESUME else spent + 1
             self._cursor_offset, self._next_cursor = live - self.node.seq, spent + 1
         self._attach_analyses()
+
+    def data_required(self, mode: Mode) -> bool:
+        """Whether setup in `mode` fails on a dataset that is not prepared.
+
+        Default: a new lineage (fresh or branch) will train, so yes; a resumed node may
+        only be looked at, so its data can be missing until a batch is read.
+        """
+        return mode is not Mode.RESUME
+
+    def initial_state(self) -> Any:
+        """The state of a fresh run: parameters initialized from `training/seed`."""
+        assert self._layout is not None
+        return train_state.initialize(self._layout, self.args.seed)
 
     def _no_checkpoint_message(self, base: Any, mode: Mode) -> str:
         """Name the closest checkpointed node of `base`'s lineage, in both spellings."""
@@ -613,6 +694,8 @@ class BaseTrainer(BasicJob):
     def run(self) -> Any:
         """Train until `training/tokens` are consumed; returns the final state."""
         total, step = self.total_steps, int(self.state.step)
+        if self._missing_data is not None and step < total:
+            raise self._missing_data
         tokens_per_step = self.args.batch_size * self.block_size
         reporter = Reporter(total, step, tokens_per_step, self.node.name)
         if step >= total:

@@ -21,13 +21,14 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax.training.train_state import TrainState
 
 from theseus.training import checkpoints
 from theseus.training.sharding import ParameterShardingContext
 
-__all__ = ["StateLayout", "checkpoint_arrays", "initialize", "layout", "restore"]
+__all__ = ["StateLayout", "checkpoint_arrays", "from_params", "initialize", "layout", "restore"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,40 @@ def layout(
 def initialize(target: StateLayout, seed: int) -> TrainState:
     """A fresh state from `seed`, each leaf created directly in its sharding."""
     return jax.jit(target.init, out_shardings=target.shardings)(jax.random.key(seed))
+
+
+def from_params(target: StateLayout, params: Any) -> TrainState:
+    """A state at step 0 holding given parameters (host arrays), with a fresh optimizer.
+
+    Each parameter goes straight to its sharding; the optimizer state is initialized
+    from them inside one compiled function, in its own shardings.
+
+    Raises:
+        ValueError: `params` does not have the layout's tree, shapes and dtypes (the
+            message names the first parameter that differs).
+    """
+    wanted = target.abstract.params
+    given = {
+        jax.tree_util.keystr(path): value
+        for path, value in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    expected, treedef = jax.tree_util.tree_flatten_with_path(wanted)
+    leaves = []
+    for path, leaf in expected:
+        name = jax.tree_util.keystr(path)
+        found = given.pop(name, None)
+        if found is None or tuple(found.shape) != tuple(leaf.shape):
+            has = "is missing" if found is None else f"has shape {tuple(found.shape)}"
+            raise ValueError(f"parameter {name} {has}; the model needs {tuple(leaf.shape)}")
+        leaves.append(jax.device_put(np.asarray(found, leaf.dtype), leaf.sharding))
+    if given:
+        raise ValueError(f"parameter {next(iter(given))} is not one of the model's")
+    placed = jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def create(params: Any) -> TrainState:
+        return TrainState.create(apply_fn=target.apply_fn, params=params, tx=target.tx)
+
+    return jax.jit(create, out_shardings=target.shardings)(placed)
 
 
 def restore(

@@ -1,4 +1,8 @@
-"""Causal multi-head self-attention with rotary positions.
+"""Causal multi-head self-attention, with rotary positions or none of its own.
+
+With `architecture/positions = rotary` (the default) queries and keys are rotated by
+position; with `learned` the model adds a position embedding to its input instead
+(GPT-2), and attention itself is position-free.
 
 `SelfAttention` is the module the debugger and analyses target by type
 (`TARGET = SelfAttention`); its call's first argument is named `x`.
@@ -7,7 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -30,6 +34,11 @@ class AttentionConfig:
     bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
     rope_base: float = field(
         "architecture/rope_base", default=10000.0, help="rotary frequency base"
+    )
+    positions: Literal["rotary", "learned"] = field(
+        "architecture/positions",
+        default="rotary",
+        help="'rotary' rotates queries and keys; 'learned' adds a position embedding (GPT-2)",
     )
     param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
     dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
@@ -68,7 +77,12 @@ class SelfAttention(nn.Module, Component):
 
     def setup(self) -> None:
         cfg = self.config
-        if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
+        if cfg.n_embd % cfg.n_head:
+            raise ConfigError(
+                f"architecture/n_embd ({cfg.n_embd}) must split into architecture/n_head "
+                f"({cfg.n_head}) heads of equal width"
+            )
+        if cfg.positions == "rotary" and (cfg.n_embd // cfg.n_head) % 2:
             raise ConfigError(
                 f"architecture/n_embd ({cfg.n_embd}) must split into architecture/n_head "
                 f"({cfg.n_head}) heads of even width for rotary positions"
@@ -96,13 +110,15 @@ class SelfAttention(nn.Module, Component):
         """Queries and keys (rotated) and values, each `[batch, seq, n_head, head_dim]`.
 
         `positions` (`[batch, seq]`) places the rows' tokens for the rotation; None:
-        `0 .. seq-1`.
+        `0 .. seq-1`. With learned positions nothing is rotated.
         """
         cfg = self.config
         batch, seq, width = x.shape
         qkv = self.c_attn(x).reshape(batch, seq, 3, cfg.n_head, width // cfg.n_head)
-        q = apply_rotary(qkv[:, :, 0], cfg.rope_base, positions)
-        k = apply_rotary(qkv[:, :, 1], cfg.rope_base, positions)
+        q, k = qkv[:, :, 0], qkv[:, :, 1]
+        if cfg.positions == "rotary":
+            q = apply_rotary(q, cfg.rope_base, positions)
+            k = apply_rotary(k, cfg.rope_base, positions)
         return q, k, qkv[:, :, 2]
 
     def cached(
@@ -112,7 +128,7 @@ class SelfAttention(nn.Module, Component):
 
         The cached twin of `__call__` (deterministic): row `b` holds its real tokens from
         cache slot `start[b]` on (a left-padded prompt), and its token at slot `s` sits
-        at rotary position `s - start[b]`, so every row computes what it would alone.
+        at position `s - start[b]`, so every row computes what it would alone.
 
         Args:
             x: `[batch, seq, n_embd]`, the inputs at slots `index .. index + seq - 1`
