@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -39,6 +40,18 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
     for pdf in pdfs:
         assert pdf.read_bytes().startswith(b"%PDF")
     assert "4 PDFs kept as artifacts" in result.output  # 2 analyses x 2 validations
+    # three held-out prompts, each continued by 40 tokens of the synthetic alphabet
+    samples = re.findall(r"^    ('.*') -> ('.*')$", result.output, flags=re.MULTILINE)
+    assert len(samples) == 3
+    for prompt, sample in samples:
+        assert (
+            len(eval(prompt).encode()) == 8 and 0 < len(eval(sample)) <= 40
+        )  # one char a token at most
+    (command,) = [line for line in result.output.splitlines() if " sample " in line]
+    argv = shlex.split(command)
+    sampled = CliRunner().invoke(main, argv[argv.index("--import") :])  # as printed
+    assert sampled.exit_code == 0, sampled.output
+    assert sampled.stdout.startswith(eval(samples[0][0]))
     with Store(store_root(root)) as store:
         node = store.query().spec(run="demo").checkpoint().latest().first()
         assert node is not None and node.seq == 1

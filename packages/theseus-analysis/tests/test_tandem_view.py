@@ -147,6 +147,11 @@ def test_forwarded_attributes_are_the_trainers(trainer, view) -> None:
         "generate": lambda got: (
             got("ab", 4, temperature=0) == trainer.generate("ab", 4, temperature=0)
         ),
+        "tokenizer": lambda got: got == trainer.tokenizer and got.encode("ab").tolist() == [97, 98],
+        "prompt_batch": lambda got: (
+            got("ab")["x"][0].tolist() == [97, 98]  # the byte tokenizer's ids, by hand
+            and all(np.array_equal(v, trainer.prompt_batch("ab")[k]) for k, v in got("ab").items())
+        ),
         "log": lambda got: (
             got({"view/check": 1.5}) is None
             and trainer.store.values(trainer.node)["view/check"] == 1.5

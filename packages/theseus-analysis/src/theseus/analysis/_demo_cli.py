@@ -3,7 +3,7 @@
 The whole pipeline in one command, on a CPU, with no download: prepare `synthetic`,
 train `demo/train` (PretrainGPT with two tandem analyses, see `theseus.analysis.demo`)
 with small settings, checkpoint it, analyze its latest checkpoint as a standalone job,
-and print the lineage, the checkpoints, the losses against the language's entropy
+sample a few continuations of held-out text, and print the lineage, the checkpoints, the losses against the language's entropy
 bound, where the PDFs are, and what to run next.
 """
 
@@ -31,6 +31,7 @@ DEMO_SETTINGS = {
     "optimization/lr": 3e-3,
     "logging/report_interval": 25,
 }
+SAMPLES = 3  # lines the trained model writes at the end
 
 
 def _command(name: str) -> str:
@@ -57,6 +58,8 @@ def demo(root: Path, steps: int) -> None:
     On several hosts, run it on every host with the options that join a cluster (see
     `theseus run --help`); process 0 prints the report.
     """
+    import jax
+
     from theseus.analysis.demo import AttentionPattern, DemoTrainer
     from theseus.data.datasets import Synthetic
     from theseus.data.prepared import DataNotPreparedError
@@ -109,6 +112,12 @@ def demo(root: Path, steps: int) -> None:
             tandem = {a.NAME: store.history(trainer.node, a.NAME) for a in DemoTrainer.ANALYSIS}
             cadences = sum(a.NAME in store.get(n) for n in nodes for a in DemoTrainer.ANALYSIS)
 
+        # What the trained model writes: held-out documents' first tokens, continued.
+        held_out = Synthetic.open(root)
+        tokens, starts = held_out.tokens("val"), held_out.doc_starts("val")
+        prompts = [trainer.tokenizer.decode(tokens[s : s + 8]) for s in starts[:SAMPLES]]
+        samples = trainer.generate(prompts, 40, temperature=0.8, key=jax.random.key(0))
+
         # The same analysis as a standalone job on the latest checkpoint of this lineage.
         q.build(AttentionPattern, "demo-inspect", project="theseus", group="demo")
         q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
@@ -141,6 +150,9 @@ def demo(root: Path, steps: int) -> None:
     click.echo("  analysis of the latest checkpoint (a standalone job):")
     click.echo(f"    {AttentionPattern.NAME}: {inspected.path}")
     click.echo(f"    attached to node {inspected.node.serialize()}")
+    click.echo("  samples (8 tokens of held-out text, then 40 drawn at temperature 0.8):")
+    for prompt, sample in zip(prompts, samples, strict=True):
+        click.echo(f"    {prompt!r} -> {sample!r}")
     click.echo(f"  store:        {root / 'store'}")
     click.echo("")
     click.echo("Look at it:")
@@ -150,6 +162,11 @@ def demo(root: Path, steps: int) -> None:
     click.echo(f"  {store_cli} runs {where}")
     click.echo(f"  {store_cli} show {where} {trainer.node.serialize()}")
     click.echo(f"  {store_cli} lineage {where} {trainer.node.serialize()}")
+    click.echo(
+        f"  {_command('theseus')} --import theseus.analysis.demo sample "
+        f"{shlex.quote(str(root))} {trainer.node.name}~{trainer.node.nonce} "
+        f"{shlex.quote(prompts[0])} --temperature 0.8 --max-new-tokens 40"
+    )
     click.echo(
         f'  {python} -c "from theseus.quick import init; '
         f"q = init({str(root)!r}); print(q.find().spec(run='demo').checkpoint().latest().first())\""

@@ -43,9 +43,10 @@ class TrainerView(AnalysisBase[Any, Any]):
     Forwarded to the trainer (`view.X` is `trainer.X`; assigning one raises
     `AnalysisError`): `spec`, `base`, `mode`, `configuration`, `model`, `store`,
     `sharding`, `node`, `state`, `cursor`, `block_size`, `total_steps`,
-    `accumulate_steps`, `analysis_failures`, and the methods `batch_geometry()`,
-    `batch(slice)`, `inspection_batch()`, `step_key()`, `inspection_key()`,
-    `validate()`, `evaluate_batch(rows)`, `generate(...)`, `log(values)`.
+    `accumulate_steps`, `analysis_failures`, `tokenizer`, and the methods
+    `batch_geometry()`, `batch(slice)`, `inspection_batch()`, `prompt_batch(text)`,
+    `step_key()`, `inspection_key()`, `validate()`, `evaluate_batch(rows)`,
+    `generate(...)`, `log(values)`.
 
     The view's own: `trainer` (the trainer itself), `borrowed` (True), `args` (the
     analysis's `CONFIG` read from the trainer's configuration), `traces`, and the
@@ -55,8 +56,8 @@ class TrainerView(AnalysisBase[Any, Any]):
     store stays the trainer's).
 
     Refused with `AnalysisError` (the trainer owns them): `setup`, `on_setup`,
-    `before_run`, `tick`, `finish`, `on_finish`, `save_checkpoint` and `__call__`
-    (running the view as a job).
+    `before_run`, `tick`, `finish`, `on_finish`, `save_checkpoint`, `data_required`,
+    `initial_state` and `__call__` (running the view as a job).
     """
 
     FORWARDED: ClassVar[tuple[str, ...]] = (
@@ -82,6 +83,8 @@ class TrainerView(AnalysisBase[Any, Any]):
         "validate",
         "evaluate_batch",
         "generate",
+        "tokenizer",
+        "prompt_batch",
         "log",
     )
     OWN: ClassVar[tuple[str, ...]] = (
@@ -107,6 +110,8 @@ class TrainerView(AnalysisBase[Any, Any]):
         "finish",
         "on_finish",
         "save_checkpoint",
+        "data_required",
+        "initial_state",
         "__call__",
     )
 
@@ -149,6 +154,7 @@ class TrainerView(AnalysisBase[Any, Any]):
     total_steps = _forwarded("total_steps", "Optimizer steps of the whole run")
     accumulate_steps = _forwarded("accumulate_steps", "Micro-steps per optimizer step")
     analysis_failures = _forwarded("analysis_failures", "Tandem analyses that failed")
+    tokenizer = _forwarded("tokenizer", "The tokenizer of the model's ids")
 
     @property
     def state(self) -> Any:
@@ -172,6 +178,10 @@ class TrainerView(AnalysisBase[Any, Any]):
     def inspection_batch(self) -> dict[str, Any]:
         """The trainer's first micro-batch of the live node, placed on the devices."""
         return self._trainer.inspection_batch()
+
+    def prompt_batch(self, text: str) -> Any:
+        """The trainer's batch of one prompt (`inspection/prompt`'s form)."""
+        return self._trainer.prompt_batch(text)
 
     def step_key(self) -> Any:
         """The RNG key of the trainer's update at the live node."""
@@ -220,6 +230,12 @@ class TrainerView(AnalysisBase[Any, Any]):
 
     def save_checkpoint(self) -> None:
         self._refuse("checkpoints", "call trainer.save_checkpoint()")
+
+    def data_required(self, *args: Any, **kwargs: Any) -> bool:
+        self._refuse("setup", "it was set up with the trainer", standalone=True)
+
+    def initial_state(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("setup", "it was set up with the trainer", standalone=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._refuse("running as a job", "call view.run() to analyze now", standalone=True)
