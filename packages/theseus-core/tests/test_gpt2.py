@@ -216,6 +216,14 @@ def test_fine_tuning_a_branch_on_text_in_gpt2s_tokens(
         assert min(jax.tree.leaves(moved)) > 0  # every parameter was trained
         values = q.store.values(tuned.node)
         assert np.isfinite(values["val/loss"])
+    with quick(root) as q:  # resume the tuned lineage: it trains on from step 3
+        q.build(GPT2, "tuned")
+        q.find().spec(run="tuned").checkpoint().latest().resume()
+        q.config["training/tokens"] = 5 * 4 * 64
+        resumed = q.create()
+        assert int(resumed.state.step) == 3
+        resumed()
+        assert int(resumed.state.step) == 5 and resumed.node.nonce == tuned.node.nonce
 
 
 def test_gpt2_small_shapes_built_abstractly() -> None:
