@@ -4,6 +4,10 @@ The parameters before ``title`` are seaborn.heatmap's, in its order with its
 defaults (a test checks this against the installed seaborn); they are passed
 through unchanged. The heatmap takes no grid; cells keep seaborn's colour map
 unless ``cmap`` says otherwise.
+
+Past ``RASTERIZE_CELLS`` cells the cells are one raster image inside a vector PDF (axes,
+ticks, labels and colour bar stay vector): thousands of vector rectangles make a PDF
+slow to write and to open for no visible gain. ``rasterized=False`` keeps them vector.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -19,6 +24,9 @@ from matplotlib.figure import Figure
 from theseus.plot._figure import finish, target_axes
 from theseus.plot._inputs import check_matrix, to_host
 from theseus.plot._theme import theme
+
+#: Cells above which the heatmap's cells are rasterized (64 x 64).
+RASTERIZE_CELLS = 4096
 
 
 def heatmap(
@@ -55,7 +63,8 @@ def heatmap(
             pandas DataFrame (its index and columns label the axes).
         vmin, vmax, cmap, center, robust, annot, fmt, annot_kws, linewidths,
             linecolor, cbar, cbar_kws, cbar_ax, square, xticklabels, yticklabels,
-            mask, **kwargs: As in ``seaborn.heatmap``.
+            mask, **kwargs: As in ``seaborn.heatmap`` (``rasterized`` overrides the
+            automatic choice; see ``RASTERIZE_CELLS``).
         ax: Draw into this Axes instead of a new figure; the Figure holding it
             is returned.
         title: Axes title.
@@ -79,6 +88,7 @@ def heatmap(
     """
     data = to_host(data)
     check_matrix(data, "heatmap")
+    kwargs.setdefault("rasterized", int(np.prod(np.shape(data))) > RASTERIZE_CELLS)
     with theme():
         target = target_axes(ax, figsize, "heatmap")
         with warnings.catch_warnings():
