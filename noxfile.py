@@ -37,14 +37,7 @@ TEST_DEPS = {
     "theseus-plot": ["pytest", "pytest-timeout", "pandas"],
     "theseus-store": ["pytest", "pytest-timeout", "hypothesis"],
     "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "hypothesis"],
-    "theseus-analysis": [
-        "pytest",
-        "pytest-timeout",
-        "pytest-xdist",
-        "filelock",
-        "equinox",
-        "tokenizers",
-    ],
+    "theseus-analysis": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox"],
 }
 # What the whole suite (every package's tests at once, as the README runs it) needs.
 SUITE_DEPS = sorted({dep for deps in TEST_DEPS.values() for dep in deps})

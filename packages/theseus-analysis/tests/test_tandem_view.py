@@ -11,6 +11,7 @@ relative and absolute where values are recomputed; everything else is exact or i
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 
 import jax
@@ -185,6 +186,7 @@ def test_the_views_own_attributes(trainer, view) -> None:
         "status_key": lambda got: got("status") == trainer.status_key("status"),
         "compute": lambda got: np.allclose(got()["x"], np.asarray(expected.x)[:, :4, :8], **TOL),
         "run": lambda got: _ran_on(got(), trainer),
+        "drain": lambda got: _drained(view, got, trainer),
         "outcome": lambda got: got(view.run())[0].startswith(f"{view.NAME}: wrote "),
         "close": lambda got: got() is None and trainer.store.get(trainer.node) is not None,
     }
@@ -207,6 +209,20 @@ def _debugged_x_is(session, x) -> bool:
 def _activated_is(activated, tree) -> bool:
     with activated() as active:
         return active is tree
+
+
+def _drained(view, drain, trainer) -> bool:
+    """run(background=True) leaves the publishing to the thread; drain() waits for it."""
+    versions = len(trainer.store.history(trainer.node, "stats"))
+    later = view.run(background=True)
+    drain()
+    history = trainer.store.history(trainer.node, "stats")
+    return (
+        later.path is None
+        and later.artifact is None
+        and len(history) == versions + 1
+        and json.loads(history[-1].content) == view.plot(later.values)
+    )
 
 
 def _ran_on(result, trainer) -> bool:

@@ -4,15 +4,22 @@
 bad value (a NaN in JSON, an unsupported type) leaves nothing half written.
 `write_atomic` writes through a temporary file in the same folder and renames it
 over the target, so a reader sees the old file or the new one, never a part.
+
+`Publisher` runs publishing off the training thread: one worker per trainer takes
+tasks in the order they were submitted (the cadence order), a few at most waiting, so
+a slow `plot()` delays only the next submission, never a step, until the queue is full.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import queue
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +27,9 @@ import numpy as np
 
 from theseus.analysis._errors import AnalysisError
 
-__all__ = ["figure_of", "render", "write_atomic"]
+__all__ = ["Publisher", "figure_of", "render", "write_atomic"]
+
+log = logging.getLogger("theseus.analysis")
 
 
 def render(name: str, value: Any, owner: str) -> tuple[str, bytes] | None:
@@ -139,3 +148,55 @@ def write_atomic(path: Path, content: bytes) -> Path:
         Path(temp).unlink(missing_ok=True)
         raise
     return path
+
+
+class Publisher:
+    """One background thread running tasks in submission order.
+
+    Args:
+        name: the thread's name (shown in tracebacks and thread dumps).
+        depth: tasks that may wait; `submit` blocks while that many are queued, so a
+            run whose plots are slower than its validations slows down instead of
+            holding every pending result in memory.
+
+    A task handles its own errors (records them where they belong); one that raises
+    anyway is logged and the worker goes on.
+    """
+
+    def __init__(self, name: str, depth: int = 4) -> None:
+        self._name = name
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=depth)
+        self._thread: threading.Thread | None = None
+
+    def submit(self, task: Callable[[], None]) -> None:
+        """Queue `task`; the worker starts on the first one."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+            self._thread.start()
+        self._queue.put(task)
+
+    def drain(self) -> None:
+        """Wait until every submitted task has finished."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        """Drain, then stop the worker (a later `submit` starts a new one)."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._queue.join()
+        self._queue.put(None)
+        thread.join()
+
+    def _work(self) -> None:
+        while True:
+            task = self._queue.get()
+            try:
+                if task is None:
+                    return
+                task()
+            except BaseException:
+                log.exception("a publishing task failed in %s", self._name)
+            finally:
+                self._queue.task_done()

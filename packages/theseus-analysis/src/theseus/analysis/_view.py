@@ -12,15 +12,22 @@ attribute of a view can be missing; `FORWARDED`, `OWN` and `REFUSED` list them.
 from __future__ import annotations
 
 import functools
+import logging
+import traceback
+import weakref
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from theseus.analysis import _comet
-from theseus.analysis._base import AnalysisBase
+from theseus.analysis._base import AnalysisBase, AnalysisResult
 from theseus.analysis._errors import AnalysisError
+from theseus.analysis._publish import Publisher
 from theseus.config import configure
+from theseus.job import is_primary
 
 if TYPE_CHECKING:
     from theseus.store import Node
+
+log = logging.getLogger("theseus.analysis")
 
 __all__ = ["TrainerView", "view_class"]
 
@@ -52,8 +59,9 @@ class TrainerView(AnalysisBase[Any, Any]):
     analysis's `CONFIG` read from the trainer's configuration), `traces`, and the
     methods `find`, `debug` (the analysis's `trace` on the trainer's state and batch),
     `configure`, `activated` (the trainer's configuration), `status_key`, `compute`,
-    `run`, `outcome` (what a result wrote) and `close` (ends the Comet experiment; the
-    store stays the trainer's).
+    `run` (`background=True` publishes on the trainer's publishing thread), `drain`
+    (waits for it), `outcome` (what a result wrote) and `close` (publishes what is
+    pending and ends the Comet experiment; the store stays the trainer's).
 
     Refused with `AnalysisError` (the trainer owns them): `setup`, `on_setup`,
     `before_run`, `tick`, `finish`, `on_finish`, `save_checkpoint`, `data_required`,
@@ -99,6 +107,7 @@ class TrainerView(AnalysisBase[Any, Any]):
         "status_key",
         "compute",
         "run",
+        "drain",
         "outcome",
         "close",
     )
@@ -133,8 +142,54 @@ class TrainerView(AnalysisBase[Any, Any]):
         """Always True: this is a trainer's tandem view."""
         return True
 
+    def run(self, background: bool = False) -> AnalysisResult:
+        """Compute on the trainer's state and batch, then publish (see `AnalysisBase.run`).
+
+        With `background=True` (the trainer's cadence when `training/analysis_errors`
+        is `log`) only the compiled computation happens here; `plot()`, the file, the
+        artifact and Comet run on the trainer's publishing thread, in cadence order,
+        and the result's `path`, `artifact` and `figure` are None. A failure there is
+        logged and recorded on the node it was computed at, as `analysis/NAME/error`.
+        """
+        if not background:
+            return super().run()
+        values = self.compute()
+        node = self.node
+        if is_primary():
+            step = int(self._trainer.state.step)
+            _publisher(self._trainer).submit(
+                functools.partial(self._publish_later, values, node, step)
+            )
+        return AnalysisResult(values, node, None, None, None)
+
+    def _publish_later(self, values: Any, node: Node, step: int) -> None:
+        try:
+            self._publish(values, node)
+        except Exception as err:  # recorded like a failure on the step path
+            message = f"{type(err).__name__}: {err}"
+            log.error(
+                "Tandem analysis %r failed to publish its result of step %d (%s); training "
+                "went on:\n%s",
+                self.NAME,
+                step,
+                node.serialize(),
+                "".join(traceback.format_exception(err)).rstrip(),
+            )
+            self._trainer.store.log(node, {f"analysis/{self.NAME}/error": message})
+            self._trainer.analysis_failures.append((step, self.NAME, message))
+
+    def drain(self) -> None:
+        """Wait until every result this trainer's views submitted is published."""
+        publisher = _PUBLISHERS.get(self._trainer)
+        if publisher is not None:
+            publisher.drain()
+
     def close(self) -> None:
-        """End the Comet experiment (if any); the store is the trainer's and stays open."""
+        """Publish what is pending, then end the Comet experiment (if any); the store is
+        the trainer's and stays open."""
+        publisher = _PUBLISHERS.pop(self._trainer, None)
+        if publisher is not None:
+            publisher.close()
         _comet.close()
 
     def __repr__(self) -> str:
@@ -253,6 +308,17 @@ class TrainerView(AnalysisBase[Any, Any]):
             f"{type(self).__name__} is a view borrowed from {type(self._trainer).__name__}; "
             f"its {name} is the trainer's and cannot be replaced here"
         )
+
+
+# One publishing thread per trainer, shared by its views: results publish in cadence order.
+_PUBLISHERS: weakref.WeakKeyDictionary[Any, Publisher] = weakref.WeakKeyDictionary()
+
+
+def _publisher(trainer: Any) -> Publisher:
+    publisher = _PUBLISHERS.get(trainer)
+    if publisher is None:
+        publisher = _PUBLISHERS[trainer] = Publisher(f"theseus-publish-{trainer.node.name}")
+    return publisher
 
 
 @functools.cache

@@ -719,10 +719,20 @@ class BaseTrainer(BasicJob):
                 self._after_step(step, total, loss, meta, grad_norm, reporter)
         except BaseException:
             self._release_keeper()  # saves already started still commit and register
+            self._drain_analyses()  # results already computed are still published
             raise
         finally:
             reporter.close()
         return self.state
+
+    def _drain_analyses(self) -> None:
+        for view in self._views:
+            try:
+                view.drain()
+            except Exception:  # the run's own error is the one to report
+                logger.warning(
+                    "Publishing tandem analyses after a failed run failed", exc_info=True
+                )
 
     def _release_keeper(self) -> None:
         """After a failed run: finish and register started saves, free the lineage folder."""
@@ -847,17 +857,21 @@ class BaseTrainer(BasicJob):
     def _analyze(self) -> None:
         """Run each tandem view; a failure is logged and recorded, and training goes on.
 
-        A typo in an analysis's `plot()` must not end a run of many days: the error is
-        logged with its traceback, kept on the live node as the string value
+        The compiled computation runs here; with `training/analysis_errors = "log"` its
+        `plot()`, file, artifact and Comet copy are published on a background thread in
+        cadence order (the views drain it when the run finishes or fails), so a slow
+        plot never stalls training. A typo in an analysis's `plot()` must not end a run
+        of many days: the error is logged with its traceback, kept on the live node as the string value
         `analysis/NAME/error`, listed in the run's closing summary, and the analysis
         is tried again at the next validation. `training/analysis_errors = "raise"`
         stops the run instead.
         """
         if not self._views:  # training/analyze = false, or not attached on this setup
             return
+        background = self.args.analysis_errors == "log"  # "raise" must raise right here
         for analysis, view in zip(self.ANALYSIS, self._views, strict=True):
             try:
-                view.run()
+                view.run(background=background)
             except Exception as err:
                 if self.args.analysis_errors == "raise":
                     raise

@@ -27,12 +27,21 @@ __all__ = ["Evaluation", "Perplexity", "PerplexityConfig", "TandemAnalysis", "Ta
 class TandemView(Protocol):
     """A borrowed view of an analysis that runs on the trainer's node and state."""
 
-    def run(self) -> Any:
-        """Inspect the trainer's current state and record the result on its node."""
+    def run(self, background: bool = False) -> Any:
+        """Inspect the trainer's current state and record the result on its node.
+
+        With `background`, only the computation happens before it returns; plotting,
+        writing and recording run on a thread of the view's, in call order.
+        """
+        ...
+
+    def drain(self) -> None:
+        """Wait until everything `run(background=True)` started is recorded."""
         ...
 
     def close(self) -> None:
-        """Release what the view holds (the trainer calls it when it finishes)."""
+        """Record what is pending and release what the view holds (the trainer calls
+        it when it finishes)."""
         ...
 
 

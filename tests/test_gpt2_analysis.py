@@ -25,7 +25,7 @@ from theseus.registry import import_module_or_file
 
 pytestmark = pytest.mark.tokenizers
 
-CORE = Path(__file__).parents[2] / "theseus-core"
+CORE = Path(__file__).parents[1] / "packages" / "theseus-core"
 README = CORE / "README.md"
 folders = import_module_or_file(str(CORE / "tests" / "gpt2_folder.py"))
 
