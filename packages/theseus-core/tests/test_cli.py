@@ -168,7 +168,9 @@ def test_run_fresh_resume_and_branch(tmp_path: Path) -> None:
         result = invoke("run", *cli, "--import", JOBS_FILE)
         assert result.exit_code == 2 and said in result.output, result.output
         assert f"--branch {lineage}" in result.output
-    short = fail("run", "train", str(config), str(root), "--resume", f"train~{end.nonce}",
+    # the run's name alone stands for p.g.train beside a nonce; another run's name does not
+    assert store.resolve(f"train~{end.nonce}") == store.resolve(lineage)
+    short = fail("run", "train", str(config), str(root), "--resume", f"other~{end.nonce}",
                  "--import", JOBS_FILE)  # fmt: skip
     assert f"lineage {end.nonce} is p.g.train~{end.nonce}" in short
     beyond = fail("run", "train", str(config), str(root), "--resume", f"{lineage}~99",

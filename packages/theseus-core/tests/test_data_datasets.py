@@ -140,3 +140,25 @@ def test_the_command_an_error_prints_can_be_pasted_into_a_shell(tmp_path: Path) 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert Synthetic.open(root).header["count"] == {"train": 2000, "val": 500}
+
+
+def test_too_few_documents_to_hold_one_out_is_refused_at_prepare(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from theseus.cli import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "only.txt").write_text("one long document " * 100)
+    with pytest.raises(SourceError, match=r"1 document\(s\) .* leave no validation text"):
+        TextFiles.prepare(tmp_path / "root", source=corpus)
+    assert not (tmp_path / "root" / "data" / "text" / "header.json").exists()
+    for i in range(20):
+        (corpus / f"{i}.txt").write_text(f"document {i} " * 10)
+    result = CliRunner().invoke(
+        main, ["data", "prepare", "text", "--root", str(tmp_path / "root"), "--source", str(corpus)]
+    )
+    assert result.exit_code == 0, result.output
+    header = TextFiles.open(tmp_path / "root").header["count"]
+    assert f"{header['train']:,} training and {header['val']:,} validation tokens" in result.output
+    assert header["val"] > 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -371,8 +372,12 @@ def test_the_command_imports_and_prints_what_to_run_next(pristine: Path, tmp_pat
     result = CliRunner().invoke(main, ["import", "gpt2", str(pristine), str(root), "--run", "base"])
     assert result.exit_code == 0, result.output
     assert "Importing GPT-2 from" in result.stderr and "2 layers, 32 wide" in result.stderr
-    assert f"theseus sample '{root}' base" in result.stdout
+    assert f"theseus sample '{root}' base~" in result.stdout
     assert "--tokenizer gpt2-" in result.stdout
+    printed = next(line for line in result.stdout.splitlines() if line.startswith("Sample:"))
+    argv = shlex.split(printed.removeprefix("Sample:"))
+    sampled = CliRunner().invoke(main, argv[1:])  # the command as printed
+    assert sampled.exit_code == 0 and sampled.stdout.startswith("Hello, my name is"), sampled.output
     with Store(root / "store") as store:
         (node,) = store.query().spec(run="base").all()
         assert store.values(node)["job/status"] == "finished"
@@ -383,9 +388,56 @@ def test_the_command_imports_and_prints_what_to_run_next(pristine: Path, tmp_pat
     again = CliRunner().invoke(main, ["import", "gpt2", str(pristine), str(root), "--run", "again"])
     assert again.exit_code == 0, again.output
     assert len(os.listdir(root / "tokenizers")) == 1
+    # a run that exists, or a name that cannot be one, is refused before anything is written
+    before = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+    for run, message in [
+        ("base", "run general.default.base already has lineage(s) general.default.base~"),
+        ("x" * 300, "at most 200 characters"),
+        ("../x", "letters, digits"),
+    ]:
+        refused = CliRunner().invoke(
+            main, ["import", "gpt2", str(pristine), str(root), "--run", run]
+        )
+        assert refused.exit_code == 1 and message in refused.output, refused.output
+        assert len(refused.output.strip().splitlines()) == 1
+    after = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+    assert after == before
 
 
 def test_a_fresh_gpt2_run_without_a_source_says_how_to_import(tmp_path: Path) -> None:
     with quick(tmp_path) as q, pytest.raises(TrainerError, match="theseus import gpt2 FOLDER ROOT"):
         q.build(GPT2, "nothing")
         q.create()
+
+
+def test_a_character_split_over_tokens_streams_once_whole(tmp_path: Path) -> None:
+    """Weights built so greedy decoding writes the two byte tokens of "é" (Ã, ©), then ©s:
+    the blocks add nothing and each position's embedding points at the token to write."""
+    from safetensors.numpy import load_file, save_file
+    from tokenizers import Tokenizer
+
+    src = folders.write_gpt2_folder(tmp_path / "src")
+    theirs = Tokenizer.from_file(str(src / "tokenizer.json"))
+    first, second = theirs.get_vocab()["Ã"], theirs.get_vocab()["©"]
+    weights = load_file(str(src / "model.safetensors"))
+    rng = np.random.default_rng(1)
+    wte = rng.standard_normal(weights["wte.weight"].shape)
+    wte -= wte.mean(1, keepdims=True)
+    wte /= np.linalg.norm(wte, axis=1, keepdims=True)
+    prompt = theirs.encode("Hi", add_special_tokens=False).ids
+    wpe = np.zeros_like(weights["wpe.weight"])
+    wpe[len(prompt) - 1], wpe[len(prompt) :] = 50 * wte[first], 50 * wte[second]
+    weights["wte.weight"], weights["wpe.weight"] = wte.astype(np.float32), wpe
+    for name in weights:
+        if name.endswith(("c_proj.weight", "c_proj.bias")):
+            weights[name][...] = 0
+    save_file(weights, str(src / "model.safetensors"))
+    expected = _greedy_reference(src, prompt, 4)
+    assert expected[len(prompt) :] == [first, second, second, second]
+    import_gpt2(src, tmp_path / "root")
+    streamed: list[str] = []
+    with _open(tmp_path / "root") as job:
+        text = job.generate("Hi", 4, temperature=0, stream=streamed.append)
+    whole = theirs.decode(expected, skip_special_tokens=True)
+    assert "Hi" + text == whole and whole.startswith("Hié")
+    assert "".join(streamed) == text and "\ufffd" not in streamed[0]

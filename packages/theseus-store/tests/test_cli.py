@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from theseus.store import Node, Store
+from theseus.store import Node, Store, UnknownNodeError
 from theseus.store.cli import main
 
 
@@ -124,6 +124,11 @@ def test_a_run_name_alone_is_its_one_lineages_last_node(
     assert "Run 'train-gpt' has 2 lineages: " in err and "\n" not in err.strip()
     assert f"lm.base.train-gpt~{mid.nonce} (3 nodes, 1 checkpoint)" in err
     assert f"lm.base.train-gpt~{other.nonce} (1 node, 0 checkpoints)" in err
+    # the run's name alone stands for its full name beside a nonce
+    assert store.resolve(f"train-gpt~{other.nonce}") == other
+    assert store.resolve(f"train-gpt~{mid.nonce}~1") == mid
+    with pytest.raises(UnknownNodeError, match="no lineage inspect~"):
+        store.resolve(f"inspect~{mid.nonce}")  # the nonce is another run's
     # a lineage that failed while setting up does not make the run ambiguous
     store.log(other, {"job/status": "failed", "job/failed_in": "setup", "job/error": "E: x"})
     assert store.resolve("train-gpt") == last

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, cast
 
@@ -65,5 +66,14 @@ def prepare_command(ctx: click.Context, dataset: str, root: Path) -> None:
         )
     options = parse_options(list(ctx.args))
     preparable = cast(PreparableDataset, cls)
-    preparable.prepare(root, **options)
-    click.echo(f"Prepared {dataset} under {root}.")
+    folder = preparable.prepare(root, **options)
+    header = Path(folder) / "header.json" if isinstance(folder, str | Path) else None
+    if header is None or not header.is_file():  # a dataset of the user's own
+        click.echo(f"Prepared {dataset} under {root}.")
+        return
+    written = json.loads(header.read_text())
+    count = written["count"]
+    click.echo(
+        f"Prepared {dataset} under {root}: {count['train']:,} training and {count['val']:,} "
+        f"validation tokens ({written['tokenizer']} tokenizer)."
+    )

@@ -298,9 +298,10 @@ def import_gpt2_command(
     to fine-tune.
     """
     from theseus.data.tokenizer import tokenizer_name
-    from theseus.experiments.models.gpt2 import import_gpt2
+    from theseus.experiments.models.gpt2 import check_new_run, import_gpt2
     from theseus.model.gpt2 import read_gpt2
 
+    check_new_run(root, run_name, project=project, group=group)  # before any reading
     folder = read_gpt2(src)  # a bad folder fails here, before the root is touched
     click.echo(
         f"Importing GPT-2 from {folder.path}: {folder.parameter_count:,} parameters, "
@@ -312,13 +313,22 @@ def import_gpt2_command(
     )
     node = import_gpt2(folder.path, root, run_name, project=project, group=group)
     quoted, run = shlex.quote(str(root)), shlex.quote(run_name)
+    place = "".join(
+        f" --{flag} {shlex.quote(value)}"
+        for flag, value in (("project", project), ("group", group))
+        if value is not None
+    )
     click.echo(f"Imported as node {node.serialize()} (its checkpoint: the weights, step 0).")
     click.echo(
         f"Tokenizer: {tokenizer_name(folder.tokenizer, 'gpt2')} (under {root / 'tokenizers'})"
     )
-    click.echo(f"Sample:    theseus sample {quoted} {run} 'Hello, my name is'")
+    target = f"{run}~{node.nonce}"
+    click.echo(
+        f"Sample:    theseus sample {quoted} {target} 'Hello, my name is' --max-new-tokens 20"
+    )
     click.echo(
         f"Fine-tune: theseus data prepare text --root {quoted} --source DIR --tokenizer "
         f"{tokenizer_name(folder.tokenizer, 'gpt2')}; theseus configure gpt2 gpt2.yaml; "
-        f"theseus run finetune gpt2.yaml {quoted} --branch {run} training/tokens=N"
+        f"theseus run tuned gpt2.yaml {quoted} --branch {target}{place} training/tokens=N "
+        "(the architecture comes from the import; set training keys as KEY=VALUE)"
     )

@@ -214,10 +214,19 @@ def _prepare_documents(
         for path in files:
             docs.extend(tokenizer.encode(text, eot=True) for text in reader(path))
             progress.advance(task)
+    splits = _split(docs, val_fraction)
+    if not splits["train"].size or (val_fraction > 0 and not splits["val"].size):
+        every = max(2, round(1 / val_fraction)) if val_fraction > 0 else 0
+        raise SourceError(
+            f"{cls.NAME}: {len(docs)} document(s) under {', '.join(map(str, files[:3]))}"
+            f"{' ...' if len(files) > 3 else ''} leave "
+            f"{'no validation' if splits['train'].size else 'no training'} text with "
+            f"--val-fraction {val_fraction:g} (whole documents are held out, one in "
+            f"{every or 'none'}); give at least {max(every, 2)} documents (files, or jsonl lines) "
+            "or a larger --val-fraction"
+        )
     meta = {"source": [str(p) for p in files], "documents": len(docs), "val_fraction": val_fraction}
-    return write_prepared(
-        dataset_dir(root, cls.NAME), _split(docs, val_fraction), tokenizer=tokenizer, meta=meta
-    )
+    return write_prepared(dataset_dir(root, cls.NAME), splits, tokenizer=tokenizer, meta=meta)
 
 
 class LocalDocuments(Dataset):

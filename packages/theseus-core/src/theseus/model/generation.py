@@ -124,6 +124,12 @@ def _check(
     ):
         raise GenerationError(f"max_new_tokens must be a positive int; got {max_new_tokens!r}")
     longest = max(len(p) for p in prompts)
+    if longest >= block_size:
+        raise GenerationError(
+            f"the longest prompt is {longest} tokens and the model's context "
+            f"(architecture/block_size) is {block_size}, which leaves no room for a new "
+            f"token; keep the prompt under {block_size} tokens (its last {block_size - 1}, say)"
+        )
     if longest + max_new_tokens > block_size:
         raise GenerationError(
             f"the longest prompt ({longest} tokens) plus max_new_tokens ({max_new_tokens}) "

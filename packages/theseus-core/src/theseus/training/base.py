@@ -483,6 +483,11 @@ class BaseTrainer(BasicJob):
         given: list[Any] = [prompts] if single else list(prompts)
         as_text = all(isinstance(p, str) for p in given)
         ids = [tokenizer.encode(p).tolist() for p in given] if as_text else given
+        if as_text and not all(ids):
+            raise TrainerError(
+                f"prompt {given[[len(i) for i in ids].index(0)]!r} encodes to no tokens; "
+                "give at least one character to continue"
+            )
         key = jax.random.key(self.args.seed) if key is None else key
         on_token = None
         if stream is not None:
@@ -491,12 +496,16 @@ class BaseTrainer(BasicJob):
             drawn: list[int] = []
             shown = [""]
 
-            def on_token(tokens: np.ndarray) -> None:
-                drawn.append(int(tokens[0]))
-                text = tokenizer.decode(drawn)
-                if text.startswith(shown[0]):  # a split character is shown once whole
+            def show(text: str) -> None:
+                if text.startswith(shown[0]) and len(text) > len(shown[0]):
                     stream(text[len(shown[0]) :])
                     shown[0] = text
+
+            def on_token(tokens: np.ndarray) -> None:
+                drawn.append(int(tokens[0]))
+                # A character split over tokens decodes to U+FFFD until its last byte
+                # comes: hold such an ending back, so it is shown once, whole.
+                show(tokenizer.decode(drawn).rstrip("\ufffd"))
 
         new = generate(
             self.model, state.params, ids, max_new_tokens,
@@ -505,6 +514,8 @@ class BaseTrainer(BasicJob):
         if not as_text:
             return new
         decoded = [tokenizer.decode(tokens) for tokens in new]
+        if stream is not None:
+            show(decoded[0])  # what is still held back: bytes that never became a character
         return decoded[0] if single else decoded
 
     def _inspected(self) -> Any:
@@ -536,7 +547,14 @@ class BaseTrainer(BasicJob):
             return
         vocab = int(self.configuration["architecture/vocab_size"])
         model = self.configuration.get("architecture/tokenizer")
-        for source in self._plan.sources:
+        for source, style in zip(self._plan.sources, self._plan.styles, strict=True):
+            for split, count in source.header["count"].items():
+                if style == "pmd" and count <= self.block_size:
+                    raise TrainerError(
+                        f"dataset {source.name!r} has {count:,} {split} tokens, too few for "
+                        f"one window of architecture/block_size = {self.block_size} (+1 "
+                        "target); prepare it from more text, or lower block_size"
+                    )
             used = source.header["tokenizer"]
             if model is not None and used != model:
                 raise TrainerError(

@@ -27,6 +27,7 @@ DEFAULT_PROJECT = "general"
 DEFAULT_GROUP = "default"
 
 _PART = re.compile(r"[A-Za-z0-9_-]+")
+MAX_PART = 200  # characters of a project, group or run name
 _NONCE = re.compile(r"[a-z0-9]+")
 _SEP = "~"
 _SEQ = re.compile(r"[0-9]+")
@@ -43,13 +44,19 @@ def check_part(part: object, what: str) -> str:
         The part, unchanged.
 
     Raises:
-        InvalidNodeError: if it is not a non-empty string of letters, digits, ``_`` and ``-``.
+        InvalidNodeError: if it is not a non-empty string of letters, digits, ``_`` and ``-``
+            of at most ``MAX_PART`` characters.
     """
     if not isinstance(part, str) or not _PART.fullmatch(part):
         raise InvalidNodeError(
             f"A {what} name must be a non-empty string of letters, digits, '_' and '-' "
             f"(no dots, spaces or '~'); got {part!r}. Rename it, e.g. "
             f"{re.sub(r'[^A-Za-z0-9_-]+', '-', str(part)).strip('-') or 'run'!r}."
+        )
+    if len(part) > MAX_PART:
+        raise InvalidNodeError(
+            f"A {what} name must be at most {MAX_PART} characters (it names folders, and a "
+            f"folder name is at most 255 bytes); got {len(part)} ({part[:20]}...). Shorten it."
         )
     return part
 

@@ -715,8 +715,9 @@ class Store:
 
     def resolve(self, text: str) -> Node:
         """The node a user wrote: ``project.group.run~nonce~seq``, ``...~nonce`` for the
-        last node of that lineage (the form ``theseus-store runs`` prints), or a run
-        alone (``run`` or ``project.group.run``) for the last node of its one lineage.
+        last node of that lineage (the form ``theseus-store runs`` prints; the run's name
+        alone may stand for ``project.group.run``), or a run alone (``run`` or
+        ``project.group.run``) for the last node of its one lineage.
 
         Raises:
             InvalidNodeError: ``text`` is none of these forms.
@@ -728,13 +729,18 @@ class Store:
         """
         if "~" not in text:
             return self._resolve_run(text)
-        if text.count("~") == 1:
-            name, nonce = text.split("~")
-            seq = None
-        else:
-            node = Node.deserialize(text)
-            name, nonce, seq = node.name, node.nonce, node.seq
+        name, nonce, *rest = text.split("~")
+        seq = None
+        if rest:  # checks the form (a run alone is checked as if its project were general)
+            node = Node.deserialize(text if "." in name else f"general.default.{text}")
+            nonce, seq = node.nonce, node.seq
         nodes = self.query().name(name).nonce(nonce).all()
+        if not nodes and "." not in name:  # a run's name alone, with the lineage's nonce
+            nodes = [n for n in self.query().nonce(nonce).all() if n.name.split(".")[-1] == name]
+            if len({n.name for n in nodes}) == 1:
+                name = nodes[0].name
+            else:
+                nodes = []
         listing = f"List them with `theseus-store runs {shlex.quote(str(self.root))}`."
         if not nodes:
             named = sorted({n.name for n in self.query().nonce(nonce).all()})

@@ -19,15 +19,15 @@ from theseus.config import field
 from theseus.data.datasets import TextFiles
 from theseus.data.tokenizer import install_tokenizer
 from theseus.experiments.models.gpt import PretrainGPT
-from theseus.job import Mode
+from theseus.job import Mode, store_root
 from theseus.model.gpt2 import read_gpt2
 from theseus.registry import job
-from theseus.store import Node
+from theseus.store import MARKER, Node, Store
 from theseus.training import state as train_state
 from theseus.training.base import BaseTrainerConfig, TrainerError
 from theseus.training.flywheel.strategy import Sampling
 
-__all__ = ["GPT2", "GPT2Config", "import_gpt2"]
+__all__ = ["GPT2", "GPT2Config", "check_new_run", "import_gpt2"]
 
 
 @dataclass
@@ -81,8 +81,30 @@ class GPT2(PretrainGPT):
         return [
             f"Tokenizer: {self.configuration['architecture/tokenizer']} "
             f"(under {os.path.join(self.spec.root, 'tokenizers')})",
-            f"Sample:    theseus sample {root} {shlex.quote(self.node.name)} 'Hello, my name is'",
+            f"Sample:    theseus sample {root} {self.node.name}~{self.node.nonce} "
+            "'Hello, my name is' --max-new-tokens 20",
         ]
+
+
+def check_new_run(
+    root: str | os.PathLike[str], run: str, *, project: str | None = None, group: str | None = None
+) -> None:
+    """Refuse a name that cannot be a run's, or a run that already has a lineage in `root`.
+
+    Raises:
+        InvalidNodeError: not a valid name.
+        TrainerError: the run exists (an import makes a run of its own).
+    """
+    name = Node.new(run, project=project, group=group).name
+    if not (store_root(root) / MARKER).is_file():
+        return
+    with Store(store_root(root)) as store:
+        taken = sorted({f"{n.name}~{n.nonce}" for n in store.query().name(name).all()})
+    if taken:
+        raise TrainerError(
+            f"run {name} already has lineage(s) {', '.join(taken)} under {root}; import "
+            "under another --run, or use that lineage"
+        )
 
 
 def import_gpt2(
@@ -105,9 +127,12 @@ def import_gpt2(
 
     Raises:
         GPT2FolderError: the folder is not a GPT-2 this model can load.
+        InvalidNodeError: `run`, `project` or `group` is not a valid name.
+        TrainerError: the run already has a lineage under `root`.
     """
     from theseus.quick import quick
 
+    check_new_run(root, run, project=project, group=group)
     folder = read_gpt2(src)
     with quick(root) as q:
         q.build(GPT2, run, project=project, group=group)
