@@ -58,7 +58,7 @@ def record_tandem(trainer):
     [view] = trainer._views  # attached at setup
     results = []
     run = view.run
-    view.run = lambda: results.append(run()) or results[-1]
+    view.run = lambda **kw: results.append(run(**kw)) or results[-1]
     return view, results
 
 
