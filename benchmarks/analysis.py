@@ -15,9 +15,9 @@ table (``benchmarks/_report.py``). ``--checks`` picks some of the four checks an
    *validation step* is what the trainer does at validation cadence, less logging:
    ``trainer.validate()`` and ``trainer._evaluate()`` (no evaluations here), then
    ``view.run()`` for each tandem view. Each round runs the three cheap variants in
-   a random order (seeded); every fourth round then runs the PDF variant, about ten
-   validations long, and one untimed validation, so that no timed sample directly
-   follows the plotting (a validation right after it measured about 1% slower, and
+   a random order (seeded); every fourth round then runs the two PDF variants, in a
+   random order, each followed by one untimed validation, so that no timed sample
+   directly follows the plotting (a validation right after it measured about 1% slower, and
    an earlier fixed rotation always put ``plain`` there):
 
    * ``plain``: ``validate()`` + ``_evaluate()``;
@@ -355,9 +355,11 @@ def tandem_cost(trainer: Any, args: argparse.Namespace, rows: list[_report.Row])
         with_pdf = round_ % PDF_EVERY == 0
         if with_pdf:
             order += rng.sample(heavy, len(heavy))
-        got = {name: sample(name) for name in order}
-        if with_pdf:
-            plain()
+        got = {}
+        for name in order:
+            got[name] = sample(name)
+            if name in heavy:
+                plain()  # untimed: no timed sample directly follows a PDF's plotting
         base = got["plain"][0]
         for name, (total, part) in got.items():
             totals[name].append(total)
@@ -610,9 +612,9 @@ def recompilations(
     runs = [0]
     view_run = view.run
 
-    def counted_run() -> Any:
+    def counted_run(**kw: Any) -> Any:
         runs[0] += 1
-        return view_run()
+        return view_run(**kw)
 
     view.run = counted_run
     after_step, save = trainer._after_step, trainer.save_checkpoint
