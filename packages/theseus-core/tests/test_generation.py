@@ -45,22 +45,27 @@ REFERENCE = GPT.build(
 @pytest.fixture(scope="module")
 def model_and_params() -> tuple[GPT, dict]:
     model = REFERENCE
-    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))["params"]
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))[
+        "params"
+    ]
     # larger weights than the init's 0.02, so the argmax moves from token to token
     params = jax.tree.map(lambda p: p * 8.0, params)
     return model, params
 
 
 @jax.jit
-def _last_logits(params: dict, ids: jax.Array) -> jax.Array:
+def _last_logits(params: dict, ids: jax.Array, last: jax.Array) -> jax.Array:
     logits, _ = REFERENCE.apply({"params": params}, ids)
-    return logits[0, -1]
+    return logits[0, last]
 
 
 def _full_logits(model: GPT, params: dict, ids: list[int]) -> np.ndarray:
-    """The plain forward's logits at the last position (compiled once per length)."""
+    """The plain forward's logits at the last of `ids`: padded to the context (causal
+    attention keeps every earlier position independent of the padding), compiled once."""
     assert model == REFERENCE
-    return np.asarray(_last_logits(params, jnp.asarray([ids])))
+    padded = np.zeros((1, BLOCK), np.int32)
+    padded[0, : len(ids)] = ids
+    return np.asarray(_last_logits(params, jnp.asarray(padded), jnp.int32(len(ids) - 1)))
 
 
 def _greedy_by_recompute(model: GPT, params: dict, prompt: list[int], n: int) -> list[int]:
