@@ -98,15 +98,25 @@ class ByteTokenizer:
         Raises:
             TokenizerError: an id is negative or not below `vocab_size`.
         """
-        array = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if array.size and (array.min() < 0 or array.max() >= self.vocab_size):
-            bad = array[(array < 0) | (array >= self.vocab_size)][0]
-            raise TokenizerError(
-                f"token id {int(bad)} is outside the byte tokenizer's vocabulary "
-                f"[0, {self.vocab_size}); decode ids produced by this tokenizer"
-            )
+        array = _in_vocabulary(ids, self.vocab_size, "the byte tokenizer's")
         data = array[array < 256].astype(np.uint8).tobytes()
         return data.decode("utf-8", errors="replace")
+
+
+def _in_vocabulary(ids: Iterable[int] | np.ndarray, vocab_size: int, whose: str) -> np.ndarray:
+    """`ids` as a flat int64 array, every one in `[0, vocab_size)`.
+
+    Raises:
+        TokenizerError: the first id outside it, naming `whose` vocabulary.
+    """
+    array = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if array.size and (array.min() < 0 or array.max() >= vocab_size):
+        bad = array[(array < 0) | (array >= vocab_size)][0]
+        raise TokenizerError(
+            f"token id {int(bad)} is outside {whose} vocabulary [0, {vocab_size}); decode "
+            "ids produced by this tokenizer"
+        )
+    return array
 
 
 class Tokenizer(Protocol):
@@ -197,13 +207,7 @@ class BPETokenizer:
         Raises:
             TokenizerError: an id is negative or not below `vocab_size`.
         """
-        array = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if array.size and (array.min() < 0 or array.max() >= self.vocab_size):
-            bad = array[(array < 0) | (array >= self.vocab_size)][0]
-            raise TokenizerError(
-                f"token id {int(bad)} is outside tokenizer {self.name!r}'s vocabulary "
-                f"[0, {self.vocab_size}); decode ids produced by this tokenizer"
-            )
+        array = _in_vocabulary(ids, self.vocab_size, f"tokenizer {self.name!r}'s")
         return str(self._backend.decode(array.tolist(), skip_special_tokens=True))
 
 

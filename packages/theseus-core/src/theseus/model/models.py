@@ -133,6 +133,17 @@ def _norm(cfg: GPTConfig, name: str) -> nn.LayerNorm:
     )
 
 
+def _embedding(cfg: GPTConfig, rows: int, std: float, axis: str) -> nn.Embed:
+    """`rows` embeddings of width `n_embd`, initialized normal(`std`), rows along `axis`."""
+    return nn.Embed(
+        rows,
+        cfg.n_embd,
+        embedding_init=nn.with_logical_partitioning(nn.initializers.normal(std), (axis, "embed")),
+        dtype=resolve_dtype(cfg.dtype),
+        param_dtype=resolve_dtype(cfg.param_dtype),
+    )
+
+
 class Block(nn.Module, Component):
     """Pre-norm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`."""
 
@@ -237,25 +248,9 @@ class GPT(nn.Module, Component):
 
     def setup(self) -> None:
         cfg = self.config
-        self.wte = nn.Embed(
-            cfg.vocab_size,
-            cfg.n_embd,
-            embedding_init=nn.with_logical_partitioning(
-                nn.initializers.normal(0.02), ("vocab", "embed")
-            ),
-            dtype=resolve_dtype(cfg.dtype),
-            param_dtype=resolve_dtype(cfg.param_dtype),
-        )
+        self.wte = _embedding(cfg, cfg.vocab_size, 0.02, "vocab")
         if cfg.positions == "learned":
-            self.wpe = nn.Embed(
-                cfg.block_size,
-                cfg.n_embd,
-                embedding_init=nn.with_logical_partitioning(
-                    nn.initializers.normal(0.01), ("length", "embed")
-                ),
-                dtype=resolve_dtype(cfg.dtype),
-                param_dtype=resolve_dtype(cfg.param_dtype),
-            )
+            self.wpe = _embedding(cfg, cfg.block_size, 0.01, "length")
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = [Block(cfg, self.attention, self.mlp_config) for _ in range(cfg.n_layers)]
         self.ln_f = _norm(cfg, "ln_f")
