@@ -183,3 +183,8 @@ def embed_reference(trainer, x):
     mean = h.mean(-1, keepdims=True)
     var = ((h - mean) ** 2).mean(-1, keepdims=True)
     return (h - mean) / jnp.sqrt(var + 1e-5) * params["blocks_0"]["ln_1"]["scale"]
+
+
+@analysis("tests/analysis/stats")
+class RegisteredStats(Stats):
+    """`Stats` under a registered name, for `theseus configure` and `theseus run --over`."""

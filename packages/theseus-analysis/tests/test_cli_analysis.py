@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -76,3 +77,78 @@ def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> No
         values = store.values(analyzed)
         assert values["job/status"] == "finished"  # a failed analysis leaves the run's record
         assert json.dumps(values)  # plain values
+
+
+def _artifacts(root: Path) -> dict[str, object]:
+    """Every node's values and artifact versions (to show a refused command wrote nothing)."""
+    with Store(store_root(root)) as store:
+        return {
+            n.serialize(): (store.values(n), {k: a.version for k, a in store.get(n).items()})
+            for n in store.query().all()
+        }
+
+
+def test_theseus_run_over_analyzes_every_checkpoint_of_a_lineage(tmp_path: Path, caplog) -> None:
+    root, reference = tmp_path / "root", tmp_path / "reference"
+    Synthetic.prepare(root, tokens=40_000, val_tokens=6_000)
+    with quick(root) as q:
+        q.build(jobs.PretrainGPT, "trained")
+        settings = {"training/analyze": False, "logging/checkpoint_interval": 1}
+        jobs.tiny(q.config, steps=3, **settings)
+        trainer = q.create()
+        trainer()
+    shutil.copytree(root, reference)
+    name, nonce = trainer.node.name, trainer.node.nonce
+    nodes = [Node(name, nonce, seq) for seq in range(3)]
+    runner, config = CliRunner(), tmp_path / "stats.yaml"
+    assert runner.invoke(main, ["configure", "tests/analysis/stats", str(config), "--import", JOBS_FILE]).exit_code == 0  # fmt: skip
+    command = ["run", "inspect", str(config), str(root), "--import", JOBS_FILE]
+
+    with caplog.at_level("INFO", logger="theseus.training"):
+        ran = runner.invoke(main, [*command, "--over", "trained"])  # a run with one lineage
+    assert ran.exit_code == 0, ran.output
+    assert f"over run finished at 3 checkpoint(s) of {name}~{nonce}." in ran.output
+    for node in nodes:
+        assert f"artifact 'stats' version 1 on node {node}\n" in ran.output
+    progress = [
+        r.getMessage() for r in caplog.records if "checkpoint 3/3 (seq 2) done" in r.getMessage()
+    ]
+    assert progress and "ETA" in progress[0] and "elapsed" in progress[0]
+
+    # the independent reference: a separate --resume run of node 1 (in a copy of the root)
+    alone = runner.invoke(main, ["run", "inspect", str(config), str(reference), "--resume", nodes[1].serialize(), "--import", JOBS_FILE])  # fmt: skip
+    assert alone.exit_code == 0, alone.output
+    with Store(store_root(root)) as store, Store(store_root(reference)) as ref:
+        assert store.get(nodes[1])["stats"].content == ref.get(nodes[1])["stats"].content
+        for key in ("status", "name", "config"):
+            key = f"analysis/stats/{key}"
+            assert store.values(nodes[1])[key] == ref.values(nodes[1])[key]
+
+    again = runner.invoke(main, [*command, "--over", f"{name}~{nonce}"])
+    assert again.exit_code == 0, again.output
+    assert "3 skipped: they already hold 'stats' for this configuration (--force" in again.output
+    forced = runner.invoke(main, [*command, "--over", f"{name}~{nonce}", "--force"])
+    assert forced.exit_code == 0, forced.output
+    with Store(store_root(root)) as store:
+        assert [store.get(n)["stats"].version for n in nodes] == [2, 2, 2]
+
+    # refused: each a one-line error, and nothing in the store changes
+    with Store(store_root(root)) as store:
+        store.touch(Node.new("empty"))  # a lineage without a checkpoint
+    trainer_config = tmp_path / "train.yaml"
+    runner.invoke(main, ["configure", "my/gpt/train-with-analysis", str(trainer_config), "--import", JOBS_FILE])  # fmt: skip
+    before = _artifacts(root)
+    refused = [
+        ([*command, "--over", "trained", "--resume", "trained"], 2, "and --resume picks one node; pass one of them"),
+        ([*command, "--over", nodes[1].serialize()], 2, f"is one node: use --resume {nodes[1].serialize()} to analyze that node, or --over {name}~{nonce}"),
+        (["run", "t", str(trainer_config), str(root), "--import", JOBS_FILE, "--over", "trained"], 2, "(GPTWithAnalysis) is not an analysis"),
+        ([*command, "--over", "nope"], 1, "nope"),
+        ([*command, "--over", "empty"], 1, "no checkpoint in lineage general.default.empty~"),
+        ([*command, "--force"], 2, "pass it with --over LINEAGE"),
+    ]  # fmt: skip
+    for argv, code, said in refused:
+        result = runner.invoke(main, argv)
+        assert result.exit_code == code and said in result.output, (argv, result.output)
+        if code == 1:
+            assert len(result.output.strip().splitlines()) == 1, result.output
+    assert _artifacts(root) == before

@@ -15,10 +15,13 @@ and batch.
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import logging
+import os
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import flax.linen as nn
 import numpy as np
 
-from theseus.analysis import _comet
+from theseus.analysis import _comet, _over
 from theseus.analysis._engine import Selection, compile_analysis, to_host
 from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
 from theseus.analysis._publish import figure_of, render, write_atomic
@@ -144,6 +147,11 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         def inspection_batch(self) -> dict[str, Any]: ...
         def step_key(self) -> Any: ...
         def inspection_key(self) -> Any: ...
+        def checkpoint_path(self, node: Node, mode: Mode = Mode.RESUME) -> str: ...
+        def read_checkpoint(self, path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]: ...
+        def restore_node(
+            self, node: Node, saved: tuple[Any, dict[str, Any]] | None = None
+        ) -> None: ...
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -182,6 +190,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._check_declarations()
         self._init_engine()
+        self._walk: tuple[list[Node], bool] | None = None  # planned by over()
         super().__init__(*args, **kwargs)
 
     def _init_engine(self) -> None:
@@ -293,10 +302,42 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         _comet.close()
 
     def __call__(self, resume: bool = False) -> Any:
+        """Run as a job on the node it is set up at; after `over()`, on each planned node.
+
+        Returns:
+            An `AnalysisResult`, or after `over()` an `OverResult` (one result per node).
+        """
+        if self._walk is not None:
+            nodes, force = self._walk
+            self._walk = None  # a later call runs on the live node alone again
+            run_one = functools.partial(super().__call__, True)  # type: ignore[misc]
+            return _over.walk(self, nodes, force, run_one)
         return super().__call__(resume)  # type: ignore[misc]
+
+    def over(self, nodes: Sequence[Node], *, force: bool = False) -> None:
+        """Make the next call walk `nodes`, checkpoints of one lineage, on this one instance.
+
+        `q.find()...over()` plans it for you (and `theseus run --over`). Each node is
+        restored into this instance (`restore_node`, the next one read while the
+        current one is analyzed), so the compiled analysis is traced once for a
+        lineage of one shape; each result attaches to its own node as a `--resume`
+        run would. Nodes that already hold this analysis's result for the same
+        configuration are skipped unless `force` (then a new version is written).
+
+        Args:
+            nodes: the checkpointed nodes, in seq order; the job is resumed at the first.
+            force: recompute the nodes that would be skipped.
+
+        Raises:
+            AnalysisError: the job is not resumed at `nodes[0]`, or `nodes` are not one
+                lineage's in increasing seq order.
+        """
+        self._walk = (_over.check_plan(self, nodes), force)
 
     def outcome(self, result: Any) -> list[str]:
         """The file this run wrote and its artifact (for `theseus run`)."""
+        if isinstance(result, _over.OverResult):
+            return _over.outcome_lines(self, result)
         if not isinstance(result, AnalysisResult) or result.artifact is None:
             return [f"{self.NAME}: plot() returned None, so no file and no artifact were written"]
         artifact = result.artifact
@@ -424,6 +465,8 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         filename, content = rendered
         path = write_atomic(self.spec.result(filename), content)
         artifact = self.store.put(node, self.NAME, filename, content)
+        if not self.borrowed:  # which configuration made it: a walk skips such nodes
+            _over.stamp(self.store, node, self.configuration, artifact)
         try:
             _comet.publish(self.configuration, node, self.NAME, filename, content)
         except Exception as exc:  # the file and the artifact are saved; Comet is a copy

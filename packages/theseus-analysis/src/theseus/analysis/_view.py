@@ -65,7 +65,9 @@ class TrainerView(AnalysisBase[Any, Any]):
 
     Refused with `AnalysisError` (the trainer owns them): `setup`, `on_setup`,
     `before_run`, `tick`, `finish`, `on_finish`, `save_checkpoint`, `data_required`,
-    `initial_state` and `__call__` (running the view as a job).
+    `initial_state`, moving to another checkpoint (`resume_at`, `restore_node`,
+    `checkpoint_path`, `read_checkpoint`, `over`) and `__call__` (running the view as
+    a job).
     """
 
     FORWARDED: ClassVar[tuple[str, ...]] = (
@@ -121,6 +123,11 @@ class TrainerView(AnalysisBase[Any, Any]):
         "save_checkpoint",
         "data_required",
         "initial_state",
+        "resume_at",
+        "restore_node",
+        "checkpoint_path",
+        "read_checkpoint",
+        "over",
         "__call__",
     )
 
@@ -291,6 +298,23 @@ class TrainerView(AnalysisBase[Any, Any]):
 
     def initial_state(self, *args: Any, **kwargs: Any) -> Any:
         self._refuse("setup", "it was set up with the trainer", standalone=True)
+
+    def resume_at(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("its node", "the view always reads trainer.node", standalone=True)
+
+    def restore_node(self, *args: Any, **kwargs: Any) -> None:
+        self._refuse("its node and state", "the view analyzes the live state", standalone=True)
+
+    def checkpoint_path(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("restoring", "the view analyzes the live state", standalone=True)
+
+    def read_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("restoring", "the view analyzes the live state", standalone=True)
+
+    def over(self, *args: Any, **kwargs: Any) -> None:
+        self._refuse(
+            "its node", "walk a lineage with q.find()...over() or theseus run --over instead"
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._refuse("running as a job", "call view.run() to analyze now", standalone=True)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 import click
 
 from theseus.cli._app import common_options, main
 from theseus.cli._cluster import cluster_options
 from theseus.config import ConfigError, dump, load, parse_overrides
-from theseus.job import BasicJob, from_host_zero, is_primary, store_root
+from theseus.job import BasicJob, CheckpointWalker, from_host_zero, is_primary, store_root
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
 from theseus.store import MARKER, Node, Store
@@ -135,6 +136,21 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
         "`name~nonce` or a run name with one lineage, for that lineage's last checkpoint)."
     ),
 )
+@click.option(
+    "--over",
+    "over_lineage",
+    default=None,
+    metavar="LINEAGE",
+    help=(
+        "Run an analysis over every checkpoint of a lineage (`name~nonce`, or a run name "
+        "with one lineage), in seq order, compiled once; each result attaches to its own "
+        "node as --resume would. Nodes that already hold the result for this "
+        "configuration are skipped."
+    ),
+)
+@click.option(
+    "--force", is_flag=True, help="With --over: recompute the nodes it would skip (a new version)."
+)
 @cluster_options
 @common_options
 def run_command(
@@ -146,11 +162,15 @@ def run_command(
     group: str | None,
     resume_node: str | None,
     branch_node: str | None,
+    over_lineage: str | None,
+    force: bool,
 ) -> None:
     """Run the job CONFIG.yaml names (its top-level `job:` key) as run RUN under ROOT.
 
     With --resume or --branch, the configuration saved at NODE's lineage wins over
-    the file; KEY=VALUE overrides win over both.
+    the file; KEY=VALUE overrides win over both. --over LINEAGE runs an analysis over
+    every checkpoint of LINEAGE (the configuration saved at its last checkpoint wins
+    over the file, as with --resume).
 
     On several hosts, start the same command on every host. It joins a cluster when
     --coordinator, --num-processes and --process-id (or THESEUS_COORDINATOR,
@@ -160,6 +180,12 @@ def run_command(
     """
     if resume_node and branch_node:
         raise click.UsageError("Pass at most one of --resume NODE and --branch NODE.")
+    if over_lineage is not None:
+        _check_over(over_lineage, resume_node, branch_node)
+    elif force:
+        raise click.UsageError(
+            "--force recomputes the nodes --over would skip; pass it with --over LINEAGE."
+        )
     values = load(config_file)
     job_name = values.get("job")
     if not isinstance(job_name, str):
@@ -168,6 +194,18 @@ def run_command(
             f"key, got {job_name!r}. Write the file with `theseus configure JOB {config_file}`."
         )
     settings = parse_overrides(overrides)
+    if over_lineage is not None:
+        cls = _job_class(job_name)
+        if not issubclass(cls, CheckpointWalker):  # before the root is opened
+            raise click.UsageError(
+                f"--over runs an analysis over every checkpoint of a lineage, and {job_name} "
+                f"({cls.__name__}) is not an analysis; pass an analysis job's configuration "
+                "(`theseus jobs` lists them), or --resume to train on from one checkpoint."
+            )
+        _run_over(
+            run_name, config_file, root, values, settings, project, group, over_lineage, force
+        )
+        return
     with quick(root) as q:
         cls = _job_class(job_name)
         base = resume_node or branch_node
@@ -196,6 +234,60 @@ def run_command(
         result = job()
         click.echo(
             f"{tree.job}: {job.mode.value if job.mode else 'run'} run finished at node {job.node}."
+        )
+        if is_primary():
+            for line in job.outcome(result):
+                click.echo(line)
+
+
+def _check_over(text: str, resume_node: str | None, branch_node: str | None) -> None:
+    """Refuse --over with --resume/--branch, or with one node (`name~nonce~seq`)."""
+    if resume_node or branch_node:
+        other = "--resume" if resume_node else "--branch"
+        raise click.UsageError(
+            f"--over walks every checkpoint of a lineage and {other} picks one node; pass "
+            "one of them."
+        )
+    if text.count("~") >= 2:
+        lineage = "~".join(text.split("~")[:2])
+        raise click.UsageError(
+            f"--over takes a lineage, and {text} is one node: use --resume {text} to analyze "
+            f"that node, or --over {lineage} for every checkpoint of its lineage."
+        )
+
+
+def _run_over(
+    run_name: str,
+    config_file: Path,
+    root: Path,
+    values: dict[str, Any],
+    settings: dict[str, Any],
+    project: str | None,
+    group: str | None,
+    lineage: str,
+    force: bool,
+) -> None:
+    """`theseus run ... --over LINEAGE`: `q.find()...over()`, then `q.create()()`."""
+    with quick(root) as q:
+        tree = q.build(_job_class(values["job"]), run_name, project=project, group=group)
+        tree.load(values)
+        from_file = tree.flat()
+        node = from_host_zero(lambda: q.store.resolve(lineage))  # host zero reads the store
+        nodes = q.find().name(node.name).nonce(node.nonce).over(force=force)
+        changed = [k for k, v in tree.flat().items() if v != from_file[k] and k not in settings]
+        if changed:
+            click.echo(
+                f"Note: {len(changed)} setting(s) of {config_file} differ from the "
+                f"configuration saved at {lineage}; the saved values are used (override "
+                f"with KEY=VALUE): {', '.join(changed)}.",
+                err=True,
+            )
+        tree.update(settings)
+        job = q.create()
+        result = job()
+        click.echo(
+            f"{tree.job}: over run finished at {len(nodes)} checkpoint(s) of "
+            f"{node.name}~{node.nonce}."
         )
         if is_primary():
             for line in job.outcome(result):

@@ -20,9 +20,11 @@ from theseus.job._hosts import (
     sync_hosts,
 )
 from theseus.job._spec import JobSpec, store_root
+from theseus.job._walk import CheckpointWalker
 
 __all__ = [
     "BasicJob",
+    "CheckpointWalker",
     "ClusterJoinError",
     "ClusterPlan",
     "ClusterUsageError",

@@ -235,6 +235,34 @@ class BasicJob(abc.ABC):
         """Hook: allocate or restore state for ``mode`` (the trainer's). Default: nothing."""
         return None
 
+    def resume_at(self, node: Node) -> Node:
+        """Re-point a job set up in resume mode at another node, as ``setup`` would have.
+
+        The live node, the start node and the base become ``node``, and its job record
+        is handled as resume does (recorded there if it has none). What the node holds
+        (a checkpoint) is the caller's to restore: ``BaseTrainer.restore_node`` does
+        both. A job that walks many checkpoints (``CheckpointWalker``) moves this way.
+
+        Returns:
+            ``node``, the new live node.
+
+        Raises:
+            JobError: the job is not set up in resume mode.
+        """
+        self._check_resumed()
+        self.base = node
+        self._node = self._start = self._choose(Mode.RESUME)
+        return node
+
+    def _check_resumed(self) -> None:
+        """Raise `JobError` unless the job is set up in resume mode (before moving it)."""
+        if self._mode is not Mode.RESUME:
+            state = "not set up" if self._mode is None else f"set up in {self._mode.value} mode"
+            raise JobError(
+                f"{type(self).__name__} is {state}; only a job set up with setup(resume=True) "
+                "moves to another node. Build it on a base and resume it first."
+            )
+
     def tick(self) -> Node:
         """Move the live node to its successor (same lineage, ``seq + 1``) and return it.
 

@@ -1,4 +1,4 @@
-"""``Finder``: the store's query cursor plus ``resume()`` and ``branch()`` for a quick session."""
+"""``Finder``: the store's query cursor plus ``resume()``, ``branch()`` and ``over()`` for a quick session."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ class Finder:
     Filters return the finder, so ``q.find().spec(run="x").checkpoint().latest()``
     reads like the store's cursor; terminals (``all``, ``first``, ``count``,
     ``select``) return what the cursor returns. :meth:`resume` and
-    :meth:`branch` pick the base node of the job ``q.create()`` builds.
+    :meth:`branch` pick the base node of the job ``q.create()`` builds;
+    :meth:`over` picks every checkpoint of a lineage for one analysis.
     """
 
     def __init__(self, session: Quick) -> None:
@@ -109,6 +110,62 @@ class Finder:
             QuickError: no node, or more than one node, matches.
         """
         return self._session._select(self._one("branch"), resume=False)
+
+    def over(self, *, force: bool = False) -> list[Node]:
+        """Select every checkpoint of the lineage the query comes down to, for one analysis.
+
+        The matching nodes must belong to one lineage (``.spec(run=...)`` of a run with
+        one lineage, ``.nonce(...)``, or ``.latest()`` for the latest one's); the job
+        ``q.create()`` builds is set up at its first checkpointed node, and calling it
+        analyzes every checkpointed node in seq order on that one instance (compiled
+        once), attaching each result to its own node as ``.resume()`` would. Loads
+        the configuration saved at the lineage's last checkpoint into ``q.config``
+        (your assignments win, as with ``.resume()``).
+
+        Args:
+            force: also recompute the nodes that already hold this analysis's result
+                for the same configuration (a new artifact version); by default they
+                are skipped.
+
+        Returns:
+            The checkpointed nodes, in seq order.
+
+        Raises:
+            QuickError: no node matches, the nodes span several lineages, the lineage
+                has no checkpoint, or the job built is not an analysis.
+        """
+        nodes: list[Node] = from_host_zero(self._lineage_checkpoints)
+        return self._session._select_over(nodes, force)
+
+    def _lineage_checkpoints(self) -> list[Node]:
+        """On host zero: the checkpointed nodes of the one lineage the cursor matches."""
+        assert self._query is not None, "the cursor lives on host zero"
+        matched = self._query.all()
+        store = self._session.store
+        if not matched:
+            raise QuickError(
+                f"over() selected no lineage: {self.describe()} matched nothing in the store "
+                f"at {str(store.root)!r}. Check the run name and filters (list runs with "
+                f"`theseus-store runs {shlex.quote(str(store.root))}`)."
+            )
+        lineages = sorted({f"{n.name}~{n.nonce}" for n in matched})
+        if len(lineages) > 1:
+            shown = ", ".join(lineages[:3]) + (", ..." if len(lineages) > 3 else "")
+            raise QuickError(
+                f"over() walks one lineage, but {self.describe()} matched nodes of "
+                f"{len(lineages)} ({shown}). Chain .nonce(NONCE) to pick one, or .latest() "
+                "for the lineage of the most recent node."
+            )
+        name, nonce = matched[0].name, matched[0].nonce
+        saved = store.query().name(name).nonce(nonce).checkpoints()
+        nodes = sorted({c.node for c in saved}, key=lambda n: n.seq)
+        if not nodes:
+            raise QuickError(
+                f"over() found no checkpoint in lineage {name}~{nonce} ({len(matched)} "
+                "matching node(s), none checkpointed): there is nothing to analyze. Train "
+                "it with checkpoints (logging/checkpoint_interval), or pick another lineage."
+            )
+        return nodes
 
     def __repr__(self) -> str:
         return f"<Finder {self.describe()}>"

@@ -10,6 +10,7 @@ from pathlib import Path
 from theseus.config import Tree, load
 from theseus.job import (
     BasicJob,
+    CheckpointWalker,
     JobSpec,
     from_host_zero,
     is_primary,
@@ -43,6 +44,7 @@ class Quick:
         self._tree: Tree | None = None
         self._base: Node | None = None
         self._resume = False
+        self._over: tuple[list[Node], bool] | None = None  # (checkpoints, force) of over()
         self._saved: dict[str, object] | None = None
 
     def build(
@@ -73,6 +75,8 @@ class Quick:
                 f"q.build() expects a job class (a subclass of theseus.job.BasicJob) or a "
                 f"registered job name; got {job!r}."
             )
+        if self._over is not None:
+            _check_walker(cls)
         self._job = cls
         self._spec = JobSpec(run_name, root=self.root, project=project, group=group)
         self._tree = cls.schema()
@@ -107,15 +111,28 @@ class Quick:
         return Finder(self)
 
     def _select(self, node: Node, resume: bool) -> Node:
-        self._base, self._resume = node, resume
+        self._base, self._resume, self._over = node, resume, None
+        self._load_saved(node)
+        return node
+
+    def _select_over(self, nodes: list[Node], force: bool) -> list[Node]:
+        if self._job is not None:
+            _check_walker(self._job)
+        self._base, self._resume, self._over = nodes[0], True, (nodes, force)
+        self._load_saved(nodes[-1])  # as `--resume name~nonce` reads a lineage
+        return nodes
+
+    def _load_saved(self, node: Node) -> None:
         saved = from_host_zero(lambda: self.store.job_config(node))
         self._saved = load(saved) if saved is not None else {}
         if self._tree is not None:
             self._tree.load(self._saved, strict=False)
-        return node
 
     def create(self) -> BasicJob:
         """Construct the job and set it up (fresh, branch or resume, as selected); do not run it.
+
+        After ``find()...over()`` the job is resumed at the lineage's first checkpoint
+        and calling it walks them all (see :meth:`Finder.over`).
 
         Returns:
             The job; call it (``job()``) to run it.
@@ -128,6 +145,10 @@ class Quick:
             raise QuickError("q.create() needs a job: call q.build(JobClass, run_name) first.")
         job = self._job(self._spec, base=self._base, config=self.config, store=self.store)
         job.setup(resume=self._resume)
+        if self._over is not None:
+            nodes, force = self._over
+            assert isinstance(job, CheckpointWalker), "checked when built and selected"
+            job.over(nodes, force=force)
         return job
 
     def close(self) -> None:
@@ -153,6 +174,16 @@ class Quick:
             self.close()
         else:
             self.discard()
+
+
+def _check_walker(cls: type[BasicJob]) -> None:
+    """Refuse `over()` for a job that cannot walk checkpoints (a trainer), before any work."""
+    if not issubclass(cls, CheckpointWalker):
+        raise QuickError(
+            f"over() runs an analysis over every checkpoint of a lineage, but {cls.__name__} "
+            "is not an analysis (it has no over()): build an analysis job (a subclass of "
+            "theseus.analysis.AnalysisBase), or select one node with .resume() or .branch()."
+        )
 
 
 def _missing(root: Path) -> list[Path]:

@@ -22,6 +22,7 @@ the loop ticks to a new node first.
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from theseus.errors import TheseusError
 from theseus.job import BasicJob, Mode, from_host_zero, is_primary, process_count, process_index
 from theseus.model import debug as _debug
 from theseus.model.models import GPT
+from theseus.store import Node
 from theseus.training import checkpoints as ckpt
 from theseus.training import keys
 from theseus.training import state as train_state
@@ -593,18 +595,63 @@ class BaseTrainer(BasicJob):
             self._cursor_offset, self._next_cursor = 0, 0
         else:
             assert self.base is not None
-            base = self.base
-            saved = from_host_zero(lambda: self.store.checkpoints(base))
-            if not saved:
-                raise TrainerError(from_host_zero(lambda: self._no_checkpoint_message(base, mode)))
-            surgery = getattr(self, "surgery", None)
-            self.state, meta = train_state.restore(saved[-1].path, self._layout, surgery)
-            spent = int(meta["cursor"])  # the checkpointed update consumed this batch
-            # Resume continues the checkpoint's own node (its batch is spent); a branch
-            # starts a new lineage whose first node reads the batch after it.
-            live = spent if mode is Mode.RESUME else spent + 1
-            self._cursor_offset, self._next_cursor = live - self.node.seq, spent + 1
+            self._take(self.read_checkpoint(self.checkpoint_path(self.base, mode)), mode)
         self._attach_analyses()
+
+    def checkpoint_path(self, node: Node, mode: Mode = Mode.RESUME) -> str:
+        """The folder of `node`'s (last) checkpoint: host zero reads the store, every host
+        receives it.
+
+        Raises:
+            TrainerError: `node` has no checkpoint; the message names the closest one
+                of its lineage (`mode` words it: resume or branch from).
+        """
+        saved = from_host_zero(lambda: self.store.checkpoints(node))
+        if not saved:
+            raise TrainerError(from_host_zero(lambda: self._no_checkpoint_message(node, mode)))
+        return saved[-1].path
+
+    def read_checkpoint(self, path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
+        """`(state, meta)` of the checkpoint folder `path`, laid out as this trainer's state.
+
+        Reads only the folder (never the store), with `surgery` when the trainer has
+        one; on one process it may run on a background thread while the live state is
+        used (`restore_node` then takes what it read).
+        """
+        assert self._layout is not None, "setup() builds the state layout"
+        return train_state.restore(path, self._layout, getattr(self, "surgery", None))
+
+    def _take(self, saved: tuple[Any, dict[str, Any]], mode: Mode) -> None:
+        """Make a restored checkpoint the live state, and set the data cursor from it."""
+        self.state, meta = saved
+        spent = int(meta["cursor"])  # the checkpointed update consumed this batch
+        # Resume continues the checkpoint's own node (its batch is spent); a branch
+        # starts a new lineage whose first node reads the batch after it.
+        live = spent if mode is Mode.RESUME else spent + 1
+        self._cursor_offset, self._next_cursor = live - self.node.seq, spent + 1
+
+    def restore_node(self, node: Node, saved: tuple[Any, dict[str, Any]] | None = None) -> None:
+        """Move a resumed trainer to another checkpointed node, as resuming it would.
+
+        The live node becomes `node` (`BasicJob.resume_at`), and its checkpoint is
+        restored through the same path as setup (`checkpoint_path`, `read_checkpoint`)
+        into the same layout, so programs compiled for the previous node are reused
+        (an analysis walking a lineage compiles once).
+
+        Args:
+            node: a checkpointed node.
+            saved: what `read_checkpoint(checkpoint_path(node))` returned, when it was
+                read ahead; None reads it now.
+
+        Raises:
+            JobError: the trainer is not set up in resume mode.
+            TrainerError: `node` has no checkpoint.
+        """
+        self._check_resumed()  # before anything is read
+        if saved is None:
+            saved = self.read_checkpoint(self.checkpoint_path(node))
+        self.resume_at(node)
+        self._take(saved, Mode.RESUME)
 
     def data_required(self, mode: Mode) -> bool:
         """Whether setup in `mode` fails on a dataset that is not prepared.

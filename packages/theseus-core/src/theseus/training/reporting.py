@@ -57,6 +57,8 @@ class Reporter:
         tokens_per_step: global tokens consumed by one optimizer step.
         run: a label for the display (the run's node name).
         enabled: show the progress bar (default: when stderr is a terminal).
+        unit: what the bar counts ("step"; an analysis walking a lineage counts
+            "checkpoint"s).
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class Reporter:
         tokens_per_step: int,
         run: str,
         enabled: bool | None = None,
+        unit: str = "step",
     ) -> None:
         self.total, self.start, self.tokens_per_step = total, start, tokens_per_step
         self.run = run
@@ -79,7 +82,7 @@ class Reporter:
             self._bar = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
-                TextColumn("step {task.completed}/{task.total}"),
+                TextColumn(unit + " {task.completed}/{task.total}"),
                 TextColumn("{task.fields[status]}"),
                 TimeRemainingColumn(),
                 transient=False,

@@ -1,0 +1,253 @@
+"""One analysis over every checkpoint of a lineage: compiled once, reads overlapped.
+
+`q.find()...over()` (or `theseus run ... --over LINEAGE`) sets an analysis up at the
+lineage's first checkpoint and plans the walk (`AnalysisBase.over`); calling the job
+runs `walk` here:
+
+    skip the nodes that already hold this result -> for each other node, in seq order:
+        move the instance there (`BaseTrainer.restore_node`) -> run it as `--resume`
+        would (status records, compute, plot, file, artifact) while a background
+        thread reads the next node's checkpoint
+
+One instance walks them all, so the compiled analysis is traced once for a lineage of
+one shape. Every result attaches to its own node exactly as a `--resume` run of that
+node would, and records the digest of the configuration that made it
+(`analysis/NAME/config`, with the artifact version it belongs to), so a later walk
+with the same configuration skips it unless forced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from theseus.job import from_host_zero, is_primary, process_count, store_root
+from theseus.store import Artifact, Node, Store
+from theseus.training.reporting import Reporter, format_duration
+
+if TYPE_CHECKING:
+    from theseus.analysis._base import AnalysisBase, AnalysisResult
+    from theseus.config import Tree
+
+__all__ = ["OverResult", "configuration_digest", "stamp", "walk"]
+
+
+@dataclass(frozen=True)
+class OverResult:
+    """What one walk over a lineage's checkpoints produced.
+
+    Attributes:
+        nodes: every checkpointed node of the lineage, in seq order.
+        results: an `AnalysisResult` for each node analyzed now, in seq order.
+        skipped: the nodes that already held this analysis's result for this
+            configuration (none with `force`).
+        seconds: the walk's wall time.
+        read_seconds: time spent reading checkpoints after the first (summed over
+            the reads, wherever they ran).
+        waited_seconds: the part of `read_seconds` the walk waited for; the rest ran
+            while the previous node was analyzed.
+    """
+
+    nodes: list[Node]
+    results: list[AnalysisResult]
+    skipped: list[Node]
+    seconds: float
+    read_seconds: float
+    waited_seconds: float
+
+    @property
+    def hidden(self) -> float:
+        """The fraction of checkpoint reading that overlapped analysis (0 without reads)."""
+        if self.read_seconds <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.waited_seconds / self.read_seconds)
+
+
+def configuration_digest(configuration: Tree) -> str:
+    """The SHA-256 of a job's settings and job key: what "the same configuration" means.
+
+    Only the settings count (not the YAML's comments, nor the run name, which is the
+    spec's), so a result made by `--resume` and one made by `--over` with the same
+    settings have the same digest.
+    """
+    settings = {"job": configuration.job, "settings": configuration.flat()}
+    text = json.dumps(settings, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _keys(name: str) -> tuple[str, str]:
+    return f"analysis/{name}/config", f"analysis/{name}/config_version"
+
+
+def stamp(store: Store, node: Node, configuration: Tree, artifact: Artifact) -> None:
+    """Record on `node` which configuration made `artifact` (host zero, after the put).
+
+    Written after the artifact, in one record: a crash between the two leaves an
+    artifact without a matching stamp, which the next walk recomputes.
+    """
+    config, version = _keys(artifact.name)
+    store.log(node, {config: configuration_digest(configuration), version: artifact.version})
+
+
+def _done(store: Store, node: Node, name: str, digest: str) -> bool:
+    """Whether `node`'s latest `name` artifact was made with the configuration `digest`."""
+    artifact = store.get(node).get(name)
+    if artifact is None:
+        return False
+    values = store.values(node)
+    config, version = _keys(name)
+    return values.get(config) == digest and values.get(version) == artifact.version
+
+
+def check_plan(job: AnalysisBase[Any, Any], nodes: Sequence[Node]) -> list[Node]:
+    """The nodes of `job.over(nodes)`, checked: one lineage, seq order, set up at the first.
+
+    Raises:
+        AnalysisError: the job is not resumed at `nodes[0]`, or the nodes are not one
+            lineage's in increasing seq order.
+    """
+    from theseus.analysis._errors import AnalysisError
+    from theseus.job import Mode
+
+    owner = type(job).__name__
+    walked = list(nodes)
+    if not walked:
+        raise AnalysisError(f"{owner}.over() got no nodes; pass a lineage's checkpointed nodes")
+    if job.mode is not Mode.RESUME or job.node != walked[0]:
+        raise AnalysisError(
+            f"{owner}.over() walks from the node the job is resumed at, but it is at "
+            f"{job.node} ({job.mode}) and the walk starts at {walked[0]}; select the lineage "
+            "with q.find()...over() and create the job with q.create()"
+        )
+    first = walked[0]
+    if any((n.name, n.nonce) != (first.name, first.nonce) for n in walked) or any(
+        b.seq <= a.seq for a, b in itertools.pairwise(walked)
+    ):
+        raise AnalysisError(
+            f"{owner}.over() walks one lineage in seq order; got {', '.join(map(str, walked))}"
+        )
+    return walked
+
+
+def walk(
+    job: AnalysisBase[Any, Any],
+    nodes: Sequence[Node],
+    force: bool,
+    run_one: Callable[[], AnalysisResult],
+) -> OverResult:
+    """Run `job` over `nodes` (see the module docstring); every host walks the same nodes.
+
+    Args:
+        job: the analysis, resumed at `nodes[0]` (its instance is moved node by node).
+        nodes: the lineage's checkpointed nodes, in seq order (checked by `check_plan`).
+        force: recompute nodes that already hold the result for this configuration.
+        run_one: runs the job on its live node as `--resume` does (`BasicJob.__call__`).
+
+    Returns:
+        An `OverResult`.
+
+    Raises:
+        Exception: whatever a node's analysis raised, after recording it on that node
+            (nodes analyzed before it keep their results).
+    """
+    started = time.perf_counter()
+    name, lineage = job.NAME, f"{nodes[0].name}~{nodes[0].nonce}"
+    digest = configuration_digest(job.configuration)
+    store = job.store
+    done = from_host_zero(lambda: [not force and _done(store, n, name, digest) for n in nodes])
+    todo = [n for n, skip in zip(nodes, done, strict=True) if not skip]
+    skipped = [n for n, skip in zip(nodes, done, strict=True) if skip]
+    paths = [None if n == job.node else job.checkpoint_path(n) for n in todo]  # host zero reads
+    label = f"{name} over {lineage}"
+    reporter = Reporter(
+        len(todo), 0, 0, label, enabled=None if is_primary() else False, unit="checkpoint"
+    )
+
+    def say(line: str) -> None:
+        if is_primary():
+            reporter.say(line)
+
+    if skipped:
+        say(
+            f"{label}: {len(skipped)} of {len(nodes)} checkpoints already hold {name!r} for "
+            "this configuration and are skipped (recompute them with --force, in Python "
+            ".over(force=True))"
+        )
+    # Reads overlap only on one process: orbax's restore across hosts synchronizes
+    # them, and those collectives must stay in one order with the analysis's own.
+    ahead = process_count() == 1
+    results: list[AnalysisResult] = []
+    read = waited = 0.0
+
+    def timed(path: str) -> tuple[Any, float]:
+        begun = time.perf_counter()
+        return job.read_checkpoint(path), time.perf_counter() - begun
+
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="theseus-over-read") as pool:
+            pending: Future[tuple[Any, float]] | None = None
+            for index, (node, path) in enumerate(zip(todo, paths, strict=True)):
+                if path is not None:
+                    begun = time.perf_counter()
+                    saved, took = pending.result() if pending is not None else timed(path)
+                    waited += time.perf_counter() - begun
+                    read += took
+                    job.restore_node(node, saved)
+                following = paths[index + 1] if index + 1 < len(todo) else None
+                pending = pool.submit(timed, following) if ahead and following else None
+                results.append(run_one())
+                elapsed = time.perf_counter() - started
+                eta = elapsed / (index + 1) * (len(todo) - index - 1)
+                reporter.advance(index + 1)
+                say(
+                    f"{label}: checkpoint {index + 1}/{len(todo)} (seq {node.seq}) done, "
+                    f"elapsed {format_duration(elapsed)}, ETA {format_duration(eta)}"
+                )
+    finally:
+        reporter.close()
+    seconds = time.perf_counter() - started
+    outcome = OverResult(list(nodes), results, skipped, seconds, read, waited)
+    if todo:
+        say(
+            f"{label}: {len(results)} analyzed, {len(skipped)} skipped in "
+            f"{format_duration(seconds)}; reading checkpoints took {read:.2f} s, "
+            f"{outcome.hidden:.0%} of it while the previous one was analyzed"
+        )
+    return outcome
+
+
+def outcome_lines(job: AnalysisBase[Any, Any], result: OverResult) -> list[str]:
+    """What `theseus run --over` prints after a walk."""
+    name = job.NAME
+    first = result.nodes[0]
+    lineage = f"{first.name}~{first.nonce}"
+    lines = [
+        f"{name}: analyzed {len(result.results)} of the {len(result.nodes)} checkpoints of "
+        f"{lineage} (seq {first.seq} to {result.nodes[-1].seq})"
+    ]
+    if result.skipped:
+        lines.append(
+            f"  {len(result.skipped)} skipped: they already hold {name!r} for this "
+            "configuration (--force recomputes them as a new version)"
+        )
+    written = [r for r in result.results if r.artifact is not None]
+    for r in written:
+        assert r.artifact is not None
+        lines.append(f"  artifact {name!r} version {r.artifact.version} on node {r.node}")
+    if written:
+        last = written[-1]
+        root = shlex.quote(str(store_root(job.spec.root)))
+        lines.append(
+            f"  file {last.path} holds the last one (read any back: theseus-store get "
+            f"{root} NODE {name} -o FILE)"
+        )
+    elif result.results:
+        lines.append("  plot() returned None, so no file and no artifact were written")
+    return lines
