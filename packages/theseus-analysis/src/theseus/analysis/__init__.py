@@ -22,9 +22,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from theseus.analysis._base import AnalysisBase, AnalysisResult
+    from theseus.analysis._base import AnalysisBase, AnalysisResult, InterventionBase
     from theseus.analysis._engine import Selection
     from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
+    from theseus.analysis._intervene import Call, Effect, InterventionError, Outcome, Site
     from theseus.analysis._view import TrainerView
     from theseus.model.debug import DebugInputs, DebugLayer
 
@@ -33,9 +34,15 @@ __all__ = [
     "AnalysisError",
     "AnalysisResult",
     "AnalysisSelectionError",
+    "Call",
     "DebugInputs",
     "DebugLayer",
+    "Effect",
+    "InterventionBase",
+    "InterventionError",
+    "Outcome",
     "Selection",
+    "Site",
     "TrainerView",
 ]
 
@@ -44,6 +51,12 @@ __all__ = [
 _LAZY = {
     "AnalysisBase": "theseus.analysis._base",
     "AnalysisResult": "theseus.analysis._base",
+    "InterventionBase": "theseus.analysis._base",
+    "Call": "theseus.analysis._intervene",
+    "Effect": "theseus.analysis._intervene",
+    "InterventionError": "theseus.analysis._intervene",
+    "Outcome": "theseus.analysis._intervene",
+    "Site": "theseus.analysis._intervene",
     "Selection": "theseus.analysis._engine",
     "AnalysisError": "theseus.analysis._errors",
     "AnalysisSelectionError": "theseus.analysis._errors",

@@ -169,6 +169,23 @@ class SelfAttention(nn.Module, Component):
         q, k, _ = self.project(x)
         return causal_softmax(q, k)
 
+    def heads(self, x: jax.Array) -> jax.Array:
+        """Each head's contribution to the output, `[batch, seq, n_head, n_embd]` (no dropout).
+
+        Head `h`'s attention output passed through its rows of `c_proj`'s kernel: the
+        contributions summed over heads, plus `c_proj`'s bias, are `__call__(x)`.
+        Interventions on one head (ablating, patching) subtract or swap its slice.
+        """
+        cfg = self.config
+        width = x.shape[-1]
+        q, k, v = self.project(x)
+        weights = causal_softmax(q, k).astype(v.dtype)
+        z = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        dtype = resolve_dtype(cfg.dtype)
+        kernel = self.c_proj.variables["params"]["kernel"].astype(dtype)
+        kernel = kernel.reshape(cfg.n_head, width // cfg.n_head, width)
+        return jnp.einsum("bqhd,hde->bqhe", z.astype(dtype), kernel)
+
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
         batch, seq, width = x.shape
         q, k, v = self.project(x)
