@@ -23,8 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from theseus.analysis import AnalysisError, InterventionBase, InterventionError
+from theseus.analysis import interventions as iv
 from theseus.data.datasets import Synthetic
 from theseus.experiments.models.gpt import PretrainGPT
+from theseus.model.attention.base import SelfAttention
+from theseus.model.models import MLP
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
 
@@ -340,3 +344,87 @@ def test_in_tandem_the_sweep_runs_at_every_validation_compiled_once(root: Path) 
             q.find().spec(run="tandem").checkpoint().seq(seq).resume()
             alone = np.asarray(q.create()().values)
         np.testing.assert_allclose(values, alone, rtol=RTOL, atol=1e-7)
+
+
+class _Base(InterventionBase, PretrainGPT):
+    TARGET = SelfAttention
+    NAME = "bad"
+
+    def select(self, paths):
+        return paths[0]
+
+    def intervene(self, site):
+        return iv.zero(site)
+
+    def plot(self, results):
+        return None
+
+
+class WrongShape(_Base):
+    def intervene(self, site):
+        return site.output[:, :1]
+
+
+class VectorMeasure(_Base):
+    ESTIMATE = "linear"
+
+    def measure(self, outcome):
+        return iv.token_losses(outcome)
+
+
+class UnevenVariants(_Base):
+    def select(self, paths):
+        return paths
+
+    def variants(self, layer):
+        return 2 if layer.path.startswith("blocks_0") else 3
+
+
+class PatchWithoutSource(_Base):
+    def intervene(self, site):
+        return iv.patch(site)
+
+
+class ReadsState(_Base):
+    def intervene(self, site):
+        return site.output + self.state.params["wte"]["embedding"][0]
+
+
+@pytest.mark.parametrize(
+    ("cls", "error", "words"),
+    [
+        (WrongShape, InterventionError, "returned shape (8, 1, 32); the call returned (8, 32, 32)"),
+        (VectorMeasure, InterventionError, "must return one scalar"),
+        (UnevenVariants, InterventionError, "'blocks_0/attn': 2, 'blocks_1/attn': 3"),
+        (PatchWithoutSource, InterventionError, "define corrupt(batch)"),
+        (ReadsState, AnalysisError, "ReadsState.intervene() read self.state"),
+    ],
+)
+def test_a_bad_intervention_is_a_one_line_error(
+    root: Path, cls: type, error: type, words: str
+) -> None:
+    job = _on_checkpoint(root, cls)
+    before = job.store.query().spec(run="trained").artifact().count()
+    with pytest.raises(error) as caught:
+        job()
+    message = str(caught.value)
+    assert words in message and "\n" not in message, message
+    assert job.store.query().spec(run="trained").artifact().count() == before
+
+
+def test_an_unknown_estimate_is_refused_at_class_definition() -> None:
+    with pytest.raises(TypeError, match="use 'exact'"):
+
+        class Bogus(_Base):
+            ESTIMATE = "approximate"
+
+
+def test_head_helpers_need_a_layer_with_heads(root: Path) -> None:
+    class AblateMLPHead(_Base):
+        TARGET = MLP
+
+        def intervene(self, site):
+            return iv.ablate_head(site, 0)
+
+    with pytest.raises(InterventionError, match="has no heads"):
+        _on_checkpoint(root, AblateMLPHead)()

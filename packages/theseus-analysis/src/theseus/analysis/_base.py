@@ -196,7 +196,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
 
     def _init_engine(self) -> None:
         """The engine's own fields (a standalone job's, or a tandem view's)."""
-        self._in_analyze = False
+        self._in_analyze: str | bool = False  # the method running under jit, if any
         self._analysis_fn: Any = None
         self._selection: Selection | None = None
         self.traces = 0
@@ -262,9 +262,10 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         return super().batch(slice)  # type: ignore[misc]
 
     def _not_while_analyzing(self, what: str) -> None:
-        if self.__dict__.get("_in_analyze"):
+        method = self.__dict__.get("_in_analyze")
+        if method:
             raise AnalysisError(
-                f"{type(self).__name__}.analyze() read {what}. analyze() is compiled once and "
+                f"{type(self).__name__}.{method}() read {what}. {method}() is compiled once and "
                 "reused, so it would see the first state and batch forever: compute from the "
                 "supplied layer(s) and inputs instead (read fixed settings from self.args)"
             )
@@ -280,7 +281,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
 
     def _analyze_traced(self, layer: Any, inputs: Any) -> Any:
         """`analyze`, with reads of the mutable state and batch turned into errors."""
-        self._in_analyze = True
+        self._in_analyze = "analyze"
         try:
             return self._call("analyze", layer, inputs)
         finally:
@@ -593,7 +594,7 @@ class InterventionBase(AnalysisBase[C, M]):
         """`method`, called with reads of the mutable state and batch turned into errors."""
 
         def call(*args: Any) -> Any:
-            self._in_analyze = True
+            self._in_analyze = method
             try:
                 return self._call(method, *args)
             finally:
