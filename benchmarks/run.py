@@ -65,6 +65,7 @@ BENCHMARKS = (
     Benchmark("scaling", "training tokens/s on 1, 2 and 4 virtual CPU devices"),
     Benchmark("store_scale", "store at scale: latest checkpoint and get(node) p99"),
     Benchmark("generation", "generation: KV-cache decoding vs full recompute"),
+    Benchmark("backfill", "backfill: one --over run vs a --resume run per checkpoint"),
 )
 
 

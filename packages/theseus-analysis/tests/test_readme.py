@@ -18,7 +18,7 @@ README = Path(__file__).parents[1] / "README.md"
 @pytest.mark.slow  # trains the default model for 20 steps: about a minute on 2 cores
 def test_the_engine_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     section = README.read_text().split("## The analysis engine", 1)[1].split("\n## ", 1)[0]
-    define, run = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)[:2]
+    define, run, over = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)[:3]
     monkeypatch.chdir(tmp_path)
     Synthetic.prepare("results", tokens=60_000, val_tokens=8_000)
     namespace: dict[str, object] = {"__name__": "readme_example"}
@@ -34,3 +34,8 @@ def test_the_engine_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert weights.shape == (128, 128)
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
     assert (tmp_path / "results/analyses/general/default/fresh/attention.pdf").exists()
+    # over every checkpoint: the one checkpoint (step 20) already holds the result the
+    # resumed run above made with the same settings, so the walk skips it
+    exec(compile(over, str(README), "exec"), namespace)
+    walk = namespace["walk"]
+    assert walk.results == [] and walk.skipped == [result.node]

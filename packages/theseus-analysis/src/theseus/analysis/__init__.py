@@ -11,9 +11,10 @@ An analysis is a trainer whose `run()` inspects instead of training::
         def analyze(self, layer, inputs): return inputs.x[0, :64, :128]
         def plot(self, values): return self.heatmap(values, xlabel="Feature", ylabel="Token")
 
-Run it as a job (on fresh weights, or on a checkpoint with `base=`), or list it in a
-trainer's `ANALYSIS` to run it at validation cadence. `inspector` records whole
-forward passes to safetensors files; `magnifier` shows them.
+Run it as a job (on fresh weights, on a checkpoint with `base=`, or over every checkpoint
+of a lineage with `q.find()...over()`), or list it in a trainer's `ANALYSIS` to run it
+at validation cadence. `inspector` records whole forward passes to safetensors files;
+`magnifier` shows them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from theseus.analysis._engine import Selection
     from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
     from theseus.analysis._intervene import Call, Effect, InterventionError, Outcome, Site
+    from theseus.analysis._over import OverResult
     from theseus.analysis._view import TrainerView
     from theseus.model.debug import DebugInputs, DebugLayer
 
@@ -41,6 +43,7 @@ __all__ = [
     "InterventionBase",
     "InterventionError",
     "Outcome",
+    "OverResult",
     "Selection",
     "Site",
     "TrainerView",
@@ -51,6 +54,7 @@ __all__ = [
 _LAZY = {
     "AnalysisBase": "theseus.analysis._base",
     "AnalysisResult": "theseus.analysis._base",
+    "OverResult": "theseus.analysis._over",
     "InterventionBase": "theseus.analysis._base",
     "Call": "theseus.analysis._intervene",
     "Effect": "theseus.analysis._intervene",
