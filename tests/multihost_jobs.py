@@ -7,7 +7,10 @@ inspect with the very same classes.
 
 import os
 
-from theseus.analysis import AnalysisBase
+import jax.numpy as jnp
+
+from theseus.analysis import AnalysisBase, InterventionBase
+from theseus.analysis import interventions as iv
 from theseus.model.attention.base import SelfAttention
 from theseus.registry import import_module_or_file
 
@@ -45,6 +48,35 @@ class BrokenPlot(Crop):
 
     def plot(self, results):
         raise RuntimeError("plot() failed on purpose")
+
+
+class PatchHeads(InterventionBase, trainer_jobs.SyntheticTrainer):
+    """Every head of every layer patched from the batch into its rows rolled by one.
+
+    Rolling the rows moves rows between hosts, and each intervened forward runs on the
+    whole global batch: every target's loss, per layer and head.
+    """
+
+    TARGET = SelfAttention
+    NAME = "patch-heads"
+
+    def select(self, paths):
+        return paths
+
+    def variants(self, layer):
+        return layer.config.n_head
+
+    def corrupt(self, batch):
+        return {name: jnp.roll(value, 1, axis=0) for name, value in batch.items()}
+
+    def intervene(self, site):
+        return iv.patch_head(site, site.variant)
+
+    def measure(self, outcome):
+        return iv.token_losses(outcome)
+
+    def plot(self, change):
+        return {"change": change.tolist()}
 
 
 class TrainWithCrop(trainer_jobs.SyntheticTrainer):

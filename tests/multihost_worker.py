@@ -45,6 +45,13 @@ with quick(root) as q:
     analysis = q.create()
     result = analysis()
 
+# An intervention sweep on the same checkpoint (interventions run on the global batch).
+with quick(root) as q:
+    q.build(jobs.PatchHeads, "patch")
+    q.find().spec(run="multihost").checkpoint().latest().resume()
+    patching = q.create()
+    patched = patching()
+
 # A plot() that fails on host zero: every host raises, none waits at a later collective.
 with quick(root) as q:
     q.build(jobs.BrokenPlot, "broken")
@@ -92,6 +99,8 @@ np.savez(
     analysis_out=result.values["out"],
     analysis_wrote=result.path is not None,
     analysis_recorded=result.artifact is not None,
+    patch_traces=patching.traces,
+    patch_change=patched.values,
     broken_raised=raised,
     refused=refused,
     **flat,

@@ -62,7 +62,11 @@ def _single_process(root: Path) -> tuple[object, list, object]:
         q.build(jobs.Crop, "inspect-single")
         q.find().spec(run="single").checkpoint().latest().resume()
         result = q.create()()
-    return single, tandem, result
+    with quick(root) as q:
+        q.build(jobs.PatchHeads, "patch-single")
+        q.find().spec(run="single").checkpoint().latest().resume()
+        patched = q.create()()
+    return single, tandem, result, patched
 
 
 @pytest.mark.multiprocess
@@ -106,7 +110,7 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
     for key in ("node", "tandem_nodes", "analysis_node"):  # every host agrees on the nodes
         np.testing.assert_array_equal(hosts[0][key], hosts[1][key], err_msg=key)
 
-    single, tandem, result = _single_process(tmp_path)
+    single, tandem, result, patched = _single_process(tmp_path)
     assert jax.device_count() == 4
     flat = {
         jax.tree_util.keystr(p): np.asarray(v)
@@ -130,6 +134,14 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
                 name = f"{run}_{key}"
                 np.testing.assert_array_equal(host[name], hosts[0][name], err_msg=name)
                 np.testing.assert_allclose(host[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    # The intervention sweep: compiled once on each host, both hold the global change
+    # (layers, heads, rows, tokens), equal to one process's.
+    assert patched.values.shape == (1, 2, 8, 32)
+    assert np.abs(patched.values).max() > 1e-3
+    for host in hosts:
+        assert int(host["patch_traces"]) == 1
+        np.testing.assert_array_equal(host["patch_change"], hosts[0]["patch_change"])
+        np.testing.assert_allclose(host["patch_change"], patched.values, rtol=1e-5, atol=1e-5)
     # Only host zero wrote (the file and the artifact): the checkpoint analysis inline;
     # in tandem the publishing thread did (the store below), so no host's run() returned
     # a path.
@@ -178,6 +190,8 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
         "inspect-single/crop.json",
         "inspect/crop.json",
         "multihost/crop.json",
+        "patch-single/patch-heads.json",
+        "patch/patch-heads.json",
         "single/crop.json",
     ]
     assert (results / "multihost" / "crop.json").read_bytes() == multihost[5][0].content
