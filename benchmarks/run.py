@@ -66,6 +66,7 @@ BENCHMARKS = (
     Benchmark("store_scale", "store at scale: latest checkpoint and get(node) p99"),
     Benchmark("generation", "generation: KV-cache decoding vs full recompute"),
     Benchmark("backfill", "backfill: one --over run vs a --resume run per checkpoint"),
+    Benchmark("interventions", "intervention sweep vs n + 1 forwards; attribution patching"),
 )
 
 
