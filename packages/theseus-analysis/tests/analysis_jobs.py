@@ -185,6 +185,6 @@ def embed_reference(trainer, x):
     return (h - mean) / jnp.sqrt(var + 1e-5) * params["blocks_0"]["ln_1"]["scale"]
 
 
-@analysis("tests/analysis/stats")
+@analysis("analysis-tests/stats")
 class RegisteredStats(Stats):
     """`Stats` under a registered name, for `theseus configure` and `theseus run --over`."""

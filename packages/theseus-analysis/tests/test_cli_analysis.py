@@ -101,7 +101,7 @@ def test_theseus_run_over_analyzes_every_checkpoint_of_a_lineage(tmp_path: Path,
     name, nonce = trainer.node.name, trainer.node.nonce
     nodes = [Node(name, nonce, seq) for seq in range(3)]
     runner, config = CliRunner(), tmp_path / "stats.yaml"
-    assert runner.invoke(main, ["configure", "tests/analysis/stats", str(config), "--import", JOBS_FILE]).exit_code == 0  # fmt: skip
+    assert runner.invoke(main, ["configure", "analysis-tests/stats", str(config), "--import", JOBS_FILE]).exit_code == 0  # fmt: skip
     command = ["run", "inspect", str(config), str(root), "--import", JOBS_FILE]
 
     with caplog.at_level("INFO", logger="theseus.training"):
