@@ -36,7 +36,7 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
     assert match and float(match.group(2)) < float(match.group(1))
     assert "entropy bound" in result.output and str(root / "store") in result.output
     pdfs = [Path(p) for p in re.findall(r"(/\S+\.pdf)", result.output)]
-    assert len(pdfs) == 3  # two tandem analyses and the checkpoint analysis
+    assert len(pdfs) == 4  # two tandem analyses, the checkpoint analysis, the intervention
     for pdf in pdfs:
         assert pdf.read_bytes().startswith(b"%PDF")
     assert "4 PDFs kept as artifacts" in result.output  # 2 analyses x 2 validations
@@ -60,6 +60,10 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
         assert len(pattern) == 2  # the tandem run's, then the checkpoint analysis's
         assert pattern[1].content == pdfs[2].read_bytes()
         assert pattern[0].content == pattern[1].content  # same weights and batch
+        [ablation] = store.history(node, "head-ablation")
+        assert ablation.content == pdfs[3].read_bytes() and pdfs[3].name == "head-ablation.pdf"
+    match = re.search(r"without layer (\d) head (\d): ([+-][\d.]+) nats", result.output)
+    assert match and int(match.group(1)) < 2 and int(match.group(2)) < 4
 
 
 def test_demo_refuses_a_step_count_below_one(tmp_path: Path) -> None:

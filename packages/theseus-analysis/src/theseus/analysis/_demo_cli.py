@@ -3,7 +3,7 @@
 The whole pipeline in one command, on a CPU, with no download: prepare `synthetic`,
 train `demo/train` (PretrainGPT with two tandem analyses, see `theseus.analysis.demo`)
 with small settings, checkpoint it, analyze its latest checkpoint as a standalone job,
-sample a few continuations of held-out text, and print the lineage, the checkpoints, the losses against the language's entropy
+ablate each of its heads (an intervention sweep), sample a few continuations of held-out text, and print the lineage, the checkpoints, the losses against the language's entropy
 bound, where the PDFs are, and what to run next.
 """
 
@@ -60,7 +60,7 @@ def demo(root: Path, steps: int) -> None:
     """
     import jax
 
-    from theseus.analysis.demo import AttentionPattern, DemoTrainer
+    from theseus.analysis.demo import AttentionPattern, DemoTrainer, HeadAblation
     from theseus.data.datasets import Synthetic
     from theseus.data.prepared import DataNotPreparedError
     from theseus.job import is_primary, process_count, process_index, sync_hosts
@@ -123,6 +123,11 @@ def demo(root: Path, steps: int) -> None:
         q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
         inspected = q.create()()
 
+        # An intervention on the same checkpoint: each head of each layer ablated.
+        q.build(HeadAblation, "demo-ablate", project="theseus", group="demo")
+        q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
+        ablated = q.create()()
+
     if not is_primary():
         click.echo(
             f"Process {process_index()} of {process_count()} finished run "
@@ -150,6 +155,13 @@ def demo(root: Path, steps: int) -> None:
     click.echo("  analysis of the latest checkpoint (a standalone job):")
     click.echo(f"    {AttentionPattern.NAME}: {inspected.path}")
     click.echo(f"    attached to node {inspected.node.serialize()}")
+    layer, head = divmod(int(ablated.values.argmax()), ablated.values.shape[1])
+    click.echo("  intervention on the latest checkpoint (each head zero-ablated in turn):")
+    click.echo(f"    {HeadAblation.NAME}: {ablated.path}")
+    click.echo(
+        f"    the loss rises most without layer {layer} head {head}: "
+        f"{ablated.values[layer, head]:+.3f} nats/token"
+    )
     click.echo("  samples (8 tokens of held-out text, then 40 drawn at temperature 0.8):")
     for prompt, sample in zip(prompts, samples, strict=True):
         click.echo(f"    {prompt!r} -> {sample!r}")

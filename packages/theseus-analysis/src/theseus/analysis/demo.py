@@ -6,6 +6,8 @@
   probabilities for the first sequence, averaged over heads (query x key), as a
   heatmap; a trained model's rows concentrate on the few previous tokens that
   predict the next one.
+- `HeadAblation` (`demo/intervene/head-ablation`): an intervention sweep, the loss
+  increase when each head of each layer is zero-ablated, as a layer x head heatmap.
 - `DemoTrainer` (`demo/train`): `PretrainGPT` with both analyses in tandem.
 
 Import this module to register them (`theseus run --import theseus.analysis.demo ...`).
@@ -18,12 +20,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from theseus.analysis._base import AnalysisBase
+from theseus.analysis import interventions as iv
+from theseus.analysis._base import AnalysisBase, InterventionBase
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.model.attention.base import SelfAttention
 from theseus.registry import analysis, job
 
-__all__ = ["AttentionInput", "AttentionPattern", "DemoTrainer"]
+__all__ = ["AttentionInput", "AttentionPattern", "DemoTrainer", "HeadAblation"]
 
 
 @analysis("demo/analyze/attention-input")
@@ -75,6 +78,34 @@ class AttentionPattern(AnalysisBase, PretrainGPT):
             xlabel="Key position",
             ylabel="Query position",
             title="Attention of the last layer (mean over heads)",
+        )
+
+
+@analysis("demo/intervene/head-ablation")
+class HeadAblation(InterventionBase, PretrainGPT):
+    """The validation loss increase from zero-ablating each head of each layer."""
+
+    TARGET = SelfAttention
+    NAME = "head-ablation"
+
+    def select(self, paths: list[str]) -> list[str]:
+        return paths  # every attention layer
+
+    def variants(self, layer: Any) -> int:
+        return int(layer.config.n_head)  # every head of each
+
+    def intervene(self, site: Any) -> jax.Array:
+        return iv.ablate_head(site, site.variant)
+
+    def plot(self, change: Any) -> Any:
+        return self.heatmap(
+            change,
+            annot=True,
+            fmt=".3f",
+            cmap="rocket_r",
+            xlabel="Head",
+            ylabel="Layer",
+            title="Loss increase when one head is zero-ablated (nats)",
         )
 
 
