@@ -42,6 +42,7 @@ def test_the_intervention_example_runs(
     # Patching and its linear estimate, on the last checkpoint: the printed agreement.
     effects = namespace["effects"]
     assert effects["patch-heads"].shape == effects["attribute-heads"].shape == (2, 4)
+    assert effects["patch-heads"].min() < -1e-3  # a head put back restores some loss
     agreement = float(namespace["agreement"])
     assert f"correlation {agreement:.2f}" in capsys.readouterr().out
-    assert agreement > 0.5
+    assert agreement > 0.9  # small effects after 40 steps: measured 0.9999
