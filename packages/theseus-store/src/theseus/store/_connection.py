@@ -51,10 +51,12 @@ class Database:
 
     Args:
         path: the SQLite file (``ROOT/store.sqlite``).
+        readonly: open it read-only (``mode=ro``): every write is refused by SQLite.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, readonly: bool = False) -> None:
         self.path = path
+        self.readonly = readonly
         self.lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
@@ -68,7 +70,7 @@ class Database:
         """Return this process's connection, opening it if needed."""
         if self._conn is None or self._pid != os.getpid():
             with translate(self.path):
-                conn = connect(self.path)
+                conn = connect(self.path, self.readonly)
             if self._closer is not None:  # a fork's inherited connection: park it
                 self._closer()
             self._conn, self._pid = conn, os.getpid()

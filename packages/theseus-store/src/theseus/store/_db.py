@@ -154,13 +154,25 @@ def retrying(db: Path, attempt: Callable[[], T], patience: float = PATIENCE_S) -
             delay = min(delay * 2, 0.1)
 
 
-def connect(db: Path) -> sqlite3.Connection:
-    """Open ``db`` with the store's settings (autocommit; transactions are explicit)."""
+def connect(db: Path, readonly: bool = False) -> sqlite3.Connection:
+    """Open ``db`` with the store's settings (autocommit; transactions are explicit).
+
+    With ``readonly``, the file is opened as the URI ``file:...?mode=ro``: SQLite
+    refuses every write on that connection, and it reads beside a live writer (WAL).
+    """
+    target: str | Path = db
+    if readonly:
+        target = f"{db.absolute().as_uri()}?mode=ro"
     conn = sqlite3.connect(
-        db, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
+        target,
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=_BUSY_TIMEOUT_MS / 1000,
+        uri=readonly,
     )
     conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA synchronous = FULL")
+    if not readonly:
+        conn.execute("PRAGMA synchronous = FULL")
     return conn
 
 

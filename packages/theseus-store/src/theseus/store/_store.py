@@ -101,6 +101,9 @@ class Store:
             Any spelling of it (a symlink, ``..``, a trailing slash) opens the same
             store: ``store.root`` is its canonical path (:func:`canonical_path`).
         create: if False, refuse to create a store where there is none.
+        readonly: open the database read-only (SQLite ``mode=ro``; implies
+            ``create=False``): nothing is migrated or written, every write raises
+            :class:`StorePermissionError`, and it reads beside a live writer.
 
     Raises:
         NotAStoreError: if ``root`` is a file, or a non-empty folder without the
@@ -109,11 +112,15 @@ class Store:
         StorePermissionError: if the store cannot be created or opened for writing.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, create: bool = True, readonly: bool = False
+    ) -> None:
         self.root = canonical_path(root)
         self.db_path = self.root / DATABASE
         self.blobs = BlobFolder(self.root)
-        self._db = Database(self.db_path)
+        self.readonly = readonly
+        create = create and not readonly
+        self._db = Database(self.db_path, readonly)
         self.inline_max = INLINE_MAX
         marker = self.root / MARKER
         if self.root.exists() and not self.root.is_dir():
@@ -154,7 +161,7 @@ class Store:
             )
         )
         self.inline_max = int(meta.get("inline_max", 0))
-        if int(meta.get("format", 1)) < FORMAT or marked < FORMAT:
+        if (int(meta.get("format", 1)) < FORMAT or marked < FORMAT) and not self.readonly:
             self._upgrade(marker)
 
     def _upgrade(self, marker: Path) -> None:

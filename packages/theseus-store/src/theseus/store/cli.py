@@ -7,6 +7,8 @@ Commands::
     theseus-store get ROOT NODE NAME [-o FILE]  the exact bytes of an artifact
     theseus-store lineage ROOT NODE             ancestors, children and job of a node
     theseus-store fsck ROOT [--repair]          check blobs and checkpoint folders; clear leftovers
+    theseus-store ui ROOT [--host H] [--port P] [--open]
+                                                a read-only web browser of the store (extra [ui])
 
 NODE is a serialized node (``project.group.run~nonce~seq``, as ``runs`` and
 ``show`` print it), or ``project.group.run~nonce`` for the last node of that lineage.
@@ -230,8 +232,15 @@ def _parser() -> argparse.ArgumentParser:
         "fsck", help="check every blob against its hash and every checkpoint folder"
     )
     fsck.set_defaults(fn=_fsck)
+    ui = sub.add_parser(
+        "ui", help="browse the store in a web browser (read-only; needs theseus-store[ui])"
+    )
     for command in (runs, show, get, lineage, fsck):
         command.add_argument("root", help="the store's root folder")
+    ui.add_argument("root", help="a Theseus root (its store is ROOT/store) or a store folder")
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    ui.add_argument("--open", action="store_true", help="open the page in a web browser")
     for command in (show, get, lineage):
         command.add_argument(
             "node",
@@ -267,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 success, 1 fsck found problems, 2 error.
     """
     args = _parser().parse_args(argv)
+    if args.command == "ui":
+        return _ui(args)
     root = Path(args.root)
     if root.is_file():
         print(
@@ -298,6 +309,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
         return 2
+
+
+def _ui(args: argparse.Namespace) -> int:
+    """``theseus-store ui``: imports the extra only here, so the other verbs never need it."""
+    try:
+        from theseus.store.ui import open_readonly, serve
+    except ImportError as err:
+        print(
+            f"theseus-store: error: the browser needs the ui extra ({err}). Install it with "
+            'pip install "theseus-store[ui]".',
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        open_readonly(args.root).close()  # a store it cannot read: one line, before serving
+        serve(args.root, host=args.host, port=args.port, open_=args.open)
+    except (StoreError, InvalidNodeError, OSError) as err:
+        print(f"theseus-store: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
 
 
 if __name__ == "__main__":

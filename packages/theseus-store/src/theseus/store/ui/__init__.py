@@ -1,0 +1,19 @@
+"""``theseus-store ui``: a read-only local web browser of a store.
+
+Needs the ``ui`` extra (``pip install "theseus-store[ui]"``: Starlette, uvicorn,
+Jinja2, pypdfium2); never JAX. The store is opened read-only (SQLite
+``mode=ro``), so the browser runs beside a training run that writes it.
+"""
+
+from theseus.store.ui._app import CSP, create_app
+from theseus.store.ui._data import downsample
+from theseus.store.ui._serve import LOOPBACK, open_readonly, serve
+
+__all__ = [
+    "CSP",
+    "LOOPBACK",
+    "create_app",
+    "downsample",
+    "open_readonly",
+    "serve",
+]

@@ -1,0 +1,462 @@
+"""The store browser's web application: pages, JSON endpoints, and the safety around them.
+
+``create_app(store)`` returns a Starlette application over a store opened
+read-only. Safety, in one place:
+
+- artifact bytes are looked up by (node, name, version) through the store's
+  API; no part of a request is ever used as a file path, and the static files
+  are served from a fixed table read at start;
+- every page is a Jinja2 template with autoescape, so no name or value from the
+  store reaches the page as markup;
+- every response carries a Content-Security-Policy that allows scripts, styles
+  and images from the server itself only (no inline script, no inline style);
+- an unknown node, artifact or version is a 404 page, never a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
+from theseus.store._node import Node
+from theseus.store._records import Artifact
+from theseus.store._store import Store
+from theseus.store.ui import _data, _render
+
+__all__ = ["CSP", "create_app"]
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+HERE = Path(__file__).parent
+STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+# The keys whose last value the runs page shows by default.
+DEFAULT_KEYS = ("val/loss", "train/loss", "train/step")
+PER_PAGE = 50
+MAX_POINTS = 2000
+
+
+def _static_table() -> dict[str, tuple[bytes, str]]:
+    """Every file the server serves under /static, read once: name -> (bytes, type)."""
+    return {
+        path.name: (path.read_bytes(), STATIC_TYPES[path.suffix])
+        for path in sorted((HERE / "static").iterdir())
+        if path.suffix in STATIC_TYPES
+    }
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.6g}"
+    return "-" if value is None else str(value)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every template is HTML: escape every value
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["number"] = _number
+    env.filters["when"] = _when
+    env.globals["urlencode"] = urlencode
+    return env
+
+
+def _when(stamp: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _node(text: str | None) -> Node:
+    """The node a request names (``name~nonce~seq``), or a 404."""
+    try:
+        return Node.deserialize(text or "")
+    except (InvalidNodeError, ValueError) as err:
+        raise HTTPException(404, f"No node {text!r}: {err}") from err
+
+
+def _lineage(text: str | None) -> tuple[str, str]:
+    """The lineage a request names (``name~nonce``), or a 404."""
+    parts = (text or "").split("~")
+    if len(parts) != 2:
+        raise HTTPException(404, f"No lineage {text!r} (expected project.group.run~nonce).")
+    try:
+        Node(parts[0], parts[1], 0)
+    except (InvalidNodeError, ValueError) as err:
+        raise HTTPException(404, f"No lineage {text!r}: {err}") from err
+    return parts[0], parts[1]
+
+
+def _int(request: Request, name: str, default: int, low: int = 0, high: int = 10**9) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as err:
+        raise HTTPException(400, f"{name} must be a whole number; got {raw!r}.") from err
+    return min(max(value, low), high)
+
+
+class Browser:
+    """The pages and endpoints over one read-only store (one instance per application)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.env = _environment()
+        self.static = _static_table()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def page(self, template: str, **context: Any) -> HTMLResponse:
+        html = self.env.get_template(template).render(root=str(self.store.root), **context)
+        return HTMLResponse(html)
+
+    def artifact(self, request: Request) -> tuple[Node, Artifact]:
+        """The artifact version a request names by ``node``, ``name`` and ``version``."""
+        node = _node(request.query_params.get("node"))
+        name = request.query_params.get("name", "")
+        try:
+            versions = self.store.history(node, name)
+        except UnknownNodeError as err:
+            raise HTTPException(404, str(err)) from err
+        if not versions:
+            raise HTTPException(404, f"Node {node.serialize()} has no artifact {name!r}.")
+        version = _int(request, "version", versions[-1].version)
+        for artifact in versions:
+            if artifact.version == version:
+                return node, artifact
+        raise HTTPException(
+            404,
+            f"Artifact {name!r} of {node.serialize()} has versions "
+            f"{', '.join(str(a.version) for a in versions)}; not {version}.",
+        )
+
+    # -- pages -----------------------------------------------------------------------------
+
+    async def static_file(self, request: Request) -> Response:
+        entry = self.static.get(request.path_params["name"])
+        if entry is None:
+            raise HTTPException(404, "No such file.")
+        return Response(entry[0], media_type=entry[1])
+
+    def runs(self, request: Request) -> HTMLResponse:
+        context = self.runs_context(request)
+        return self.page("runs.html", **context)
+
+    def runs_context(self, request: Request) -> dict[str, Any]:
+        text = request.query_params.get("q", "")
+        status = request.query_params.get("status", "")
+        keys_text = request.query_params.get("keys", ",".join(DEFAULT_KEYS))
+        keys = [k.strip() for k in keys_text.split(",") if k.strip()][:8]
+        page = _int(request, "page", 1, low=1)
+        found, total = _data.lineages(
+            self.store,
+            text=text,
+            status=status,
+            keys=keys,
+            offset=(page - 1) * PER_PAGE,
+            limit=PER_PAGE,
+        )
+        pages = max(1, -(-total // PER_PAGE))
+        groups: dict[tuple[str, str], list[_data.Lineage]] = {}
+        for item in found:
+            project, group, _ = item.name.split(".")
+            groups.setdefault((project, group), []).append(item)
+        return {
+            "groups": groups,
+            "total": total,
+            "page": page,
+            "pages": pages,
+            "q": text,
+            "status": status,
+            "keys": keys,
+            "keys_text": ",".join(keys),
+            "statuses": _data.statuses(self.store),
+        }
+
+    def runs_json(self, request: Request) -> JSONResponse:
+        context = self.runs_context(request)
+        rows = [
+            {
+                "lineage": item.key,
+                "status": item.status,
+                "last_seq": item.last_seq,
+                "nodes": item.nodes,
+                "last": {k: _number(v) for k, v in item.last.items()},
+            }
+            for items in context["groups"].values()
+            for item in items
+        ]
+        return JSONResponse({"total": context["total"], "rows": rows})
+
+    def lineage(self, request: Request) -> HTMLResponse:
+        name, nonce = _lineage(request.path_params["lineage"])
+        family = _data.lineage_family(self.store, name, nonce)
+        if not family["root"]["seqs"]:
+            raise HTTPException(404, f"The store has no lineage {name}~{nonce}.")
+        artifacts = _data.artifact_names(self.store, name, nonce)
+        return self.page(
+            "lineage.html",
+            family=family,
+            lineage=f"{name}~{nonce}",
+            artifacts=artifacts,
+        )
+
+    def node(self, request: Request) -> HTMLResponse:
+        node = _node(request.path_params["node"])
+        try:
+            values = self.store.values(node)
+        except UnknownNodeError as err:
+            raise HTTPException(404, str(err)) from err
+        current = self.store.get(node)
+        artifacts = [(name, self.store.history(node, name)) for name in current]
+        return self.page(
+            "node.html",
+            node=node,
+            lineage=f"{node.name}~{node.nonce}",
+            values=values,
+            job=self.store.job_of(node),
+            config=self.store.job_config(node),
+            checkpoints=self.store.checkpoints(node),
+            artifacts=artifacts,
+            parents=self.store.parents(node),
+            children=self.store.children(node),
+        )
+
+    def artifact_page(self, request: Request) -> HTMLResponse:
+        node, artifact = self.artifact(request)
+        content = artifact.content
+        kind = _render.kind_of(artifact.filename, content)
+        shown: Any = None
+        pages = 0
+        if kind == "json":
+            shown = json.loads(content.decode("utf-8"))
+        elif kind == "text":
+            shown = content.decode("utf-8")
+        elif kind == "pdf":
+            try:
+                pages = _render.pdf_page_count(content)
+            except Exception:  # a damaged PDF is offered as a download only
+                kind = "binary"
+        query = {"node": node.serialize(), "name": artifact.name, "version": artifact.version}
+        return self.page(
+            "artifact.html",
+            node=node,
+            artifact=artifact,
+            versions=self.store.history(node, artifact.name),
+            kind=kind,
+            shown=shown,
+            pages=pages,
+            query=query,
+        )
+
+    def raw(self, request: Request) -> Response:
+        """The exact bytes: images inline, everything else as a download."""
+        _, artifact = self.artifact(request)
+        suffix = Path(artifact.filename).suffix.lower()
+        media = _render.IMAGES.get(suffix, "application/octet-stream")
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in artifact.filename)
+        disposition = "inline" if media != "application/octet-stream" else "attachment"
+        return Response(
+            artifact.content,
+            media_type=media,
+            headers={"Content-Disposition": f'{disposition}; filename="{safe or "artifact"}"'},
+        )
+
+    def png(self, request: Request) -> Response:
+        """A PDF artifact's page as a PNG picture, rendered here."""
+        _, artifact = self.artifact(request)
+        content = artifact.content
+        if not content.startswith(b"%PDF-"):
+            raise HTTPException(404, f"Artifact {artifact.name!r} is not a PDF.")
+        page = _int(request, "page", 0)
+        try:
+            return Response(_render.pdf_to_png(content, page), media_type="image/png")
+        except IndexError as err:
+            raise HTTPException(404, str(err)) from err
+
+    def curves(self, request: Request) -> HTMLResponse:
+        chosen = request.query_params.getlist("l")
+        found, _ = _data.lineages(self.store, limit=500)
+        return self.page(
+            "curves.html",
+            keys=_data.lineage_keys(self.store),
+            key=request.query_params.get("key", "val/loss"),
+            chosen=chosen,
+            lineages=[item.key for item in found],
+        )
+
+    def series(self, request: Request) -> JSONResponse:
+        key = request.query_params.get("key", "")
+        cap = _int(request, "max", MAX_POINTS, low=4, high=MAX_POINTS)
+        out = []
+        for text in request.query_params.getlist("l")[:12]:
+            name, nonce = _lineage(text)
+            points = _data.stitched_series(self.store, name, nonce, key)
+            kept = _data.downsample(points, cap)
+            out.append(
+                {
+                    "lineage": text,
+                    "total": len(points),
+                    "x": [p[0] for p in kept],
+                    "y": [p[1] for p in kept],
+                    "node": [p[2] for p in kept],
+                }
+            )
+        return JSONResponse({"key": key, "series": out})
+
+    def slider(self, request: Request) -> HTMLResponse:
+        name, nonce = _lineage(request.query_params.get("l"))
+        names = _data.artifact_names(self.store, name, nonce)
+        artifact = request.query_params.get("name") or (names[0] if names else "")
+        return self.page("slider.html", lineage=f"{name}~{nonce}", names=names, artifact=artifact)
+
+    def frames(self, request: Request) -> JSONResponse:
+        name, nonce = _lineage(request.query_params.get("l"))
+        artifact = request.query_params.get("name", "")
+        frames = _data.artifact_frames(self.store, name, nonce, artifact)
+        for frame in frames:
+            query = urlencode(
+                {"node": frame["node"], "name": artifact, "version": frame["version"]}
+            )
+            pdf = frame["filename"].lower().endswith(".pdf")
+            image = Path(frame["filename"]).suffix.lower() in _render.IMAGES
+            frame["image"] = f"/png?{query}" if pdf else (f"/raw?{query}" if image else None)
+            frame["page"] = f"/artifact?{query}"
+        return JSONResponse({"frames": frames})
+
+    def compare(self, request: Request) -> HTMLResponse:
+        a = _node(request.query_params.get("a"))
+        b = _node(request.query_params.get("b"))
+        try:
+            va, vb = self.store.values(a), self.store.values(b)
+        except UnknownNodeError as err:
+            raise HTTPException(404, str(err)) from err
+        ca = (self.store.job_config(a) or "").splitlines()
+        cb = (self.store.job_config(b) or "").splitlines()
+        diff = list(difflib.unified_diff(ca, cb, a.serialize(), b.serialize(), n=3, lineterm=""))
+        keys = sorted(set(va) | set(vb))
+        rows = [(k, va.get(k), vb.get(k), va.get(k) != vb.get(k)) for k in keys]
+        return self.page(
+            "compare.html",
+            a=a,
+            b=b,
+            rows=rows,
+            diff=diff,
+            same=ca == cb,
+            ja=self.store.job_of(a),
+            jb=self.store.job_of(b),
+        )
+
+    def lineage_json(self, request: Request) -> JSONResponse:
+        """The lineage's last node and its last values (what a live page polls)."""
+        name, nonce = _lineage(request.query_params.get("l"))
+        found, _ = _data.lineages(self.store, text=f"{name}~{nonce}", keys=DEFAULT_KEYS)
+        for item in found:
+            if item.key == f"{name}~{nonce}":
+                return JSONResponse(
+                    {
+                        "lineage": item.key,
+                        "last_seq": item.last_seq,
+                        "nodes": item.nodes,
+                        "status": item.status,
+                        "last": {k: _number(v) for k, v in item.last.items()},
+                    }
+                )
+        raise HTTPException(404, f"The store has no lineage {name}~{nonce}.")
+
+
+def create_app(store: Store, allowed_hosts: list[str] | None = None) -> Starlette:
+    """The browser over ``store`` (open it with ``Store(path, readonly=True)``).
+
+    Args:
+        store: the store to show; the application never writes it.
+        allowed_hosts: the ``Host`` headers to answer (a guard against DNS
+            rebinding); None answers any.
+    """
+    browser = Browser(store)
+    env = browser.env
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = exc.status_code if isinstance(exc, HTTPException) else 500
+        detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
+        html = env.get_template("error.html").render(root=str(store.root), code=code, detail=detail)
+        return HTMLResponse(html, status_code=code)
+
+    async def store_error(request: Request, exc: Exception) -> Response:
+        html = env.get_template("error.html").render(
+            root=str(store.root), code=500, detail=str(exc)
+        )
+        return HTMLResponse(html, status_code=500)
+
+    routes = [
+        Route("/", browser.runs),
+        Route("/lineage/{lineage}", browser.lineage),
+        Route("/node/{node}", browser.node),
+        Route("/artifact", browser.artifact_page),
+        Route("/raw", browser.raw),
+        Route("/png", browser.png),
+        Route("/curves", browser.curves),
+        Route("/slider", browser.slider),
+        Route("/compare", browser.compare),
+        Route("/api/runs", browser.runs_json),
+        Route("/api/lineage", browser.lineage_json),
+        Route("/api/series", browser.series),
+        Route("/api/frames", browser.frames),
+        Route("/static/{name}", browser.static_file),
+    ]
+    middleware = [Middleware(SecurityHeaders)]
+    if allowed_hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={HTTPException: not_found, StoreError: store_error},
+    )
+
+
+class SecurityHeaders:
+    """ASGI middleware: the CSP and the other security headers on every response."""
+
+    HEADERS = (
+        (b"content-security-policy", CSP.encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+        (b"cache-control", b"no-store"),
+    )
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name for name, _ in self.HEADERS}
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                message = {**message, "headers": kept + list(self.HEADERS)}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)

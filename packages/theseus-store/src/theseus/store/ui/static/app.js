@@ -1,0 +1,192 @@
+// theseus-store ui: the one script. No third-party code, no network beyond this server.
+"use strict";
+
+const page = document.body.dataset.page;
+
+async function getJSON(url) {
+  const response = await fetch(url, { headers: { Accept: "application/json" } });
+  if (!response.ok) throw new Error(`${url}: ${response.status}`);
+  return response.json();
+}
+
+// -- live: the runs page and the lineage page refresh their numbers without a reload --------
+
+function liveRuns() {
+  const query = document.body.dataset.query || "";
+  setInterval(async () => {
+    const data = await getJSON(`/api/runs?${query}`);
+    for (const row of data.rows) {
+      const tr = document.querySelector(`tr[data-lineage="${CSS.escape(row.lineage)}"]`);
+      if (!tr) continue;
+      for (const field of ["status", "nodes", "last_seq"]) {
+        const cell = tr.querySelector(`[data-field="${field}"]`);
+        if (cell) cell.textContent = String(row[field]);
+      }
+      for (const [key, value] of Object.entries(row.last)) {
+        const cell = tr.querySelector(`[data-key="${CSS.escape(key)}"]`);
+        if (cell) cell.textContent = value;
+      }
+    }
+  }, 3000);
+}
+
+function liveLineage() {
+  const lineage = document.body.dataset.lineage;
+  const update = async () => {
+    const data = await getJSON(`/api/lineage?l=${encodeURIComponent(lineage)}`);
+    document.querySelector('[data-field="last_seq"]').textContent = String(data.last_seq);
+    document.querySelector('[data-field="status"]').textContent = data.status;
+    document.querySelector('[data-key="val/loss"]').textContent = data.last["val/loss"];
+  };
+  update();
+  setInterval(update, 3000);
+}
+
+// -- curves: a small canvas plot ------------------------------------------------------------
+
+const COLORS = ["#2a5db0", "#d9541a", "#1c8a4a", "#7a3fb0", "#b0902a", "#1a9bb0", "#b02a6b", "#555"];
+
+function smooth(ys, weight) {
+  if (weight <= 0) return ys;
+  const out = [];
+  let last = null, debias = 0;
+  for (const y of ys) {
+    last = last === null ? y * (1 - weight) : last * weight + (1 - weight) * y;
+    debias = debias * weight + (1 - weight);
+    out.push(last / debias);
+  }
+  return out;
+}
+
+function niceTicks(lo, hi, count) {
+  if (!(hi > lo)) return [lo];
+  const step0 = (hi - lo) / count;
+  const mag = Math.pow(10, Math.floor(Math.log10(step0)));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= step0);
+  const ticks = [];
+  for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(t);
+  return ticks;
+}
+
+function draw(canvas, series, opts) {
+  const ctx = canvas.getContext("2d");
+  const W = canvas.width, H = canvas.height, L = 70, R = 20, T = 20, B = 40;
+  ctx.clearRect(0, 0, W, H);
+  const ty = (y) => (opts.log ? Math.log10(y) : y);
+  let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+  const prepared = series.map((s) => {
+    const ys = smooth(s.y, opts.smooth);
+    const pts = [];
+    s.x.forEach((x, i) => {
+      const y = ys[i];
+      if (opts.log && !(y > 0)) return;
+      pts.push([x, ty(y)]);
+    });
+    for (const [x, y] of pts) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
+    return pts;
+  });
+  ctx.font = "12px system-ui, sans-serif";
+  ctx.fillStyle = "#6b7480";
+  if (!isFinite(x0)) { ctx.fillText("no numeric values for this key", L, T + 20); return; }
+  if (x1 === x0) x1 = x0 + 1;
+  if (y1 === y0) { y0 -= 0.5; y1 += 0.5; }
+  const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
+  const px = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+  const py = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
+  ctx.strokeStyle = "#e3e7ec"; ctx.lineWidth = 1;
+  for (const t of niceTicks(y0, y1, 6)) {
+    ctx.beginPath(); ctx.moveTo(L, py(t)); ctx.lineTo(W - R, py(t)); ctx.stroke();
+    const label = opts.log ? Number(Math.pow(10, t).toPrecision(3)).toString() : Number(t.toPrecision(4)).toString();
+    ctx.fillText(label, 6, py(t) + 4);
+  }
+  for (const t of niceTicks(x0, x1, 8)) {
+    ctx.beginPath(); ctx.moveTo(px(t), T); ctx.lineTo(px(t), H - B); ctx.stroke();
+    ctx.fillText(String(Math.round(t)), px(t) - 8, H - B + 16);
+  }
+  ctx.fillText("node (seq, stitched through branch points)", W / 2 - 120, H - 6);
+  prepared.forEach((pts, k) => {
+    ctx.strokeStyle = COLORS[k % COLORS.length]; ctx.lineWidth = 1.6;
+    ctx.beginPath();
+    pts.forEach(([x, y], i) => (i ? ctx.lineTo(px(x), py(y)) : ctx.moveTo(px(x), py(y))));
+    ctx.stroke();
+    if (pts.length === 1) { ctx.fillStyle = ctx.strokeStyle; ctx.fillRect(px(pts[0][0]) - 2, py(pts[0][1]) - 2, 4, 4); }
+  });
+}
+
+function curves() {
+  const form = document.getElementById("curve-form");
+  const canvas = document.getElementById("chart");
+  const legend = document.getElementById("legend");
+  const logy = document.getElementById("logy");
+  const smoothing = document.getElementById("smooth");
+  const live = document.getElementById("live");
+  let data = { series: [] };
+  const chosen = () => Array.from(form.elements.l.selectedOptions).map((o) => o.value);
+  const redraw = () => {
+    document.getElementById("smooth-value").textContent = smoothing.value;
+    draw(canvas, data.series, { log: logy.checked, smooth: Number(smoothing.value) });
+    legend.replaceChildren(...data.series.map((s, k) => {
+      const item = document.createElement("span");
+      const swatch = document.createElement("i");
+      swatch.style.background = COLORS[k % COLORS.length];
+      item.append(swatch, `${s.lineage} (${s.x.length} of ${s.total} points)`);
+      return item;
+    }));
+  };
+  const load = async () => {
+    const params = new URLSearchParams({ key: form.elements.key.value });
+    for (const l of chosen()) params.append("l", l);
+    data = await getJSON(`/api/series?${params}`);
+    redraw();
+  };
+  logy.addEventListener("change", redraw);
+  smoothing.addEventListener("input", redraw);
+  load();
+  setInterval(() => { if (live.checked) load(); }, 4000);
+}
+
+// -- the time slider --------------------------------------------------------------------------
+
+async function slider() {
+  const { lineage, name } = document.body.dataset;
+  const input = document.getElementById("frame");
+  const info = document.getElementById("frame-info");
+  const image = document.getElementById("frame-image");
+  const none = document.getElementById("frame-none");
+  const link = document.getElementById("frame-link");
+  let frames = [];
+  const fmt = (v) => (v === null || v === undefined ? "-" : typeof v === "number" ? Number(v.toPrecision(5)).toString() : String(v));
+  const show = () => {
+    const f = frames[Number(input.value)];
+    if (!f) { info.textContent = "no node holds this artifact"; return; }
+    info.textContent = `${Number(input.value) + 1}/${frames.length} · ${f.node} · seq ${f.seq} · step ${fmt(f.step)} · val/loss ${fmt(f.val_loss)}`;
+    if (f.image) { image.src = f.image; image.classList.remove("hidden"); none.classList.add("hidden"); }
+    else { image.classList.add("hidden"); none.classList.remove("hidden"); link.href = f.page; }
+  };
+  const load = async () => {
+    const params = new URLSearchParams({ l: lineage, name });
+    const data = await getJSON(`/api/frames?${params}`);
+    const atEnd = Number(input.value) >= frames.length - 1;
+    frames = data.frames;
+    input.max = String(Math.max(0, frames.length - 1));
+    if (atEnd) input.value = input.max;
+    show();
+  };
+  input.addEventListener("input", show);
+  document.addEventListener("keydown", (event) => {
+    if (event.target instanceof HTMLInputElement && event.target !== input) return;
+    if (event.target instanceof HTMLSelectElement) return;
+    const step = event.key === "ArrowRight" ? 1 : event.key === "ArrowLeft" ? -1 : 0;
+    if (!step) return;
+    event.preventDefault();
+    input.value = String(Math.min(Number(input.max), Math.max(0, Number(input.value) + step)));
+    show();
+  });
+  await load();
+  input.value = "0";
+  show();
+  setInterval(load, 5000);
+}
+
+const pages = { runs: liveRuns, lineage: liveLineage, curves, slider };
+if (pages[page]) pages[page]();
