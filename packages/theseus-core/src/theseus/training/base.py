@@ -83,6 +83,13 @@ class BaseTrainerConfig:
     validation_steps: int = field("training/validation_steps", default=4, help="validation batches")
     seed: int = field("training/seed", default=0, help="parameter init and dropout seed")
     shard: int = field("training/shard", default=1, help="devices each parameter is split over")
+    strategy: Literal["dp", "zero1", "fsdp"] = field(
+        "training/strategy",
+        default="dp",
+        help="where the state is kept: 'dp' whole on every device, 'zero1' the optimizer "
+        "state split over the data-parallel devices, 'fsdp' parameters, gradients and "
+        "optimizer state split",
+    )
     lr: float = field("optimization/lr", default=1e-3, help="peak learning rate")
     report_interval: int = field("logging/report_interval", default=10, help="steps per report")
     checkpoint_interval: int = field(
@@ -164,7 +171,7 @@ class BaseTrainer(BasicJob):
     def sharding(self) -> ParameterShardingContext:
         """The mesh and logical-axis rules (created on first use)."""
         if self._sharding is None:
-            self._sharding = ParameterShardingContext.create(self.args.shard)
+            self._sharding = ParameterShardingContext.create(self.args.shard, self.args.strategy)
         return self._sharding
 
     @property

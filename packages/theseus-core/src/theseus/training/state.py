@@ -65,7 +65,7 @@ def layout(
         return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
 
     boxed = jax.eval_shape(boxed_init, jax.random.key(0))
-    shardings = nn.unbox(sharding.shardings_of(boxed))
+    shardings = nn.unbox(sharding.state_shardings(boxed))
     abstract = jax.tree_util.tree_map(
         lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
         nn.unbox(boxed),
