@@ -423,6 +423,7 @@ def create_app(store: Store, allowed_hosts: list[str] | None = None) -> Starlett
         Route("/api/series", browser.series),
         Route("/api/frames", browser.frames),
         Route("/static/{name}", browser.static_file),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),
     ]
     middleware = [Middleware(SecurityHeaders)]
     if allowed_hosts is not None:

@@ -122,7 +122,10 @@ def statuses(store: Store) -> list[str]:
 
 def lineage_keys(store: Store) -> list[str]:
     """Every value key with a numeric value somewhere (the curve page's choices)."""
-    rows = store.read_one("SELECT DISTINCT key FROM vals WHERE kind IN ('int', 'float')", ())
+    rows = store.read_one(
+        "SELECT DISTINCT key FROM vals WHERE kind = 'v' AND typeof(value) IN ('integer', 'real')",
+        (),
+    )
     return sorted(str(r[0]) for r in rows)
 
 

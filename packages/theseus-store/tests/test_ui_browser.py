@@ -1,0 +1,247 @@
+"""The store browser in a real browser: Playwright driving Debian's Chromium.
+
+Clicks runs -> lineage -> node -> artifact -> slider -> compare -> curves, checks that
+hostile text from the store shows as text and that no dialog opens, that the page
+logs no error (a Content-Security-Policy violation is one), that a lineage still
+being written updates without a reload, and saves a screenshot of each page
+(under ``THESEUS_UI_SCREENSHOTS`` if set, else the test's temporary folder).
+
+Chromium: ``/usr/bin/chromium`` (``apt-get install chromium``; Playwright's own
+browser download is not used). Without it the tests skip, except under CI (the
+``CI`` variable set), where they fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+
+pytest.importorskip("starlette", reason="the ui extra is not installed (theseus-store[ui])")
+pytest.importorskip("playwright", reason="playwright is not installed (the dev group has it)")
+
+import uvicorn
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from theseus.store import Node, Store
+from theseus.store.ui import create_app, open_readonly
+
+
+def _helper(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ui_store = _helper("_ui_store")
+HOSTILE = _ui_store.HOSTILE
+
+
+def _chromium() -> str:
+    for candidate in (
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
+        if candidate and Path(candidate).exists():
+            return candidate
+    message = (
+        "no Chromium at /usr/bin/chromium: install it with "
+        "`apt-get install -y --no-install-recommends chromium` (.ci/run does)"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set and {message}")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    executable = _chromium()
+    with sync_playwright() as playwright:
+        opened = playwright.chromium.launch(
+            executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+        )
+        yield opened
+        opened.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("THESEUS_UI_SCREENSHOTS", tmp_path / "screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Served:
+    """The browser's server on a free loopback port, in a thread."""
+
+    def __init__(self, root: Path) -> None:
+        self.store = open_readonly(root)
+        app = create_app(self.store, allowed_hosts=["127.0.0.1"])
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start in 20 s"
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+        self.sock.close()
+        self.store.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[tuple[Page, list[str]]]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    problems: list[str] = []
+    opened.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+    opened.on(
+        "console",
+        lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+    )
+    opened.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    yield opened, problems
+    context.close()
+
+
+def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
+    tab, problems = page
+    root = tmp_path / "store"
+    nodes = _ui_store.build(root)
+    served = Served(root)
+    try:
+        tab.goto(served.url + "/")
+        expect(tab.locator("h1")).to_contain_text("2 lineages")
+        tab.screenshot(path=shots / "1-runs.png", full_page=True)
+
+        tab.get_by_role("link", name="tune", exact=True).click()
+        expect(tab.locator(".tree")).to_contain_text("branch")
+        expect(tab.locator(".tree")).to_contain_text("resumed at seq 6")
+        tab.screenshot(path=shots / "2-lineage.png", full_page=True)
+
+        base = nodes["base11"]
+        tab.locator(f'a.cell[href="/node/{base.serialize()}"]').click()
+        expect(tab.locator("h1")).to_have_text(base.serialize())
+        expect(tab.get_by_text(HOSTILE, exact=True).first).to_be_visible()  # the value `note`
+        tab.screenshot(path=shots / "3-node.png", full_page=True)
+
+        tab.get_by_role("link", name="v2 metrics.json").click()
+        expect(tab.locator(".jsonview")).to_contain_text("nested")
+        expect(tab.locator(".jsonview")).to_contain_text(HOSTILE)
+        tab.screenshot(path=shots / "4-artifact-json.png", full_page=True)
+        tab.go_back()
+        tab.get_by_role("link", name=f"v1 {_ui_store.HOSTILE_IMG}.txt").click()
+        expect(tab.locator("pre.text")).to_have_text(f"text {HOSTILE}")
+
+        picture = nodes["base9"]
+        tab.goto(served.url + f"/node/{picture.serialize()}")
+        tab.get_by_role("link", name="v1 picture.pdf").click()
+        image = tab.locator("img.picture").first
+        expect(image).to_be_visible()
+        tab.wait_for_function("document.querySelector('img.picture').naturalWidth > 0")
+        tab.screenshot(path=shots / "5-artifact-pdf.png", full_page=True)
+
+        tab.get_by_role("link", name="slider").click()
+        info = tab.locator("#frame-info")
+        expect(info).to_contain_text("1/4")
+        expect(info).to_contain_text(f"{nodes['base0'].serialize()} · seq 0")
+        first = tab.locator("#frame-image").get_attribute("src")
+        tab.keyboard.press("ArrowRight")
+        expect(info).to_contain_text("2/4")
+        expect(info).to_contain_text("seq 3 · step 30")
+        assert tab.locator("#frame-image").get_attribute("src") != first
+        tab.keyboard.press("ArrowRight")
+        tab.keyboard.press("ArrowRight")
+        expect(info).to_contain_text("4/4")
+        tab.wait_for_function("document.getElementById('frame-image').complete")
+        tab.screenshot(path=shots / "6-slider.png", full_page=True)
+
+        tune = nodes["tune0"]
+        tab.goto(served.url + f"/node/{tune.serialize()}")
+        tab.get_by_role("link", name="compare with parent").click()
+        expect(tab.locator("pre.diff")).to_contain_text("+lr: 0.0001")
+        expect(tab.locator("table.compare")).to_contain_text(HOSTILE)
+        tab.screenshot(path=shots / "7-compare.png", full_page=True)
+
+        lineages = [f"{n.name}~{n.nonce}" for n in (nodes["tune0"], nodes["base0"])]
+        tab.goto(
+            served.url + "/curves?" + urlencode({"key": "val/loss", "l": lineages}, doseq=True)
+        )
+        expect(tab.locator("#legend")).to_contain_text("10 of 10 points")
+        expect(tab.locator("#legend")).to_contain_text("12 of 12 points")
+        tab.locator("#logy").check()
+        tab.screenshot(path=shots / "8-curves.png", full_page=True)
+
+        # Live: a node written now shows on the open lineage page within 5 s, no reload.
+        tab.goto(served.url + f"/lineage/{lineages[0]}")
+        last = tab.locator('[data-field="last_seq"]')
+        expect(last).to_have_text("3")
+        with Store(root) as writer:
+            writer.log(nodes["tune3"].next(), {"val/loss": 0.25})
+        expect(last).to_have_text("4", timeout=5000)
+        expect(tab.locator('[data-key="val/loss"]')).to_have_text("0.25", timeout=5000)
+    finally:
+        served.close()
+    assert problems == []
+
+
+@pytest.mark.slow
+def test_click_through_a_demo_run(tmp_path: Path, page, shots: Path) -> None:
+    """The same walk over the store of a real (2-step) training run: `theseus demo`."""
+    tab, problems = page
+    theseus = Path(sys.executable).with_name("theseus")
+    if not theseus.exists():
+        pytest.skip("the theseus command (theseus-core, theseus-analysis) is not installed")
+    subprocess.run([str(theseus), "demo", "--steps", "2", str(tmp_path)], check=True, timeout=300)
+    with Store(tmp_path / "store", readonly=True) as store:
+        (run,) = [r for r in store.runs() if r["name"] == "theseus.demo.demo"]
+    lineage = f"{run['name']}~{run['nonce']}"
+    served = Served(tmp_path)
+    try:
+        tab.goto(served.url + "/")
+        tab.get_by_role("link", name="demo", exact=True).click()
+        expect(tab.locator("h1")).to_have_text(lineage)
+        tab.screenshot(path=shots / "demo-1-lineage.png", full_page=True)
+        tab.locator("a.cell.ckpt").last.click()
+        expect(tab.locator("h1")).to_contain_text(lineage)
+        tab.screenshot(path=shots / "demo-2-node.png", full_page=True)
+        tab.locator("a.version").filter(has_text="attention-pattern.pdf").first.click()
+        tab.wait_for_function("document.querySelector('img.picture').naturalWidth > 0")
+        tab.screenshot(path=shots / "demo-3-artifact.png", full_page=True)
+        tab.get_by_role("link", name="slider").click()
+        expect(tab.locator("#frame-info")).to_contain_text("val/loss")
+        tab.keyboard.press("ArrowRight")
+        tab.screenshot(path=shots / "demo-4-slider.png", full_page=True)
+        tab.goto(served.url + "/curves?" + urlencode({"key": "val/loss", "l": lineage}))
+        expect(tab.locator("#legend")).to_contain_text(lineage)
+        tab.screenshot(path=shots / "demo-5-curves.png", full_page=True)
+        last = Node(run["name"], run["nonce"], run["last_seq"])
+        tab.goto(
+            served.url
+            + "/compare?"
+            + urlencode({"a": Node(last.name, last.nonce, 0).serialize(), "b": last.serialize()})
+        )
+        expect(tab.locator("table.compare")).to_contain_text("val/loss")
+        tab.screenshot(path=shots / "demo-6-compare.png", full_page=True)
+    finally:
+        served.close()
+    assert problems == []
