@@ -47,6 +47,9 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
         assert (
             len(eval(prompt).encode()) == 8 and 0 < len(eval(sample)) <= 40
         )  # one char a token at most
+    browse = shlex.split(result.output.strip().splitlines()[-1])  # the demo ends with it
+    browse = browse[2:] if browse[:2] == ["uv", "run"] else browse  # started by `uv run`
+    assert Path(browse[0]).name == "theseus-store" and browse[1:] == ["ui", str(root)]
     (command,) = [line for line in result.output.splitlines() if " sample " in line]
     argv = shlex.split(command)
     sampled = CliRunner().invoke(main, argv[argv.index("--import") :])  # as printed

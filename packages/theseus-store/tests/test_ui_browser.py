@@ -84,6 +84,16 @@ def shots(tmp_path: Path) -> Path:
     return folder
 
 
+def _loaded(tab: Page, selector: str) -> None:
+    """Wait until the image ``selector`` names has loaded (a polled evaluate, not
+    ``wait_for_function``, whose string evaluation the page's CSP rightly refuses)."""
+    image = tab.locator(selector).first
+    deadline = time.monotonic() + 10
+    while not image.evaluate("img => img.complete && img.naturalWidth > 0"):
+        assert time.monotonic() < deadline, f"{selector} did not load in 10 s"
+        time.sleep(0.05)
+
+
 class Served:
     """The browser's server on a free loopback port, in a thread."""
 
@@ -157,7 +167,7 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
         tab.get_by_role("link", name="v1 picture.pdf").click()
         image = tab.locator("img.picture").first
         expect(image).to_be_visible()
-        tab.wait_for_function("document.querySelector('img.picture').naturalWidth > 0")
+        _loaded(tab, "img.picture")
         tab.screenshot(path=shots / "5-artifact-pdf.png", full_page=True)
 
         tab.get_by_role("link", name="slider").click()
@@ -172,7 +182,7 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
         tab.keyboard.press("ArrowRight")
         tab.keyboard.press("ArrowRight")
         expect(info).to_contain_text("4/4")
-        tab.wait_for_function("document.getElementById('frame-image').complete")
+        _loaded(tab, "#frame-image")
         tab.screenshot(path=shots / "6-slider.png", full_page=True)
 
         tune = nodes["tune0"]
@@ -225,7 +235,7 @@ def test_click_through_a_demo_run(tmp_path: Path, page, shots: Path) -> None:
         expect(tab.locator("h1")).to_contain_text(lineage)
         tab.screenshot(path=shots / "demo-2-node.png", full_page=True)
         tab.locator("a.version").filter(has_text="attention-pattern.pdf").first.click()
-        tab.wait_for_function("document.querySelector('img.picture').naturalWidth > 0")
+        _loaded(tab, "img.picture")
         tab.screenshot(path=shots / "demo-3-artifact.png", full_page=True)
         tab.get_by_role("link", name="slider").click()
         expect(tab.locator("#frame-info")).to_contain_text("val/loss")

@@ -183,3 +183,5 @@ def demo(root: Path, steps: int) -> None:
         f'  {python} -c "from theseus.quick import init; '
         f"q = init({str(root)!r}); print(q.find().spec(run='demo').checkpoint().latest().first())\""
     )
+    click.echo('Browse it in a web browser (read-only; pip install "theseus-store[ui]"):')
+    click.echo(f"  {store_cli} ui {shlex.quote(str(root))}")
