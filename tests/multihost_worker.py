@@ -45,6 +45,16 @@ with quick(root) as q:
     analysis = q.create()
     result = analysis()
 
+# The same training with the state fully sharded over both processes' devices (fsdp).
+with quick(root) as q:
+    q.build(jobs.TrainWithCrop, "multihost-fsdp")
+    jobs.tiny(q.config, steps=jobs.STEPS, **jobs.SETTINGS, **{"training/strategy": "fsdp"})
+    q.config["training/analyze"] = False
+    fsdp = q.create()
+    fsdp()
+kernel = fsdp.state.params["blocks_0"]["attn"]["c_attn"]["kernel"]
+fsdp_kept = sum(s.data.size for s in kernel.addressable_shards) / kernel.size  # this host's
+
 # An intervention sweep on the same checkpoint (interventions run on the global batch).
 with quick(root) as q:
     q.build(jobs.PatchHeads, "patch")
@@ -83,6 +93,16 @@ flat = {
     jax.tree_util.keystr(path): leaf
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
 }
+fsdp_params = jax.tree.map(
+    lambda a: np.asarray(jax.experimental.multihost_utils.process_allgather(a, tiled=True)),
+    fsdp.state.params,
+)
+flat.update(
+    {
+        "fsdp" + jax.tree_util.keystr(path): leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(fsdp_params)[0]
+    }
+)
 np.savez(
     out,
     node=str(trainer.node.serialize()),
@@ -99,6 +119,7 @@ np.savez(
     analysis_out=result.values["out"],
     analysis_wrote=result.path is not None,
     analysis_recorded=result.artifact is not None,
+    fsdp_kept=fsdp_kept,
     patch_traces=patching.traces,
     patch_change=patched.values,
     broken_raised=raised,
