@@ -168,6 +168,13 @@ def test_pages_show_what_the_store_holds(client: TestClient, built) -> None:
     html = client.get("/").text
     for run in runs:
         assert run["nonce"] in html
+    listed = {r["lineage"]: r for r in client.get("/api/runs").json()["rows"]}
+    assert {
+        f"{r['name']}~{r['nonce']}": (r["nodes"], r["last_seq"], r["checkpoints"], r["artifacts"])
+        for r in runs
+    } == {
+        k: (r["nodes"], r["last_seq"], r["checkpoints"], r["artifacts"]) for k, r in listed.items()
+    }
     node_html = client.get(f"/node/{last.serialize()}").text
     assert "gpt/train/pretrain" in node_html and "step" in node_html
     for key in values:

@@ -201,6 +201,8 @@ class Browser:
                 "status": item.status,
                 "last_seq": item.last_seq,
                 "nodes": item.nodes,
+                "checkpoints": item.checkpoints,
+                "artifacts": item.artifacts,
                 "last": {k: _number(v) for k, v in item.last.items()},
             }
             for items in context["groups"].values()

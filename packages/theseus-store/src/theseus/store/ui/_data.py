@@ -88,27 +88,57 @@ def lineages(
 
     def read(conn: sqlite3.Connection) -> tuple[list[Lineage], int]:
         rows = conn.execute(
-            "SELECT n.name, n.nonce, COUNT(*), MAX(n.seq), MIN(n.created), MAX(n.written), "
-            "(SELECT COUNT(*) FROM checkpoints c JOIN nodes m ON m.id = c.node "
-            " WHERE m.name = n.name AND m.nonce = n.nonce), "
-            "(SELECT COUNT(*) FROM artifacts a JOIN nodes m ON m.id = a.node "
-            " WHERE m.name = n.name AND m.nonce = n.nonce) "
-            "FROM nodes n GROUP BY n.name, n.nonce ORDER BY MIN(n.id) DESC"
+            "SELECT name, nonce, COUNT(*), MAX(seq), MIN(created), MAX(written) "
+            "FROM nodes GROUP BY name, nonce ORDER BY MIN(id) DESC"
         ).fetchall()
+        counts = {}
+        for table in ("checkpoints", "artifacts"):
+            counts[table] = {
+                (name, nonce): int(count)
+                for name, nonce, count in conn.execute(
+                    f"SELECT n.name, n.nonce, COUNT(*) FROM {table} t "
+                    "JOIN nodes n ON n.id = t.node GROUP BY n.name, n.nonce"
+                )
+            }
+        # The last job/status of each lineage: SQLite takes the value from the MAX(seq) row.
+        states = {
+            (name, nonce): decode_value(value, kind)
+            for name, nonce, value, kind, _ in conn.execute(
+                "SELECT n.name, n.nonce, v.value, v.kind, MAX(n.seq) FROM vals v "
+                "JOIN nodes n ON n.id = v.node WHERE v.key = 'job/status' GROUP BY n.name, n.nonce"
+            )
+        }
         found = []
         needle = text.lower()
-        for row in rows:
-            item = Lineage(*row)
+        for name, nonce, nodes, last_seq, started, last_write in rows:
+            lineage = (name, nonce)
+            item = Lineage(
+                name,
+                nonce,
+                nodes=int(nodes),
+                last_seq=int(last_seq),
+                started=float(started),
+                last_write=float(last_write),
+                checkpoints=counts["checkpoints"].get(lineage, 0),
+                artifacts=counts["artifacts"].get(lineage, 0),
+            )
             if needle and needle not in item.key.lower():
                 continue
-            state = _last_value(conn, item.name, item.nonce, "job/status")
+            state = states.get(lineage)
             item.status = "-" if state is None else str(state)
             if status and item.status != status:
                 continue
             found.append(item)
         page = found[offset : offset + limit]
+        # A key no node has is None everywhere: one index probe instead of a walk per lineage.
+        held = [
+            k
+            for k in keys
+            if conn.execute("SELECT 1 FROM vals WHERE key = ? LIMIT 1", (k,)).fetchone()
+        ]
         for item in page:
-            item.last = {k: _last_value(conn, item.name, item.nonce, k) for k in keys}
+            item.last = {k: None for k in keys}
+            item.last.update({k: _last_value(conn, item.name, item.nonce, k) for k in held})
         return page, len(found)
 
     return store.read(read)
@@ -245,17 +275,17 @@ def stitched_series(store: Store, name: str, nonce: str, key: str) -> list[tuple
         offset = 0
         for part_name, part_nonce, upto in _chain(conn, name, nonce):
             rows = conn.execute(
-                "SELECT n.seq, v.value, v.kind FROM vals v JOIN nodes n ON n.id = v.node "
-                "WHERE n.name = ? AND n.nonce = ? AND n.seq <= ? AND v.key = ? ORDER BY n.seq",
+                "SELECT n.seq, v.value FROM vals v JOIN nodes n ON n.id = v.node "
+                "WHERE n.name = ? AND n.nonce = ? AND n.seq <= ? AND v.key = ? "
+                "AND v.kind = 'v' AND typeof(v.value) IN ('integer', 'real') ORDER BY n.seq",
                 (part_name, part_nonce, upto, key),
             ).fetchall()
-            for seq, value, kind in rows:
-                decoded = decode_value(value, kind)
-                if isinstance(decoded, bool) or not isinstance(decoded, int | float):
-                    continue
-                if math.isfinite(decoded):
-                    node = Node(part_name, part_nonce, int(seq)).serialize()
-                    points.append((offset + int(seq), float(decoded), node))
+            stem = f"{part_name}~{part_nonce}~"  # a recorded lineage: already a valid name
+            points.extend(
+                (offset + seq, float(value), f"{stem}{seq}")
+                for seq, value in rows
+                if math.isfinite(value)
+            )
             offset += upto + 1
         return points
 
