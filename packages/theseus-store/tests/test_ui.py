@@ -372,3 +372,23 @@ def test_unknown_host_header_is_refused(built) -> None:
             assert client.get("/").status_code == 400
         with TestClient(app, base_url="http://127.0.0.1:8765") as client:
             assert client.get("/").status_code == 200
+
+
+def test_a_long_lineage_shows_its_landmarks_only(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    node = Node.new("long")
+    saved = {99, 500, 873}
+    with Store(root) as store, store.batch():
+        for seq in range(1000):
+            store.log(node, {"val/loss": 1.0})
+            if seq in saved:
+                folder = tmp_path / f"ckpt{seq}"
+                folder.mkdir()
+                store.checkpoint(node, folder)
+            node = node.next() if seq < 999 else node
+    with Store(root, readonly=True) as store, TestClient(create_app(store)) as client:
+        html = client.get(f"/lineage/{node.name}~{node.nonce}").text
+    shown = [int(s) for s in re.findall(r'title="seq (\d+)', html)]
+    assert shown == [0, 1, 2, 3, 4, 99, 500, 873, 995, 996, 997, 998, 999]
+    assert re.findall(r'title="seq (\d+) · checkpoint', html) == ["99", "500", "873"]
+    assert html.count('class="gap"') == 4  # between 4 and 99, 99 and 500, 500 and 873, 873 and 995

@@ -230,18 +230,43 @@ def _tree(conn: sqlite3.Connection, name: str, nonce: str, seen: set[str]) -> di
         for kid_name, kid_nonce, _ in kids
         if f"{kid_name}~{kid_nonce}" not in seen
     ]
+    points = sorted({int(k[2]) for k in kids})
+    resumes = [s for s in jobs if s > (0 if branch is None else branch[0])]
     return {
         "key": key,
         "name": name,
         "nonce": nonce,
+        "cells": _cells(seqs, saved, points, resumes),
         "kind": "fresh" if branch is None else "branch",
         "from": None if branch is None else branch[1].serialize(),
         "seqs": seqs,
         "checkpoints": saved,
-        "branch_points": sorted({int(k[2]) for k in kids}),
-        "resumes": [s for s in jobs if s > (0 if branch is None else branch[0])],
+        "branch_points": points,
+        "resumes": resumes,
         "children": children,
     }
+
+
+# A lineage longer than this shows its landmark nodes only (ends, checkpoints, branch
+# points, resumes), with gaps between them, so a page of a long run stays small.
+MAX_CELLS = 300
+
+
+def _cells(seqs: list[int], *landmarks: list[int], limit: int = MAX_CELLS) -> list[int | None]:
+    """The seqs a lineage's strip shows, ``None`` where nodes are left out."""
+    if len(seqs) <= limit:
+        return list(seqs)
+    ends = set(seqs[:5]) | set(seqs[-5:])
+    marked = sorted({s for group in landmarks for s in group})
+    chosen = sorted(ends | set(marked[: limit - len(ends)]))
+    cells: list[int | None] = []
+    previous = None
+    for seq in chosen:
+        if previous is not None and seq != previous + 1:
+            cells.append(None)
+        cells.append(seq)
+        previous = seq
+    return cells
 
 
 def _chain(conn: sqlite3.Connection, name: str, nonce: str) -> list[tuple[str, str, int]]:
