@@ -233,15 +233,11 @@ def test_patching_the_last_block_reproduces_the_source_logits(root: Path) -> Non
     assert not np.allclose(got["baseline"], got["source"], atol=1e-3)
 
 
-def _patch_reference(ref: Reference, tokens: bool = True) -> tuple[Any, Any, Any]:
+def _patch_reference(ref: Reference) -> tuple[Any, Any, Any]:
     """Real patching of every head from the clean batch into the rolled one: loss changes."""
     corrupted = _rolled(ref.batch)
     source = ref.c_proj_inputs()
-
-    def measure(changes: Any, batch: Any) -> Any:
-        if tokens:
-            return ref.losses(changes, batch)
-        return float(ref.run(changes, batch)[1])
+    measure = ref.losses
 
     base = measure({}, corrupted)
     want = np.zeros((ref.n_layers, ref.n_head, *np.shape(base)))
@@ -262,8 +258,11 @@ def test_head_patching_matches_the_reference(root: Path) -> None:
 
 
 def test_attribution_patching_is_the_first_order_estimate(root: Path) -> None:
-    """The linear estimate equals grad . (patched - output) computed by hand, and ranks
-    heads like real patching."""
+    """The linear estimate equals grad . (patched - output) computed by hand.
+
+    (How well it agrees with real patching is measured by the README's example, slow,
+    and by benchmarks/interventions.py on the demo model.)
+    """
     job = _on_checkpoint(root, ivjobs.AttributeHeads)
     got = job().values
     ref = Reference(job)
@@ -291,9 +290,6 @@ def test_attribution_patching_is_the_first_order_estimate(root: Path) -> None:
     # The estimate's change, `(base + g.d) - base` in float32, keeps g.d to base's ulps.
     np.testing.assert_allclose(got["change"], estimate, rtol=0, atol=RTOL * float(base))
     assert np.abs(estimate).max() > 1e-4
-    real, _, _ = _patch_reference(ref, tokens=False)
-    agreement = np.corrcoef(real.ravel(), estimate.ravel())[0, 1]
-    assert agreement > 0.5, (real, estimate)
 
 
 def test_steering_changes_the_next_token_distribution_as_the_reference(root: Path) -> None:

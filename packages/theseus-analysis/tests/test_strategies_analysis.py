@@ -66,14 +66,8 @@ def _results(root: Path, strategy: str, shard: int, tmp: Path) -> dict[str, Any]
     return found
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [
-        ("fsdp", 2),  # fully sharded over the batch axis and tensor parallel over shard
-        pytest.param(("fsdp", 1), marks=pytest.mark.slow),
-        pytest.param(("zero1", 1), marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.slow  # each layout: two jobs, generation and a recording compiled (~10 s)
+@pytest.mark.parametrize("layout", [("fsdp", 2), ("fsdp", 1), ("zero1", 1)])
 def test_every_tool_gives_the_same_results_under_every_strategy(
     root: Path, tmp_path: Path, layout: tuple[str, int]
 ) -> None:

@@ -114,8 +114,8 @@ def _train(root: Path, run: str, steps: int = STEPS, **settings: Any) -> Any:
     ("strategy", "shard", "params_share", "opt_share"),
     [
         pytest.param("dp", 1, 1.0, 1.0, marks=pytest.mark.slow),  # 4 devices vs 1: the base
-        ("zero1", 1, 1.0, 0.25),
-        ("fsdp", 1, 0.25, 0.25),
+        pytest.param("zero1", 1, 1.0, 0.25, marks=pytest.mark.slow),
+        pytest.param("fsdp", 1, 0.25, 0.25, marks=pytest.mark.slow),
         ("fsdp", 2, 0.25, 0.25),  # a 2 x 2 mesh: tensor parallel x fully sharded
         pytest.param("dp", 2, None, None, marks=pytest.mark.slow),
     ],
