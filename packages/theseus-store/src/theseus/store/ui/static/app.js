@@ -58,11 +58,13 @@ function smooth(ys, weight) {
   return out;
 }
 
-function niceTicks(lo, hi, count) {
+// Round tick positions between lo and hi, about `count` of them; `minStep` 1 keeps them
+// whole (seqs, or decades on a log axis).
+function niceTicks(lo, hi, count, minStep = 0) {
   if (!(hi > lo)) return [lo];
   const step0 = (hi - lo) / count;
   const mag = Math.pow(10, Math.floor(Math.log10(step0)));
-  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= step0);
+  const step = Math.max(minStep, [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= step0));
   const ticks = [];
   for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(t);
   return ticks;
@@ -94,12 +96,13 @@ function draw(canvas, series, opts) {
   const px = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const py = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
   ctx.strokeStyle = "#e3e7ec"; ctx.lineWidth = 1;
-  for (const t of niceTicks(y0, y1, 6)) {
+  const decades = opts.log && y1 - y0 >= 2;  // a log axis over two decades or more: ticks at powers of ten
+  for (const t of niceTicks(y0, y1, 6, decades ? 1 : 0)) {
     ctx.beginPath(); ctx.moveTo(L, py(t)); ctx.lineTo(W - R, py(t)); ctx.stroke();
     const label = opts.log ? Number(Math.pow(10, t).toPrecision(3)).toString() : Number(t.toPrecision(4)).toString();
     ctx.fillText(label, 6, py(t) + 4);
   }
-  for (const t of niceTicks(x0, x1, 8)) {
+  for (const t of niceTicks(x0, x1, 8, 1)) {
     ctx.beginPath(); ctx.moveTo(px(t), T); ctx.lineTo(px(t), H - B); ctx.stroke();
     ctx.fillText(String(Math.round(t)), px(t) - 8, H - B + 16);
   }
