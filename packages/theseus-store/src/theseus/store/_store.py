@@ -404,6 +404,11 @@ class Store:
                 ``content`` is not bytes-like.
         """
         _check_node(node)
+        if self.readonly:  # refuse before a large artifact's bytes reach the blob folder
+            raise StorePermissionError(
+                f"The store {self.root} is open read-only; cannot put {name!r} on "
+                f"{node.serialize()}. Open it with Store(root) to write."
+            )
         for what, text in (("name", name), ("filename", filename)):
             if not isinstance(text, str) or not text or "\x00" in text:
                 raise ValueTypeError(
