@@ -228,9 +228,17 @@ def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _manager(directory: Path) -> ocp.CheckpointManager:
-    handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
-    return ocp.CheckpointManager(directory, item_handlers=handlers)
+def _reader() -> ocp.Checkpointer:
+    """Reads one step folder as the manager wrote it (items `state` and `meta`).
+
+    Restoring goes straight to the step folder: a `CheckpointManager` would first list
+    and read every step of the lineage, which made each restore of a long lineage slower
+    (about half of a small model's restore time at 20 steps).
+    """
+    handler = ocp.CompositeCheckpointHandler(
+        state=ocp.StandardCheckpointHandler(), meta=ocp.JsonCheckpointHandler()
+    )
+    return ocp.Checkpointer(handler)
 
 
 def restore(
@@ -262,9 +270,8 @@ def restore(
             "backup (`theseus-store fsck ROOT/store` lists every such checkpoint), or "
             "resume or branch from an earlier checkpoint of the lineage."
         )
-    with _manager(step_dir.parent) as manager:
-        step = int(step_dir.name)
-        saved_meta = manager.item_metadata(step)
+    with _reader() as reader:
+        saved_meta = reader.metadata(step_dir).item_metadata
         saved_shapes = _shapes(saved_meta["state"])
         wanted_shapes = _shapes(abstract_state)
         mismatch = [
@@ -284,8 +291,8 @@ def restore(
             )
         if mismatch:
             assert surgery is not None
-            raw = manager.restore(
-                step,
+            raw = reader.restore(
+                step_dir,
                 args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()
                 ),
@@ -300,8 +307,8 @@ def restore(
                 abstract_state,
             )
             return state, dict(raw["meta"])
-        restored = manager.restore(
-            step,
+        restored = reader.restore(
+            step_dir,
             args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()
             ),
