@@ -154,6 +154,7 @@ def _close_change(got: Any, want: Any, scale: Any) -> None:
     assert np.abs(want).max() > 10 * atol, "the change is too small for the check to fail"
 
 
+@pytest.mark.slow  # the default suite keeps one sweep, patching, sharding and the errors
 def test_zero_and_mean_ablation_match_the_eager_reference(root: Path) -> None:
     job = _on_checkpoint(root, ivjobs.ZeroMLP)
     got = job().values
@@ -176,7 +177,7 @@ def test_zero_and_mean_ablation_match_the_eager_reference(root: Path) -> None:
     _close_change(got["intervened"] - got["baseline"], meaned - clean, clean)
 
 
-@pytest.mark.parametrize("how", ["zero", "mean"])
+@pytest.mark.parametrize("how", ["zero", pytest.param("mean", marks=pytest.mark.slow)])
 def test_head_ablation_sweep_matches_the_reference_head_by_head(root: Path, how: str) -> None:
     cls = ivjobs.HeadAblationTokens if how == "zero" else ivjobs.MeanHeadAblationTokens
     job = _on_checkpoint(root, cls)
@@ -193,6 +194,7 @@ def test_head_ablation_sweep_matches_the_reference_head_by_head(root: Path, how:
     assert job.traces == 1
 
 
+@pytest.mark.slow  # the default suite keeps one sweep, patching, sharding and the errors
 def test_the_mean_loss_sweep_writes_its_json(root: Path) -> None:
     job = _on_checkpoint(root, ivjobs.HeadAblation)
     result = job()
@@ -248,6 +250,7 @@ def _patch_reference(ref: Reference) -> tuple[Any, Any, Any]:
     return want, base, measure({}, ref.batch)
 
 
+@pytest.mark.slow  # the default suite keeps one sweep, patching, sharding and the errors
 def test_head_patching_matches_the_reference(root: Path) -> None:
     job = _on_checkpoint(root, ivjobs.PatchHeadsTokens)
     got = job().values
@@ -257,6 +260,7 @@ def test_head_patching_matches_the_reference(root: Path) -> None:
     _close_change(got["change"], want, base)
 
 
+@pytest.mark.slow  # the default suite keeps one sweep, patching, sharding and the errors
 def test_attribution_patching_is_the_first_order_estimate(root: Path) -> None:
     """The linear estimate equals grad . (patched - output) computed by hand.
 
@@ -292,6 +296,7 @@ def test_attribution_patching_is_the_first_order_estimate(root: Path) -> None:
     assert np.abs(estimate).max() > 1e-4
 
 
+@pytest.mark.slow  # the default suite keeps one sweep, patching, sharding and the errors
 def test_steering_changes_the_next_token_distribution_as_the_reference(root: Path) -> None:
     job = _on_checkpoint(root, ivjobs.Steer)
     got = job().values
@@ -322,6 +327,7 @@ def test_sharded_over_four_devices_equals_the_one_device_reference(root: Path) -
     _close_change(got, want, clean)
 
 
+@pytest.mark.slow  # the default suite keeps one sweep, patching, sharding and the errors
 def test_in_tandem_the_sweep_runs_at_every_validation_compiled_once(root: Path) -> None:
     with quick(root) as q:
         q.build(ivjobs.TrainWithHeadAblation, "tandem")

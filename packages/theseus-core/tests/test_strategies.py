@@ -155,6 +155,7 @@ def test_on_eight_devices_too(
     assert got["kept_opt"] / got["whole_opt"] == pytest.approx(1 / 8, rel=0.05)
 
 
+@pytest.mark.slow  # two trainings and a restore across layouts: about 15 s
 def test_a_tensor_parallel_checkpoint_restores_as_fsdp_and_trains_on(
     root: Path, reference: dict[str, Any]
 ) -> None:
