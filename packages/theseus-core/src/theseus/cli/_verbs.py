@@ -66,6 +66,20 @@ def _check_resumed_name(
         )
 
 
+def _note_saved(
+    tree: Any, from_file: dict[str, Any], settings: dict[str, Any], config_file: Path, where: object
+) -> None:
+    """Say which settings of the file the configuration saved at `where` replaced."""
+    changed = [k for k, v in tree.flat().items() if v != from_file[k] and k not in settings]
+    if changed:
+        click.echo(
+            f"Note: {len(changed)} setting(s) of {config_file} differ from the "
+            f"configuration saved at {where}; the saved values are used (override "
+            f"with KEY=VALUE): {', '.join(changed)}.",
+            err=True,
+        )
+
+
 def _summary(cls: type) -> str:
     doc = (cls.__doc__ or "").strip()
     return doc.splitlines()[0] if doc else "(no description)"
@@ -221,14 +235,7 @@ def run_command(
             finder = q.find().node(node)
             from_file = tree.flat()
             finder.resume() if resume_node else finder.branch()
-            changed = [k for k, v in tree.flat().items() if v != from_file[k] and k not in settings]
-            if changed:
-                click.echo(
-                    f"Note: {len(changed)} setting(s) of {config_file} differ from the "
-                    f"configuration saved at {base}; the saved values are used (override "
-                    f"with KEY=VALUE): {', '.join(changed)}.",
-                    err=True,
-                )
+            _note_saved(tree, from_file, settings, config_file, base)
         tree.update(settings)
         job = q.create()
         result = job()
@@ -274,14 +281,7 @@ def _run_over(
         from_file = tree.flat()
         node = from_host_zero(lambda: q.store.resolve(lineage))  # host zero reads the store
         nodes = q.find().name(node.name).nonce(node.nonce).over(force=force)
-        changed = [k for k, v in tree.flat().items() if v != from_file[k] and k not in settings]
-        if changed:
-            click.echo(
-                f"Note: {len(changed)} setting(s) of {config_file} differ from the "
-                f"configuration saved at {lineage}; the saved values are used (override "
-                f"with KEY=VALUE): {', '.join(changed)}.",
-                err=True,
-            )
+        _note_saved(tree, from_file, settings, config_file, lineage)
         tree.update(settings)
         job = q.create()
         result = job()
