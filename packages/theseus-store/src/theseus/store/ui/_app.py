@@ -49,6 +49,7 @@ STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; char
 # The keys whose last value the runs page shows by default.
 DEFAULT_KEYS = ("val/loss", "train/loss", "train/step")
 PER_PAGE = 50
+MAX_PER_PAGE = 1000  # the most rows ``per_page`` asks for (the runs page and /api/runs)
 MAX_POINTS = 2000
 
 
@@ -168,15 +169,16 @@ class Browser:
         keys_text = request.query_params.get("keys", ",".join(DEFAULT_KEYS))
         keys = [k.strip() for k in keys_text.split(",") if k.strip()][:8]
         page = _int(request, "page", 1, low=1)
+        per_page = _int(request, "per_page", PER_PAGE, low=1, high=MAX_PER_PAGE)
         found, total = _data.lineages(
             self.store,
             text=text,
             status=status,
             keys=keys,
-            offset=(page - 1) * PER_PAGE,
-            limit=PER_PAGE,
+            offset=(page - 1) * per_page,
+            limit=per_page,
         )
-        pages = max(1, -(-total // PER_PAGE))
+        pages = max(1, -(-total // per_page))
         groups: dict[tuple[str, str], list[_data.Lineage]] = {}
         for item in found:
             project, group, _ = item.name.split(".")
@@ -185,6 +187,7 @@ class Browser:
             "groups": groups,
             "total": total,
             "page": page,
+            "per_page": per_page,
             "pages": pages,
             "q": text,
             "status": status,
@@ -313,17 +316,7 @@ class Browser:
         out = []
         for text in request.query_params.getlist("l")[:12]:
             name, nonce = _lineage(text)
-            points = _data.stitched_series(self.store, name, nonce, key)
-            kept = _data.downsample(points, cap)
-            out.append(
-                {
-                    "lineage": text,
-                    "total": len(points),
-                    "x": [p[0] for p in kept],
-                    "y": [p[1] for p in kept],
-                    "node": [p[2] for p in kept],
-                }
-            )
+            out.append({"lineage": text, **_data.series(self.store, name, nonce, key, cap)})
         return JSONResponse({"key": key, "series": out})
 
     def slider(self, request: Request) -> HTMLResponse:

@@ -3,12 +3,39 @@
 Every function takes an open :class:`~theseus.store.Store` and returns plain
 data (dicts, lists, tuples) for the templates and the JSON endpoints. Nothing
 here writes; the store itself is opened with ``readonly=True``.
+
+The runs listing and the curves are served from a per-store memory of what was
+read before (:class:`_Memory`), brought up to date on each request:
+
+- ``PRAGMA data_version`` says whether any other connection committed since the
+  last request; when none did, the memory is the answer as it stands.
+- Otherwise only what is new is read. Nodes are never deleted and their name,
+  nonce, seq and creation time never change, so the per-lineage node counts grow
+  from the rows past the highest node id seen. Checkpoint and artifact counts grow
+  the same way from their own row ids, and are counted again from scratch when the
+  table's total says a row was deleted. The last ``job/status`` of every lineage is
+  read again (a handful of rows per lineage, through the ``vals(key, ...)`` index).
+- A lineage's last value of a key is looked for from the node that held it (or the
+  last node seen) onwards; a series reads again the last node it read (the current
+  node of a running job gets more values) and every node after it.
+
+A value written later onto an *older* node than those (a backfill writing a key onto
+nodes a curve already read) shows once its memory is rebuilt: a curve is read again
+whole when it is older than :data:`REBUILD_S`, a last value when its lineage's
+memory is. Lineages are otherwise append-only, which is what makes this exact.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
+import dataclasses
 import math
 import sqlite3
+import threading
+import time
+import weakref
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +52,20 @@ __all__ = [
     "lineage_family",
     "lineage_keys",
     "lineages",
+    "series",
     "statuses",
     "stitched_series",
 ]
+
+# A curve's memory is read again whole when older than this (seconds): the bound on how
+# long a value written onto an already-read older node can stay unseen.
+REBUILD_S = 120.0
+# The most points all remembered curves hold together (16 bytes a point); the least
+# recently used curve is forgotten first.
+MAX_REMEMBERED_POINTS = 20_000_000
+# Values a curve's min/max summary covers per block (see ``_Curve``).
+BLOCK = 64
+_NUMERIC = "v.kind = 'v' AND typeof(v.value) IN ('integer', 'real')"
 
 
 @dataclass
@@ -39,11 +77,11 @@ class Lineage:
     nodes: int
     last_seq: int
     started: float
-    last_write: float
     checkpoints: int
     artifacts: int
     status: str = "-"
     last: dict[str, Any] = field(default_factory=dict)
+    first_id: int = 0
 
     @property
     def key(self) -> str:
@@ -56,13 +94,212 @@ class Lineage:
         return Node(self.name, self.nonce, self.last_seq).serialize()
 
 
-def _last_value(conn: sqlite3.Connection, name: str, nonce: str, key: str) -> Any:
+@dataclass
+class _Last:
+    """A lineage's last value of a key, and how far along the lineage it was looked for."""
+
+    version: int
+    upto: int  # the lineage's last seq when it was looked for
+    holder: int  # the seq of the node that holds it (-1: none up to ``upto``)
+    value: Any
+
+
+class _Curve:
+    """A key's finite numeric points along a stitched lineage, with a min/max summary.
+
+    ``xs``/``ys`` hold the points in x order; ``mins[b]``/``maxs[b]`` the smallest and
+    largest y of ``ys[b * BLOCK : (b + 1) * BLOCK]``, kept as points are appended.
+    """
+
+    def __init__(self, chain: list[tuple[str, str, int]], version: int) -> None:
+        self.chain = chain  # (name, nonce, last seq taken), oldest first; the last one grows
+        self.offsets: list[int] = []
+        offset = 0
+        for _, _, upto in chain:
+            self.offsets.append(offset)
+            offset += upto + 1
+        self.version = version
+        self.built = time.monotonic()
+        self.xs = array("q")
+        self.ys = array("d")
+        self.mins = array("d")
+        self.maxs = array("d")
+
+    @property
+    def seen(self) -> int:
+        """The last seq read of the lineage itself (the chain's last part)."""
+        return self.chain[-1][2]
+
+    def append(self, points: Sequence[tuple[int, float]]) -> None:
+        """Add points past every one held (x increasing), keeping the summary."""
+        start = len(self.ys)
+        for x, y in points:
+            self.xs.append(x)
+            self.ys.append(y)
+        self._summarize(start)
+
+    def cut(self, x: int) -> None:
+        """Forget every point at ``x`` or after."""
+        keep = bisect.bisect_left(self.xs, x)
+        del self.xs[keep:]
+        del self.ys[keep:]
+        self._summarize(keep)
+
+    def _summarize(self, start: int) -> None:
+        first = start // BLOCK
+        del self.mins[first:]
+        del self.maxs[first:]
+        ys = self.ys
+        for lo in range(first * BLOCK, len(ys), BLOCK):
+            chunk = ys[lo : lo + BLOCK]
+            self.mins.append(min(chunk))
+            self.maxs.append(max(chunk))
+
+    def node(self, index: int) -> str:
+        """The node, serialized, that holds point ``index``."""
+        x = self.xs[index]
+        part = bisect.bisect_right(self.offsets, x) - 1
+        name, nonce, _ = self.chain[part]
+        return f"{name}~{nonce}~{x - self.offsets[part]}"
+
+
+class _Memory:
+    """What was read of one store before; see the module's docstring."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.version: int | None = None
+        self.node_id = 0  # the highest node id read
+        self.lineages: dict[tuple[str, str], Lineage] = {}
+        self.tables = {"checkpoints": (0, 0), "artifacts": (0, 0)}  # (rows, highest id)
+        self.counts: dict[str, dict[tuple[str, str], int]] = {"checkpoints": {}, "artifacts": {}}
+        self.status: dict[tuple[str, str], Any] = {}
+        self.statuses: list[str] = []
+        self.numeric_keys: list[str] | None = None
+        self.last: dict[tuple[str, str, str], _Last] = {}
+        self.curves: collections.OrderedDict[tuple[str, str, str], _Curve] = (
+            collections.OrderedDict()
+        )
+
+
+_MEMORIES: weakref.WeakKeyDictionary[Store, _Memory] = weakref.WeakKeyDictionary()
+_MEMORIES_LOCK = threading.Lock()
+
+
+def _memory(store: Store) -> _Memory:
+    with _MEMORIES_LOCK:
+        memory = _MEMORIES.get(store)
+        if memory is None:
+            memory = _MEMORIES[store] = _Memory()
+        return memory
+
+
+def _version(conn: sqlite3.Connection) -> int:
+    """A number that changes whenever another connection commits (read before anything)."""
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def _refresh(conn: sqlite3.Connection, memory: _Memory) -> int:
+    """Bring the lineage summaries up to date; return the snapshot's data version."""
+    version = _version(conn)
+    if version == memory.version:
+        return version
+    for name, nonce, count, last_seq, started, first_id, top in conn.execute(
+        "SELECT name, nonce, COUNT(*), MAX(seq), MIN(created), MIN(id), MAX(id) FROM nodes "
+        "WHERE id > ? GROUP BY name, nonce",
+        (memory.node_id,),
+    ):
+        item = memory.lineages.get((name, nonce))
+        if item is None:
+            memory.lineages[(name, nonce)] = Lineage(
+                name,
+                nonce,
+                nodes=int(count),
+                last_seq=int(last_seq),
+                started=float(started),
+                checkpoints=0,
+                artifacts=0,
+                first_id=int(first_id),
+            )
+        else:
+            item.nodes += int(count)
+            item.last_seq = max(item.last_seq, int(last_seq))
+            item.started = min(item.started, float(started))
+            item.first_id = min(item.first_id, int(first_id))
+        memory.node_id = max(memory.node_id, int(top))
+    for table in ("checkpoints", "artifacts"):
+        rows, top = conn.execute(f"SELECT COUNT(*), COALESCE(MAX(id), 0) FROM {table}").fetchone()
+        had, seen = memory.tables[table]
+        if (rows, top) == (had, seen):
+            continue
+        counts = memory.counts[table]
+        if rows < had or top < seen:  # a row was deleted: count again from scratch
+            counts.clear()
+            had, seen = 0, 0
+        added = conn.execute(
+            f"SELECT n.name, n.nonce, COUNT(*) FROM {table} t JOIN nodes n ON n.id = t.node "
+            "WHERE t.id > ? GROUP BY n.name, n.nonce",
+            (seen,),
+        ).fetchall()
+        if had + sum(int(c) for _, _, c in added) != rows:  # deleted and added: start over
+            counts.clear()
+            added = conn.execute(
+                f"SELECT n.name, n.nonce, COUNT(*) FROM {table} t JOIN nodes n ON n.id = t.node "
+                "GROUP BY n.name, n.nonce"
+            ).fetchall()
+        for name, nonce, count in added:
+            counts[(name, nonce)] = counts.get((name, nonce), 0) + int(count)
+        memory.tables[table] = (int(rows), int(top))
+    for (name, nonce), item in memory.lineages.items():
+        item.checkpoints = memory.counts["checkpoints"].get((name, nonce), 0)
+        item.artifacts = memory.counts["artifacts"].get((name, nonce), 0)
+    # The last job/status of each lineage: SQLite takes the value from the MAX(seq) row.
+    memory.status = {
+        (name, nonce): decode_value(value, kind)
+        for name, nonce, value, kind, _ in conn.execute(
+            "SELECT n.name, n.nonce, v.value, v.kind, MAX(n.seq) FROM vals v "
+            "JOIN nodes n ON n.id = v.node WHERE v.key = 'job/status' GROUP BY n.name, n.nonce"
+        )
+    }
+    for key, item in memory.lineages.items():
+        state = memory.status.get(key)
+        item.status = "-" if state is None else str(state)
+    memory.statuses = sorted(
+        str(r[0]) for r in conn.execute("SELECT DISTINCT value FROM vals WHERE key = 'job/status'")
+    )
+    memory.numeric_keys = None
+    memory.version = version
+    return version
+
+
+def _last_value(
+    conn: sqlite3.Connection, memory: _Memory, version: int, item: Lineage, key: str
+) -> Any:
+    """The value of ``key`` at the lineage's last node that has it (None: no node has it)."""
+    found = memory.last.get((item.name, item.nonce, key))
+    if found is not None and found.version == version:
+        return found.value
+    start = 0
+    if found is not None:
+        start = found.upto if found.holder < 0 else min(found.holder, found.upto)
     row = conn.execute(
-        "SELECT v.value, v.kind FROM vals v JOIN nodes n ON n.id = v.node "
-        "WHERE n.name = ? AND n.nonce = ? AND v.key = ? ORDER BY n.seq DESC LIMIT 1",
-        (name, nonce, key),
+        "SELECT n.seq, v.value, v.kind FROM nodes n JOIN vals v ON v.node = n.id AND v.key = ? "
+        "WHERE n.name = ? AND n.nonce = ? AND n.seq >= ? ORDER BY n.seq DESC LIMIT 1",
+        (key, item.name, item.nonce, start),
     ).fetchone()
-    return None if row is None else decode_value(row[0], row[1])
+    if row is None and found is not None and found.holder >= 0:
+        # Not where it was (cannot happen while values are only added): search it all.
+        row = conn.execute(
+            "SELECT n.seq, v.value, v.kind FROM nodes n JOIN vals v ON v.node = n.id "
+            "AND v.key = ? WHERE n.name = ? AND n.nonce = ? ORDER BY n.seq DESC LIMIT 1",
+            (key, item.name, item.nonce),
+        ).fetchone()
+    if row is None:
+        now = _Last(version, item.last_seq, -1, None)
+    else:
+        now = _Last(version, item.last_seq, int(row[0]), decode_value(row[1], row[2]))
+    memory.last[(item.name, item.nonce, key)] = now
+    return now.value
 
 
 def lineages(
@@ -83,80 +320,69 @@ def lineages(
         offset, limit: the page.
 
     Returns:
-        The page's lineages and how many matched in all.
+        The page's lineages (copies: the caller may keep them) and how many matched in all.
     """
+    memory = _memory(store)
 
     def read(conn: sqlite3.Connection) -> tuple[list[Lineage], int]:
-        rows = conn.execute(
-            "SELECT name, nonce, COUNT(*), MAX(seq), MIN(created), MAX(written) "
-            "FROM nodes GROUP BY name, nonce ORDER BY MIN(id) DESC"
-        ).fetchall()
-        counts = {}
-        for table in ("checkpoints", "artifacts"):
-            counts[table] = {
-                (name, nonce): int(count)
-                for name, nonce, count in conn.execute(
-                    f"SELECT n.name, n.nonce, COUNT(*) FROM {table} t "
-                    "JOIN nodes n ON n.id = t.node GROUP BY n.name, n.nonce"
-                )
-            }
-        # The last job/status of each lineage: SQLite takes the value from the MAX(seq) row.
-        states = {
-            (name, nonce): decode_value(value, kind)
-            for name, nonce, value, kind, _ in conn.execute(
-                "SELECT n.name, n.nonce, v.value, v.kind, MAX(n.seq) FROM vals v "
-                "JOIN nodes n ON n.id = v.node WHERE v.key = 'job/status' GROUP BY n.name, n.nonce"
-            )
-        }
-        found = []
-        needle = text.lower()
-        for name, nonce, nodes, last_seq, started, last_write in rows:
-            lineage = (name, nonce)
-            item = Lineage(
-                name,
-                nonce,
-                nodes=int(nodes),
-                last_seq=int(last_seq),
-                started=float(started),
-                last_write=float(last_write),
-                checkpoints=counts["checkpoints"].get(lineage, 0),
-                artifacts=counts["artifacts"].get(lineage, 0),
-            )
-            if needle and needle not in item.key.lower():
-                continue
-            state = states.get(lineage)
-            item.status = "-" if state is None else str(state)
-            if status and item.status != status:
-                continue
-            found.append(item)
-        page = found[offset : offset + limit]
-        # A key no node has is None everywhere: one index probe instead of a walk per lineage.
-        held = [
-            k
-            for k in keys
-            if conn.execute("SELECT 1 FROM vals WHERE key = ? LIMIT 1", (k,)).fetchone()
-        ]
-        for item in page:
-            item.last = {k: None for k in keys}
-            item.last.update({k: _last_value(conn, item.name, item.nonce, k) for k in held})
-        return page, len(found)
+        with memory.lock:
+            version = _refresh(conn, memory)
+            needle = text.lower()
+            found = [
+                item
+                for item in sorted(memory.lineages.values(), key=_newest_first)
+                if (not needle or needle in item.key.lower())
+                and (not status or item.status == status)
+            ]
+            # A key no node has is None everywhere: one index probe instead of a walk each.
+            held = [
+                k
+                for k in keys
+                if conn.execute("SELECT 1 FROM vals WHERE key = ? LIMIT 1", (k,)).fetchone()
+            ]
+            page = []
+            for item in found[offset : offset + limit]:
+                last = {k: None for k in keys}
+                last.update({k: _last_value(conn, memory, version, item, k) for k in held})
+                page.append(dataclasses.replace(item, last=last))
+            return page, len(found)
 
     return store.read(read)
 
 
+def _newest_first(item: Lineage) -> int:
+    return -item.first_id
+
+
 def statuses(store: Store) -> list[str]:
     """Every ``job/status`` value the store holds, sorted (the status filter's choices)."""
-    rows = store.read_one("SELECT DISTINCT value FROM vals WHERE key = 'job/status'", ())
-    return sorted(str(r[0]) for r in rows)
+    memory = _memory(store)
+
+    def read(conn: sqlite3.Connection) -> list[str]:
+        with memory.lock:
+            _refresh(conn, memory)
+            return list(memory.statuses)
+
+    return store.read(read)
 
 
 def lineage_keys(store: Store) -> list[str]:
     """Every value key with a numeric value somewhere (the curve page's choices)."""
-    rows = store.read_one(
-        "SELECT DISTINCT key FROM vals WHERE kind = 'v' AND typeof(value) IN ('integer', 'real')",
-        (),
-    )
-    return sorted(str(r[0]) for r in rows)
+    memory = _memory(store)
+
+    def read(conn: sqlite3.Connection) -> list[str]:
+        with memory.lock:
+            _refresh(conn, memory)
+            if memory.numeric_keys is None:
+                memory.numeric_keys = sorted(
+                    str(r[0])
+                    for r in conn.execute(
+                        f"SELECT DISTINCT v.key FROM vals v WHERE {_NUMERIC}",
+                    )
+                )
+            return list(memory.numeric_keys)
+
+    return store.read(read)
 
 
 def _branch(conn: sqlite3.Connection, name: str, nonce: str) -> tuple[int, Node] | None:
@@ -287,6 +513,84 @@ def _chain(conn: sqlite3.Connection, name: str, nonce: str) -> list[tuple[str, s
     return chain[::-1]
 
 
+def _numeric_rows(
+    conn: sqlite3.Connection, name: str, nonce: str, key: str, first: int, last: int, offset: int
+) -> list[tuple[int, float]]:
+    """``(offset + seq, value)`` of the lineage's finite numeric values of ``key``."""
+    rows = conn.execute(
+        "SELECT n.seq, v.value FROM vals v JOIN nodes n ON n.id = v.node "
+        f"WHERE n.name = ? AND n.nonce = ? AND n.seq >= ? AND n.seq <= ? AND v.key = ? "
+        f"AND {_NUMERIC} ORDER BY n.seq",
+        (name, nonce, first, last, key),
+    ).fetchall()
+    isfinite = math.isfinite
+    return [(offset + seq, float(value)) for seq, value in rows if isfinite(value)]
+
+
+def _curve(conn: sqlite3.Connection, memory: _Memory, name: str, nonce: str, key: str) -> _Curve:
+    """The curve of ``key`` along the lineage, read or brought up to date (memory locked)."""
+    version = _version(conn)
+    wanted = (name, nonce, key)
+    curve = memory.curves.get(wanted)
+    fresh = curve is not None and time.monotonic() - curve.built < REBUILD_S
+    if curve is not None and fresh and curve.version == version:
+        memory.curves.move_to_end(wanted)
+        return curve
+    chain = _chain(conn, name, nonce)
+    if not chain:
+        memory.curves.pop(wanted, None)
+        return _Curve([(name, nonce, -1)], version)
+    if (
+        curve is None
+        or not fresh
+        or chain[:-1] != curve.chain[:-1]
+        or chain[-1][:2] != curve.chain[-1][:2]
+        or chain[-1][2] < curve.seen
+    ):
+        curve = _Curve(chain, version)
+        points: list[tuple[int, float]] = []
+        for (part_name, part_nonce, upto), offset in zip(chain, curve.offsets, strict=True):
+            points += _numeric_rows(conn, part_name, part_nonce, key, 0, upto, offset)
+        curve.append(points)
+    else:
+        # Append-only: read again from the last node read (it may have more values now).
+        offset = curve.offsets[-1]
+        curve.cut(offset + curve.seen)
+        curve.append(_numeric_rows(conn, name, nonce, key, curve.seen, chain[-1][2], offset))
+        curve.chain = chain
+        curve.version = version
+    memory.curves[wanted] = curve
+    memory.curves.move_to_end(wanted)
+    held = sum(len(c.ys) for c in memory.curves.values())
+    while held > MAX_REMEMBERED_POINTS and len(memory.curves) > 1:
+        _, dropped = memory.curves.popitem(last=False)
+        held -= len(dropped.ys)
+    return curve
+
+
+def series(store: Store, name: str, nonce: str, key: str, max_points: int = 2000) -> dict[str, Any]:
+    """``key`` over the lineage's ancestry, cut to at most ``max_points`` (see :func:`downsample`).
+
+    Returns:
+        ``{"total": finite points in all, "x": [...], "y": [...], "node": [...]}``, x
+        counting nodes from the root lineage's first (see :func:`stitched_series`).
+    """
+    memory = _memory(store)
+
+    def read(conn: sqlite3.Connection) -> dict[str, Any]:
+        with memory.lock:
+            curve = _curve(conn, memory, name, nonce, key)
+            kept = _kept(curve.ys, curve.mins, curve.maxs, max_points)
+            return {
+                "total": len(curve.ys),
+                "x": [curve.xs[i] for i in kept],
+                "y": [curve.ys[i] for i in kept],
+                "node": [curve.node(i) for i in kept],
+            }
+
+    return store.read(read)
+
+
 def stitched_series(store: Store, name: str, nonce: str, key: str) -> list[tuple[int, float, str]]:
     """``key`` over the lineage's ancestry: ``(x, value, node)``, x counting nodes from the root.
 
@@ -294,57 +598,76 @@ def stitched_series(store: Store, name: str, nonce: str, key: str) -> list[tuple
     nodes up to the branch point, then the branch's own. Non-numeric and
     non-finite values are left out.
     """
+    memory = _memory(store)
 
     def read(conn: sqlite3.Connection) -> list[tuple[int, float, str]]:
-        points: list[tuple[int, float, str]] = []
-        offset = 0
-        for part_name, part_nonce, upto in _chain(conn, name, nonce):
-            rows = conn.execute(
-                "SELECT n.seq, v.value FROM vals v JOIN nodes n ON n.id = v.node "
-                "WHERE n.name = ? AND n.nonce = ? AND n.seq <= ? AND v.key = ? "
-                "AND v.kind = 'v' AND typeof(v.value) IN ('integer', 'real') ORDER BY n.seq",
-                (part_name, part_nonce, upto, key),
-            ).fetchall()
-            stem = f"{part_name}~{part_nonce}~"  # a recorded lineage: already a valid name
-            points.extend(
-                (offset + seq, float(value), f"{stem}{seq}")
-                for seq, value in rows
-                if math.isfinite(value)
-            )
-            offset += upto + 1
-        return points
+        with memory.lock:
+            curve = _curve(conn, memory, name, nonce, key)
+            return [(curve.xs[i], curve.ys[i], curve.node(i)) for i in range(len(curve.ys))]
 
     return store.read(read)
 
 
-def downsample(points: Sequence[tuple[Any, ...]], max_points: int = 2000) -> list[tuple[Any, ...]]:
-    """At most ``max_points`` of ``points`` (sorted by x): first, last, each bucket's min and max.
+def _summary(ys: array[float]) -> tuple[array[float], array[float]]:
+    """Each block's smallest and largest value (see ``_Curve``)."""
+    mins, maxs = array("d"), array("d")
+    for lo in range(0, len(ys), BLOCK):
+        chunk = ys[lo : lo + BLOCK]
+        mins.append(min(chunk))
+        maxs.append(max(chunk))
+    return mins, maxs
 
-    The points between the first and the last are cut into equal buckets;
-    each bucket keeps its smallest and its largest value (in x order, once if
-    they are one point), so every peak and dip survives the cut.
-    """
+
+def _first_extreme(ys: array[float], blocks: array[float], lo: int, hi: int, pick: Any) -> int:
+    """The index of the first smallest (``pick=min``) or largest value in ``ys[lo:hi]``."""
+    b0, b1 = -(-lo // BLOCK), hi // BLOCK  # the whole blocks inside: b0 .. b1 - 1
+    if b1 - b0 < 2:
+        return ys.index(pick(ys[lo:hi]), lo, hi)
+    left, right = ys[lo : b0 * BLOCK], ys[b1 * BLOCK : hi]
+    middle = pick(blocks[b0:b1])
+    best = pick([middle, *([pick(left)] if left else []), *([pick(right)] if right else [])])
+    if left and pick(left) == best:
+        return ys.index(best, lo, b0 * BLOCK)
+    if middle == best:
+        block = blocks.index(best, b0, b1)
+        return ys.index(best, block * BLOCK, (block + 1) * BLOCK)
+    return ys.index(best, b1 * BLOCK, hi)
+
+
+def _kept(ys: array[float], mins: array[float], maxs: array[float], max_points: int) -> list[int]:
+    """The indices :func:`downsample` keeps of ``ys`` (``mins``/``maxs``: its block summary)."""
     if max_points < 4:
         raise ValueError(
             f"max_points must be at least 4 (first, last, one bucket); got {max_points}."
         )
-    n = len(points)
+    n = len(ys)
     if n <= max_points:
-        return list(points)
+        return list(range(n))
     inner = n - 2
     buckets = (max_points - 2) // 2
-    kept: list[tuple[Any, ...]] = [points[0]]
+    kept = [0]
     for b in range(buckets):
         lo = 1 + (b * inner) // buckets
         hi = 1 + ((b + 1) * inner) // buckets
         if lo >= hi:
             continue
-        chunk = range(lo, hi)
-        low = min(chunk, key=lambda i: points[i][1])
-        high = max(chunk, key=lambda i: points[i][1])
-        kept.extend(points[i] for i in sorted({low, high}))
-    kept.append(points[-1])
+        low = _first_extreme(ys, mins, lo, hi, min)
+        high = _first_extreme(ys, maxs, lo, hi, max)
+        kept.extend(sorted({low, high}))
+    kept.append(n - 1)
     return kept
+
+
+def downsample(points: Sequence[tuple[Any, ...]], max_points: int = 2000) -> list[tuple[Any, ...]]:
+    """At most ``max_points`` of ``points`` (sorted by x): first, last, each bucket's min and max.
+
+    The points between the first and the last are cut into equal buckets (by
+    position); each bucket keeps its smallest and its largest value (the first
+    of equal ones; in x order, once if they are one point), so every peak and dip
+    survives the cut. The values (``point[1]``) must be numbers, NaN excluded.
+    """
+    ys = array("d", (p[1] for p in points))
+    return [points[i] for i in _kept(ys, *_summary(ys), max_points)]
 
 
 def artifact_frames(store: Store, name: str, nonce: str, artifact: str) -> list[dict[str, Any]]:
