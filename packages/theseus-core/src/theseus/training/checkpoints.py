@@ -8,6 +8,17 @@ on its node once its folder carries the final name (checked at every `poll()`, a
 next `save()` and at `wait()`), so the store never lists a checkpoint that is still
 being written, and never lags more than one step behind the disk.
 
+Even orbax's asynchronous save holds its caller for tens of milliseconds (it gathers the
+arrays' slices, copies them to host memory, starts its write threads). In a
+single-process run the keeper takes all of that off the training loop: `save()` only
+starts a copy of the state's arrays into fresh device buffers (asynchronous, so the
+loop does not wait for it; the train step donates its state, and these copies are the
+keeper's own, which no step can donate or overwrite) and hands them to the keeper's
+thread, which calls orbax's save. The cost is a second copy of the state in device
+memory from the save until orbax has written it, for one save at a time. With several
+processes orbax's save synchronizes them with collectives, which must not run beside the
+training step's, so there the save stays on the caller's thread as before.
+
 While it writes, the keeper holds the folder's writer lock (`theseus.store.FolderLock`):
 a second process that tries to continue the same lineage gets `FolderBusyError`, and
 `theseus-store fsck --repair` leaves the folder alone. When it opens the folder, it sets
@@ -21,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +91,8 @@ class CheckpointKeeper:
         check: run on host zero once the lock is held, before anything in the folder
             changes (the trainer refuses there to train over later checkpoints); what it
             raises releases the lock and is raised on every host.
+        background: start orbax's save on the keeper's thread (from a device copy of the
+            state) instead of the caller's; default: when this is the only process.
 
     Raises:
         FolderBusyError: another live process writes checkpoints in `directory`.
@@ -90,10 +104,16 @@ class CheckpointKeeper:
         store: Store | None,
         *,
         check: Callable[[], None] | None = None,
+        background: bool | None = None,
     ) -> None:
         self.directory = directory
         self.store = store
         self._lock: FolderLock | None = None
+        self._background = jax.process_count() == 1 if background is None else background
+        self._thread: ThreadPoolExecutor | None = None  # started at the first save
+        # The save handed to the keeper's thread and not yet collected: its orbax call
+        # (which returns once the host copy is taken and the write threads run).
+        self._starting: tuple[Future[None], tuple[int, Node, dict[str, Any]]] | None = None
         # Host zero takes the lock; what it raises (busy, refused) every host raises.
         from_host_zero(lambda: self._take(check) if store is not None else None)
         try:
@@ -148,9 +168,27 @@ class CheckpointKeeper:
     def save(self, step: int, node: Node, state: Any, meta: dict[str, Any]) -> None:
         """Start saving `state` as `step`; it is registered on `node` once committed.
 
-        Orbax finishes the previous save before it starts this one, so every earlier
-        step is registered by the time this returns.
+        The previous save is finished (committed and registered) before this one starts,
+        as orbax does, so every earlier step is registered by the time this returns. In
+        the background (see the module's notes) this returns once the state's device copy
+        is dispatched: a train step that donates `state` right after waits for the copy.
         """
+        if not self._background:
+            self._orbax_save(step, state, meta)
+            self._register(committed_only=True)
+            self._pending.append((step, node, meta))
+            return
+        self._collect(block=True)  # raises what the previous save raised on the thread
+        self.manager.wait_until_finished()  # the keeper's thread is idle: no orbax call runs
+        self.manager.check_for_errors()
+        self._register(committed_only=True)
+        copy = _device_copy(state)
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="theseus-checkpoint")
+        future = self._thread.submit(self._orbax_save, step, copy, dict(meta))
+        self._starting = (future, (step, node, meta))
+
+    def _orbax_save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         self.manager.save(
             step,
             args=ocp.args.Composite(
@@ -158,16 +196,28 @@ class CheckpointKeeper:
             ),
             force=True,
         )
-        self._register(committed_only=True)
-        self._pending.append((step, node, meta))
+
+    def _collect(self, block: bool) -> None:
+        """Take the save started on the keeper's thread into `_pending` once orbax's call
+        returned (`block`: wait for it); raise what that call raised (nothing is pending)."""
+        if self._starting is None:
+            return
+        future, entry = self._starting
+        if not block and not future.done():
+            return
+        self._starting = None
+        future.result()
+        self._pending.append(entry)
 
     def poll(self) -> None:
         """Register the saves whose folders orbax has committed (cheap; call it every step)."""
+        self._collect(block=False)
         if self._pending:
             self._register(committed_only=True)
 
     def wait(self) -> None:
         """Block until every save is committed, then register them."""
+        self._collect(block=True)
         self.manager.wait_until_finished()
         self.manager.check_for_errors()
         self._register(committed_only=False)
@@ -193,7 +243,29 @@ class CheckpointKeeper:
             self.wait()
             self.manager.close()
         finally:
-            self._release()
+            thread, self._thread = self._thread, None
+            try:
+                if thread is not None:
+                    thread.shutdown(wait=True)
+            finally:
+                self._release()
+
+
+def _device_copy(tree: Any) -> Any:
+    """`tree` with its arrays copied into fresh buffers of the same shardings.
+
+    The copy is dispatched, not waited for: JAX orders a later computation that donates
+    (and so overwrites) a source buffer after the copy's read of it. NumPy leaves are
+    copied on the host; other leaves are kept.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+    arrays = [leaves[i] for i in where]
+    copies = jax.device_put(arrays, [a.sharding for a in arrays], may_alias=False)
+    for i, copied in zip(where, copies, strict=True):
+        leaves[i] = copied
+    leaves = [np.array(leaf) if isinstance(leaf, np.ndarray) else leaf for leaf in leaves]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def set_aside_strays(directory: Path, store: Store) -> list[Path]:
