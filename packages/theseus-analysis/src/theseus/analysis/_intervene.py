@@ -136,42 +136,132 @@ class Effect:
 # `(path, module, arguments by name, output) -> output to use`: what a forward does at a site.
 OnCall = Callable[[str, nn.Module, dict[str, Any], Any], Any]
 
+# Lifted transforms whose body's values are those of the untransformed call: a site
+# inside one is replaced inside it, and its call leaves the transform as an extra output.
+_REMAT = ("checkpoint", "remat")
 
-def _forward(run: Callable[[], Any], paths: tuple[str, ...], on_call: OnCall, owner: str) -> Any:
-    """`run()` with the first `__call__` at each of `paths` passed through `on_call`."""
-    seen: set[str] = set()
-    level = _debug._trace_state()
+
+@dataclasses.dataclass
+class _Level:
+    """A trace sites are taken in: the forward's own, or the body of an `nn.remat` in it."""
+
+    trace: Any
+    calls: dict[str, _Recorded]
+
+
+class _Restart(Exception):
+    """A site ran inside an `nn.remat` class made before the forward: hook it, run again."""
+
+
+def _forward(
+    run: Callable[[], Any], paths: tuple[str, ...], on_call: OnCall, owner: str
+) -> tuple[Any, dict[str, _Recorded]]:
+    """`run()` with the first `__call__` at each of `paths` passed through `on_call`.
+
+    Returns `(run()'s result, each site's call)`: its module (unbound copy), variables,
+    arguments and the output it returned before `on_call`, all as values of the
+    caller's trace. A site inside an `nn.remat`/`nn.checkpoint` module is replaced
+    inside the transform (its body runs under the same `jax.checkpoint`, so the
+    backward recomputes the replaced block), and its call leaves the transform as an
+    extra output. A site inside any other transform (`nn.scan`, `nn.vmap`) is an
+    `InterventionError`.
+    """
+    levels: list[_Level] = []
     busy = [False]  # an intervention's own module calls are not sites
+
+    def pending(path: str) -> bool:
+        return path in paths and not any(path in level.calls for level in levels)
 
     def listen(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
         if busy[0] or context.method_name != "__call__":
             return next_fun(*args, **kwargs)
         path = _debug.path_of(context.module)
-        if path not in paths or path in seen:
+        if not pending(path):
             return next_fun(*args, **kwargs)
-        if _debug._trace_state() != level:
+        if _debug._trace_state() != levels[-1].trace:
+            around = _debug.lifted_call_around()
+            if around is not None and around[0] in _REMAT and not around[2]:
+                raise _Restart(around[1])
+            kind = f"nn.{around[0]}" if around is not None else "a transform"
             raise InterventionError(
-                f"{owner}: the call at {path!r} runs inside a transform (nn.remat, nn.scan, "
-                "nn.vmap, ...) whose values cannot be replaced from outside it; select the "
-                "transformed module itself"
+                f"{owner}: the call at {path!r} runs inside {kind} (nn.scan, nn.vmap, ...), "
+                "whose values cannot be replaced from outside it; select the transformed "
+                "module itself"
             )
-        seen.add(path)
         output = next_fun(*args, **kwargs)
+        module = context.module
+        named = _debug._arguments(context, args, kwargs)
+        levels[-1].calls[path] = _Recorded(
+            module.clone(parent=None), dict(module.variables), named, output
+        )
         busy[0] = True
         try:
-            return on_call(path, context.module, _debug._arguments(context, args, kwargs), output)
+            return on_call(path, module, named, output)
         finally:
             busy[0] = False
 
-    with nn.intercept_methods(listen):
-        result = run()
-    missing = [p for p in paths if p not in seen]
+    def outer(module: nn.Module, original: Any, args: Any, kwargs: Any) -> Any:
+        """A lifted module's call: an `nn.remat` with sites below runs them inside it."""
+        kind = (_debug.lifted(type(module)) or ("",))[0]
+        path = _debug.path_of(module)
+        below = [p for p in paths if pending(p) and _within(p, path)]
+        here = _debug._trace_state() == levels[-1].trace
+        if busy[0] or not here or kind not in _REMAT or not below:
+            return original(module, *args, **kwargs)
+        statics: dict[str, tuple[nn.Module, Any, list[Any]]] = {}
+
+        def body(method: Callable[..., Any], *inner: Any, **named: Any) -> Any:
+            statics.clear()  # a transform may trace its body more than once
+            levels.append(_Level(_debug._trace_state(), {}))
+            try:
+                out = method(*inner, **named)
+                calls = levels[-1].calls
+            finally:
+                levels.pop()
+            arrays = {}
+            for where, call in calls.items():  # the variables are read outside
+                leaves, treedef = jax.tree_util.tree_flatten(call.named)
+                statics[where] = (
+                    call.module,
+                    treedef,
+                    [None if _is_array(x) else x for x in leaves],
+                )
+                arrays[where] = ([x for x in leaves if _is_array(x)], call.output)
+            return out, arrays
+
+        out, arrays = _debug.call_lifted(module, original, args, kwargs, body)
+        for where, (given, output) in arrays.items():
+            copy, treedef, kept = statics[where]
+            values = iter(given)
+            named = jax.tree_util.tree_unflatten(
+                treedef, [next(values) if x is None else x for x in kept]
+            )
+            variables = _debug._subtree(module.variables, where[len(path) :].lstrip("/"))
+            levels[-1].calls[where] = _Recorded(copy, variables, named, output)
+        return out
+
+    with _debug.lifted_calls(outer) as hook:
+        while True:
+            levels[:] = [_Level(_debug._trace_state(), {})]
+            try:
+                with nn.intercept_methods(listen):
+                    result = run()
+                break
+            except _Restart as restart:
+                hook(restart.args[0])
+    [level] = levels
+    missing = [p for p in paths if p not in level.calls]
     if missing:
         raise InterventionError(
             f"{owner}: the trace finished without calling {missing}; a selected path must be "
             "called on every forward"
         )
-    return result
+    return result, level.calls
+
+
+def _within(path: str, root: str) -> bool:
+    """Whether module `path` is `root` or below it (every path is below the root `""`)."""
+    return not root or path == root or path.startswith(root + "/")
 
 
 def _check_replacement(new: Any, old: Any, path: str, owner: str) -> Any:
@@ -232,11 +322,11 @@ def compile_intervention(
             on_trace()
         rngs = keys.layer_rngs(key)
 
-        def forward(rows: dict[str, Any], on_call: OnCall) -> Outcome:
-            output = _forward(
+        def forward(rows: dict[str, Any], on_call: OnCall) -> tuple[Outcome, dict[str, _Recorded]]:
+            output, calls = _forward(
                 lambda: trace(state, rows, key, sharding=sharding), paths, on_call, owner
             )
-            return Outcome.of(output, rows)
+            return Outcome.of(output, rows), calls
 
         def measure(outcome: Outcome) -> Any:
             return hooks.measure(outcome)
@@ -244,8 +334,8 @@ def compile_intervention(
         sources: dict[str, Call] = {}
         source = None
         if hooks.corrupt is not None:
-            calls: dict[str, _Recorded] = {}
-            source = measure(forward(batch, _recorder(calls)))
+            outcome, calls = forward(batch, _unchanged)
+            source = measure(outcome)
             sources = {p: Call(_debug.DebugInputs(c.named), c.output) for p, c in calls.items()}
             target = hooks.corrupt(batch)
         else:
@@ -295,8 +385,8 @@ def compile_intervention(
                 rows.append(jax.lax.map(estimate, jnp.arange(width, dtype=jnp.int32)))
             intervened = jnp.stack(rows)
         else:
-            recorded = {}
-            baseline = measure(forward(target, _recorder(recorded)))
+            outcome, recorded = forward(target, _unchanged)
+            baseline = measure(outcome)
             variants = count(recorded)
             width = variants or 1
 
@@ -313,7 +403,7 @@ def compile_intervention(
                         lambda: output,
                     )
 
-                return measure(forward(target, at))
+                return measure(forward(target, at)[0])
 
             flat = jax.lax.map(one, jnp.arange(len(paths) * width, dtype=jnp.int32))
             intervened = jax.tree.map(lambda a: a.reshape(len(paths), width, *a.shape[1:]), flat)
@@ -339,14 +429,9 @@ class _Recorded:
     output: Any
 
 
-def _recorder(into: dict[str, _Recorded]) -> OnCall:
-    """An `OnCall` that keeps each site's call in `into` and changes nothing."""
-
-    def record(path: str, module: nn.Module, named: dict[str, Any], output: Any) -> Any:
-        into[path] = _Recorded(module.clone(parent=None), dict(module.variables), named, output)
-        return output
-
-    return record
+def _unchanged(path: str, module: nn.Module, named: dict[str, Any], output: Any) -> Any:
+    """An `OnCall` that changes nothing (a forward that only records the sites' calls)."""
+    return output
 
 
 def _gradients(
@@ -365,26 +450,22 @@ def _gradients(
     trace (no FLOPs).
     """
     shapes = jax.eval_shape(
-        lambda: {p: c.output for p, c in _recorded_abstractly(forward, target).items()}
+        lambda: {p: c.output for p, c in forward(target, _unchanged)[1].items()}
     )
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     statics: dict[str, tuple[nn.Module, Any, list[Any]]] = {}
 
     def value(deltas: dict[str, Any]) -> Any:
-        arrays: dict[str, Any] = {}
-
         def add(path: str, module: nn.Module, named: dict[str, Any], output: Any) -> Any:
-            leaves, treedef = jax.tree_util.tree_flatten(named)
-            kept = [None if _is_array(x) else x for x in leaves]
-            statics[path] = (module.clone(parent=None), treedef, kept)
-            arrays[path] = (
-                dict(module.variables),
-                [x for x in leaves if _is_array(x)],
-                output,
-            )
             return jax.tree.map(jnp.add, output, deltas[path])
 
-        measured = measure(forward(target, add))
+        outcome, calls = forward(target, add)
+        arrays: dict[str, Any] = {}
+        for path, call in calls.items():
+            leaves, treedef = jax.tree_util.tree_flatten(call.named)
+            statics[path] = (call.module, treedef, [None if _is_array(x) else x for x in leaves])
+            arrays[path] = (call.variables, [x for x in leaves if _is_array(x)], call.output)
+        measured = measure(outcome)
         leaves = jax.tree.leaves(measured)
         if len(leaves) != 1 or jnp.ndim(leaves[0]) != 0:
             raise InterventionError(
@@ -405,14 +486,6 @@ def _gradients(
         )
         recorded[path] = _Recorded(module, variables, named, output)
     return baseline, recorded, grads
-
-
-def _recorded_abstractly(
-    forward: Callable[..., Any], target: dict[str, Any]
-) -> dict[str, _Recorded]:
-    calls: dict[str, _Recorded] = {}
-    forward(target, _recorder(calls))
-    return calls
 
 
 def _is_array(leaf: Any) -> bool:

@@ -456,6 +456,83 @@ def _hook_new_classes(hooked: set[type], undo: list[Callable[[], None]]) -> Iter
             setattr(nn.transforms, name, make)
 
 
+@contextlib.contextmanager
+def lifted_calls(
+    on_call: Callable[[nn.Module, Any, tuple[Any, ...], dict[str, Any]], Any],
+) -> Iterator[Callable[[type], None]]:
+    """Route the outer calls of lifted module classes to `on_call` while the block runs.
+
+    Every lifted class Flax creates inside the block is hooked, and so is each class
+    passed to the yielded `hook(cls)` (a class that existed before, found with
+    `lifted_call_around()`). A hooked class's call `module(*args, **kwargs)`, outside its
+    transform, becomes `on_call(module, original, args, kwargs)`; `original(module, *args,
+    **kwargs)` is the transformed call itself. The hooks are removed on exit.
+    """
+    undo: list[Callable[[], None]] = []
+    hooked: set[type] = set()
+
+    def hook(cls: type) -> None:
+        if cls not in hooked:
+            hooked.add(cls)
+            undo.append(_hook(cls))
+
+    _hooks.append(on_call)
+    try:
+        with _hook_new_classes(hooked, undo):
+            yield hook
+    finally:
+        _hooks.pop()
+        for step in reversed(undo):
+            step()
+
+
+def lifted_call_around() -> tuple[str, type, bool] | None:
+    """`(transform, lifted class, hooked)` of the innermost lifted call running now, if any."""
+    cls = _lifted_call_around()
+    if cls is None:
+        return None
+    kind = (lifted(cls) or ("transform", cls))[0]
+    return kind, cls, _hooked_call(cls)
+
+
+def call_lifted(
+    module: nn.Module,
+    original: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    body: Callable[..., tuple[Any, Any]],
+) -> tuple[Any, Any]:
+    """A lifted module's call under its own transform, with `body` around the method inside.
+
+    Flax's call of `nn.remat(Block)` runs `Block.__call__` on a clone of the module
+    inside `jax.checkpoint`. This runs the same transform, with the same arguments,
+    scopes and RNGs, but calls `body(method, *args, **kwargs)` in there instead, where
+    `method(*args, **kwargs)` is that `Block.__call__` on the clone. `body` returns
+    `(output, extra)`: both leave the transform as its outputs, so values computed
+    inside (arrays only in `extra`) can be used outside it.
+
+    Args:
+        module: the lifted module (bound), as a hooked call receives it.
+        original: the class's transformed `__call__` (`lifted_calls` passes it).
+        args, kwargs: the call's arguments.
+        body: runs inside the transform; returns `(output, extra)`.
+
+    Returns:
+        `(output, extra)`, as values of the trace around the call.
+    """
+    transform, trafo_args, trafo_kwargs = _lift_arguments(original)
+    cells = dict(zip(original.__code__.co_freevars, original.__closure__ or (), strict=True))
+    method = cells["fn"].cell_contents
+
+    def inside(clone: nn.Module, *inner: Any, **named: Any) -> tuple[Any, Any]:
+        return body(functools.partial(method, clone), *inner, **named)
+
+    lifted_body = nn.transforms.decorator_lift_transform(
+        transform, inside, *trafo_args, **trafo_kwargs
+    )
+    return lifted_body(module, *args, **kwargs)  # type: ignore[no-any-return]
+
+
 def _join(prefix: str, path: str) -> str:
     return "/".join(p for p in (prefix, path) if p)
 

@@ -87,6 +87,12 @@ class GPTConfig:
     )
     param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
     dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
+    remat: Literal["none", "block"] = field(
+        "training/remat",
+        default="none",
+        help="activation checkpointing: 'none' keeps every activation for the backward, "
+        "'block' keeps only each block's input and recomputes the block in the backward",
+    )
 
 
 class MLP(nn.Module, Component):
@@ -176,6 +182,14 @@ class Block(nn.Module, Component):
         return x + self.mlp(self.ln_2(x)), cache
 
 
+# `training/remat = block`: each block's `__call__` under `jax.checkpoint`, so the backward
+# recomputes the block from its input instead of keeping its activations. A subclass of
+# `Block` with the same fields, so `blocks_0/attn` ... and the parameter tree are those
+# of `Block` (a checkpoint restores under either setting). `deterministic` (argument 2,
+# counting `self`) is static: it is Python control flow inside the block.
+_RematBlock = nn.remat(Block, static_argnums=(2,))
+
+
 def cross_entropy(
     logits: jax.Array, targets: jax.Array, mask: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
@@ -252,7 +266,8 @@ class GPT(nn.Module, Component):
         if cfg.positions == "learned":
             self.wpe = _embedding(cfg, cfg.block_size, 0.01, "length")
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = [Block(cfg, self.attention, self.mlp_config) for _ in range(cfg.n_layers)]
+        block = _RematBlock if cfg.remat == "block" else Block
+        self.blocks = [block(cfg, self.attention, self.mlp_config) for _ in range(cfg.n_layers)]
         self.ln_f = _norm(cfg, "ln_f")
         if not cfg.tie_embeddings:
             self.lm_head = nn.Dense(
@@ -294,7 +309,7 @@ class GPT(nn.Module, Component):
         h = self.drop(h, deterministic=deterministic)
         h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
         for block in self.blocks:
-            h = block(h, deterministic=deterministic)
+            h = block(h, deterministic)  # positional: static under nn.remat
         h = self.ln_f(h)
         logits = self.wte.attend(h) if self.config.tie_embeddings else self.lm_head(h)
         if y is None:
