@@ -17,23 +17,49 @@ measures the wall time of:
 Each prints p50 and p99 against a target (the page must feel immediate: 250 ms; the
 series and the PDF 1 s). ``--quick`` builds 100 lineages, a 20,000-node lineage and takes
 20 samples.
+
+Then the issue's targets (``--no-targets`` skips them):
+
+* **runs page at store scale** (``store_scale.build``: 10,000 nodes, 100,000 artifacts,
+  10,000 checkpoints): the first request of a fresh server (cold), repeated views of an
+  unchanged store (warm), and polls while a writer adds a node between requests (live).
+  Goal: p95 < 100 ms warm and live (server time: Starlette's TestClient in process).
+* **a curve of a million points** (the long lineage, ``--long``): cold (a fresh
+  server's first request, twice), warm and live (a node appended between requests).
+  Goal: p95 < 150 ms warm and live.
+* **first paint of the runs page in Chromium** (``/usr/bin/chromium`` headless through
+  Playwright, the store-scale store served by ``theseus-store ui`` in a subprocess):
+  ``first-contentful-paint`` of the Paint Timing API over several loads, a new page
+  each. Goal: p95 < 1 s.
+* **listing 1,000 runs vs MLflow's server**: 1,000 lineages of 20 nodes (``val/loss``,
+  ``train/step``, ``job/status``) against 1,000 MLflow runs (the same values as metric
+  histories, two params, a status tag) in ``mlflow server`` on SQLite, both servers
+  subprocesses on 127.0.0.1; ``GET /api/runs?per_page=1000`` against ``POST
+  /api/2.0/mlflow/runs/search`` with ``max_results=1000``, alternating over one
+  keep-alive connection each. Goal: MLflow's time / ours >= 10 (median of paired ratios).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
 from benchmarks import _report
 from theseus.store import Node, Store
 
-QUICK = {"lineages": 100, "long": 20_000, "samples": 20}
+QUICK = {"lineages": 100, "long": 20_000, "samples": 20, "scale_runs": 10, "loads": 3}
 
 
 def _pdf(label: int) -> bytes:
@@ -95,12 +121,16 @@ def main() -> None:
     """Build, measure, print."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lineages", type=int, default=1000)
-    parser.add_argument("--long", type=int, default=100_000, help="nodes of the long lineage")
+    parser.add_argument("--long", type=int, default=1_000_000, help="nodes of the long lineage")
     parser.add_argument("--samples", type=int, default=50)
+    parser.add_argument("--scale-runs", type=int, default=100, help="store_scale runs (x100 nodes)")
+    parser.add_argument("--loads", type=int, default=10, help="Chromium page loads")
+    parser.add_argument("--no-targets", action="store_true", help="only the page latencies")
     _report.add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
         args.lineages, args.long, args.samples = QUICK["lineages"], QUICK["long"], QUICK["samples"]
+        args.scale_runs, args.loads = QUICK["scale_runs"], QUICK["loads"]
     from starlette.testclient import TestClient
 
     from theseus.store.ui import create_app, open_readonly
@@ -113,6 +143,12 @@ def main() -> None:
             f"built {args.lineages} lineages + one of {args.long:,} nodes in "
             f"{time.perf_counter() - start:.1f} s"
         )
+        rows: list[_report.Row] = []
+        series_url = "/api/series?" + urlencode(
+            {"l": f"{last.name}~{last.nonce}", "key": "val/loss"}
+        )
+        if not args.no_targets:
+            rows += target_curve(root, last, series_url, args.long, args.samples)
         store = open_readonly(root)
         lineage = f"{last.name}~{last.nonce}"
         n = args.samples
@@ -139,7 +175,6 @@ def main() -> None:
                 1.0,
             ),
         ]
-        rows = []
         with TestClient(create_app(store)) as client:
             _measure(client, ["/", f"/node/{last.serialize()}"])  # warm up
             for label, urls, target in cases:
@@ -164,7 +199,342 @@ def main() -> None:
                     )
                 )
         store.close()
+        if not args.no_targets:
+            rows += target_runs_page(Path(tmp) / "scale", args.scale_runs, args.samples)
+            rows += target_first_paint(Path(tmp) / "scale" / "store", args.loads)
+            rows += target_versus_mlflow(Path(tmp) / "vs", args.samples)
         _report.write(args.json, "ui", args.quick, rows)
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _summary(samples: list[float]) -> str:
+    return f"p95 {_percentile(samples, 0.95):.1f} ms (p50 {statistics.median(samples):.1f} ms)"
+
+
+def _timed(client: Any, url: str) -> float:
+    start = time.perf_counter()
+    response = client.get(url)
+    took = (time.perf_counter() - start) * 1e3
+    assert response.status_code == 200, (url, response.status_code)
+    return took
+
+
+def _three_rows(
+    what: str, url: str, root: Path, grow: Any, samples: int, goal: float, note: str
+) -> list[_report.Row]:
+    """Cold (a fresh server's first request, twice), warm and live samples of ``url``."""
+    from starlette.testclient import TestClient
+
+    from theseus.store.ui import create_app, open_readonly
+
+    cold = []
+    for _ in range(2):
+        store = open_readonly(root)
+        with TestClient(create_app(store)) as client:
+            cold.append(_timed(client, url))
+        store.close()
+    store = open_readonly(root)
+    with TestClient(create_app(store)) as client, Store(root) as writer:
+        _timed(client, url)
+        warm = [_timed(client, url) for _ in range(samples)]
+        live = []
+        for i in range(samples):
+            grow(writer, i)  # another connection commits: the memory must catch up
+            live.append(_timed(client, url))
+    store.close()
+    rows = []
+    for label, got in (("warm: repeated views", warm), ("live: a write before each", live)):
+        p95 = _percentile(got, 0.95)
+        print(f"{what}, {label:28s} {_summary(got)}  goal p95 < {goal:.0f} ms")
+        rows.append(
+            _report.info_row(
+                f"ui {what}, {label}",
+                _summary(got),
+                got,
+                unit="ms",
+                goal=("<", goal),
+                met=p95 < goal,
+                note=f"{note}; cold (a fresh server's first request): "
+                + ", ".join(f"{c:.0f} ms" for c in cold),
+            )
+        )
+    print(f"{what}, cold: " + ", ".join(f"{c:.0f} ms" for c in cold))
+    rows.append(
+        _report.info_row(
+            f"ui {what}, cold: a fresh server's first request",
+            " / ".join(f"{c:.0f} ms" for c in cold),
+            cold,
+            unit="ms",
+            note="information: everything read once into the browser's memory",
+        )
+    )
+    return rows
+
+
+def target_curve(root: Path, last: Node, url: str, long: int, samples: int) -> list[_report.Row]:
+    """A curve of ``long`` points: cold, warm, and while the lineage grows."""
+    state = {"node": last}
+
+    def grow(writer: Store, i: int) -> None:
+        state["node"] = state["node"].next()
+        writer.log(state["node"], {"val/loss": 0.5 + (i % 7) * 0.01})
+
+    return _three_rows(
+        f"curve of a {long:,}-point lineage (to <= 2,000 points)",
+        url,
+        root,
+        grow,
+        samples,
+        150.0,
+        "server time (TestClient); min/max per bucket from the memory's block summary",
+    )
+
+
+def target_runs_page(folder: Path, runs: int, samples: int) -> list[_report.Row]:
+    """The runs page over ``store_scale``'s store: cold, warm, and while a run grows."""
+    from benchmarks import store_scale
+
+    start = time.perf_counter()
+    made = store_scale.build(folder, runs, 100, 10)
+    print(f"built the store-scale store ({runs} runs) in {time.perf_counter() - start:.1f} s")
+    heads = {run: nodes[-1] for run, nodes in made.items()}
+    names = sorted(heads)
+
+    def grow(writer: Store, i: int) -> None:
+        run = names[i % len(names)]
+        heads[run] = heads[run].next()
+        writer.log(heads[run], {"train/loss": 0.1, "train/step": heads[run].seq})
+
+    with Store(folder / "store", readonly=True) as store:
+        nodes, artifacts = (
+            store.read_one(f"SELECT COUNT(*) FROM {t}", ())[0][0] for t in ("nodes", "artifacts")
+        )
+    return _three_rows(
+        f"runs page at store scale ({nodes:,} nodes, {artifacts:,} artifacts)",
+        "/",
+        folder / "store",
+        grow,
+        samples,
+        100.0,
+        "server time (TestClient), 50 lineages a page",
+    )
+
+
+def _serve(root: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``theseus-store ui`` on a free loopback port, in its own process."""
+    port = _free_port()
+    code = f"from theseus.store.ui import serve; serve({str(root)!r}, port={port})"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    _wait(f"http://127.0.0.1:{port}/static/app.css", proc)
+    return proc, port
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the server for {url} did not start")
+        time.sleep(0.2)
+
+
+def target_first_paint(root: Path, loads: int) -> list[_report.Row]:
+    """First contentful paint of the runs page in headless Chromium, ``loads`` times."""
+    chromium = Path("/usr/bin/chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print("first paint: playwright is not installed; skipped")
+        return []
+    if not chromium.exists():
+        print("first paint: no /usr/bin/chromium; skipped")
+        return []
+    proc, port = _serve(root)
+    paints, loaded = [], []
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"]
+            )
+            for i in range(loads + 1):
+                page = browser.new_page()
+                page.goto(f"http://127.0.0.1:{port}/", wait_until="load")
+                fcp = load = None
+                deadline = time.monotonic() + 10  # the paint entry can come after load
+                while fcp is None or not load:
+                    assert time.monotonic() < deadline, "no first-contentful-paint entry"
+                    fcp, load = page.evaluate(
+                        "() => [performance.getEntriesByName('first-contentful-paint')[0]"
+                        "?.startTime ?? null, performance.getEntriesByType('navigation')[0]"
+                        ".loadEventEnd]"
+                    )
+                    if fcp is None or not load:
+                        time.sleep(0.05)
+                page.close()
+                if i:  # the first load starts Chromium's own caches and processes
+                    paints.append(float(fcp))
+                    loaded.append(float(load))
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    p95 = _percentile(paints, 0.95)
+    print(f"first paint of the runs page: {_summary(paints)}; load event {_summary(loaded)}")
+    return [
+        _report.info_row(
+            "ui runs page at store scale: first contentful paint in Chromium",
+            _summary(paints),
+            paints,
+            unit="ms",
+            goal=("<", 1000.0),
+            met=p95 < 1000.0,
+            note=f"headless /usr/bin/chromium via Playwright, a new page per load, {loads} loads "
+            f"after one uncounted; load event {_summary(loaded)}",
+        )
+    ]
+
+
+def _mlflow_runs(db: Path, lineages: int) -> None:
+    """``lineages`` MLflow runs holding what ``build`` writes: metric histories, params, tag."""
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    experiment = client.create_experiment("scale")
+    now = int(time.time() * 1000)
+    for r in range(lineages):
+        run = client.create_run(experiment, run_name=f"run{r:04d}")
+        metrics = [
+            Metric(key, value, now, seq)
+            for seq in range(20)
+            for key, value in (("val/loss", 1.0 / (seq + 1)), ("train/step", 10.0 * seq))
+        ]
+        params = [Param("project", "scale"), Param("group", f"g{r % 5}")]
+        tags = [RunTag("job/status", "finished" if r % 3 else "running")]
+        client.log_batch(run.info.run_id, metrics=metrics, params=params, tags=tags)
+    client.set_experiment_tag(experiment, "built", "yes")
+
+
+def target_versus_mlflow(folder: Path, samples: int) -> list[_report.Row]:
+    """Listing 1,000 runs over HTTP: ours against ``mlflow server``, paired."""
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        print("versus MLflow: mlflow is not installed (the bench group has it); skipped")
+        return []
+    count = 1000
+    folder.mkdir(parents=True)
+    start = time.perf_counter()
+    build(folder / "store", count, 0, 0)
+    _mlflow_runs(folder / "mlflow.db", count)
+    print(f"built {count} lineages and {count} MLflow runs in {time.perf_counter() - start:.1f} s")
+    ours, ours_port = _serve(folder / "store")
+    port = _free_port()
+    theirs = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{folder / 'mlflow.db'}",
+            "--default-artifact-root",
+            str(folder / "mlruns"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", theirs)
+        a = http.client.HTTPConnection("127.0.0.1", ours_port)
+        b = http.client.HTTPConnection("127.0.0.1", port)
+        (experiment,) = [
+            e["experiment_id"]
+            for e in _post(b, "/api/2.0/mlflow/experiments/search", {"max_results": 10})[
+                "experiments"
+            ]
+            if e["name"] == "scale"
+        ]
+        query = "/api/runs?" + urlencode({"per_page": count, "keys": "val/loss,train/step"})
+        body = {"experiment_ids": [experiment], "max_results": count}
+
+        def ours_once() -> float:
+            start = time.perf_counter()
+            a.request("GET", query)
+            data = json.loads(a.getresponse().read())
+            took = (time.perf_counter() - start) * 1e3
+            assert data["total"] == count and len(data["rows"]) == count
+            return took
+
+        def theirs_once() -> float:
+            start = time.perf_counter()
+            data = _post(b, "/api/2.0/mlflow/runs/search", body)
+            took = (time.perf_counter() - start) * 1e3
+            assert len(data["runs"]) == count
+            return took
+
+        ours_once(), theirs_once()  # warm up both (our first request reads the store)
+        mine, other = [], []
+        for i in range(samples):
+            if i % 2:
+                other.append(theirs_once())
+                mine.append(ours_once())
+            else:
+                mine.append(ours_once())
+                other.append(theirs_once())
+        a.close()
+        b.close()
+    finally:
+        for proc in (ours, theirs):
+            proc.terminate()
+            proc.wait(30)
+    row = _report.compare(
+        f"ui: list {count:,} runs over HTTP vs mlflow server (SQLite) runs/search",
+        mine,
+        other,
+        unit="ms",
+        fmt="{:.1f} ms",
+        ratio="theirs/ours",
+        meaning="MLflow's time / ours; above 1: ours faster",
+        goal=(">=", 10.0),
+        note=f"GET /api/runs?per_page={count} vs POST runs/search max_results={count}; "
+        "alternating, one keep-alive connection each, both servers subprocesses "
+        "(mlflow --workers 1)",
+    )
+    print(
+        f"list {count} runs: ours {row.ours}, MLflow {row.theirs}, ratio "
+        f"{statistics.median(row.ratios):.1f}x (range {min(row.ratios):.1f}-{max(row.ratios):.1f})"
+    )
+    return [row]
+
+
+def _post(conn: http.client.HTTPConnection, path: str, body: dict[str, Any]) -> Any:
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    assert response.status == 200, (path, response.status, data[:200])
+    return json.loads(data)
 
 
 def _nonce(store: Store) -> str:
