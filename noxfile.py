@@ -35,7 +35,9 @@ SIBLINGS = {
 # What each package's test suite needs beyond the package itself.
 TEST_DEPS = {
     "theseus-plot": ["pytest", "pytest-timeout", "pandas"],
-    "theseus-store": ["pytest", "pytest-timeout", "hypothesis"],
+    # httpx and playwright serve the store browser's tests (the [ui] extra's; they skip
+    # where it is not installed).
+    "theseus-store": ["pytest", "pytest-timeout", "hypothesis", "httpx", "playwright"],
     "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "hypothesis"],
     "theseus-analysis": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox"],
 }
@@ -45,7 +47,10 @@ SUITE_DEPS = sorted({dep for deps in TEST_DEPS.values() for dep in deps})
 # (filelock lets their processes share one compilation cache; see conftest.py).
 SPREAD = {"theseus-core", "theseus-analysis"}
 XDIST = ("-n", "auto", "--dist", "loadfile")
-EXTRAS = {"theseus-core": "[gpt2]", "theseus-analysis": "[inspect]"}
+EXTRAS = {"theseus-store": "[ui]", "theseus-core": "[gpt2]", "theseus-analysis": "[inspect]"}
+# theseus-store alone must pull nothing but the standard library: `isolated` installs it
+# bare first, then adds its [ui] extra from the same wheel and runs the browser's tests.
+BARE = {"theseus-store"}
 # Modules that must import from the installed wheel.
 MODULES = {
     "theseus-plot": ["theseus.plot"],
@@ -262,7 +267,8 @@ def isolated(session: nox.Session, package: str) -> None:
     out = Path(tempfile.mkdtemp(prefix=f"{package}-wheels-"))
     try:
         own, *siblings = _build_wheels(session, [package, *SIBLINGS[package]], out)
-        session.install(f"{package}{EXTRAS.get(package, '')} @ {Path(own).as_uri()}", *siblings)
+        extra = "" if package in BARE else EXTRAS.get(package, "")
+        session.install(f"{package}{extra} @ {Path(own).as_uri()}", *siblings)
         installed = _installed(session)
         expected = {package, *SIBLINGS[package]}
         if package == "theseus-store" and installed != expected:
@@ -308,5 +314,13 @@ def isolated(session: nox.Session, package: str) -> None:
                 env=env,
                 success_codes=[0],
             )
+            if package in BARE and package in EXTRAS:
+                # The extra from the wheel: its templates and static files must be inside.
+                session.install(f"{package}{EXTRAS[package]} @ {Path(own).as_uri()}")
+                session.run(
+                    "python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    *sorted(str(p) for p in Path("tests").glob("test_ui*.py")),
+                    *session.posargs, env=env, success_codes=[0],
+                )  # fmt: skip
     finally:
         shutil.rmtree(out, ignore_errors=True)

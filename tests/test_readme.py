@@ -62,3 +62,13 @@ def test_the_readme_commands_install_with_bytecode() -> None:
 
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["uv"]
     assert settings.get("compile-bytecode") is True
+
+
+def test_every_picture_the_readme_shows_is_in_the_repository() -> None:
+    text = (ROOT / "README.md").read_text()
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert pictures, "the README shows the store browser's screenshots"
+    for picture in pictures:
+        path = ROOT / picture
+        assert path.is_file(), f"README.md shows {picture}, which is not in the repository"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{picture} is not a PNG"

@@ -1,0 +1,139 @@
+"""The README's pictures of the store browser, taken from the demo's store.
+
+Run: ``uv run python docs/screenshots.py [ROOT] [--out docs/images] [--steps 600]``
+
+Where ROOT holds no store yet, ``theseus demo ROOT --steps STEPS`` runs first (about 30 s
+on two cores); ROOT defaults to a temporary folder. The script then serves ROOT's store
+read-only with ``theseus-store ui``'s own app on a free loopback port, drives Debian's
+Chromium (``/usr/bin/chromium``) with Playwright, and saves two PNGs into ``--out``:
+
+* ``ui-slider.png``: the time slider on the demo's ``attention-pattern`` artifact, moved
+  to the lineage's middle validation with the arrow keys, as a user would;
+* ``ui-curves.png``: the demo's training loss over seq.
+
+Nothing in ROOT is written by the browser (the store is opened read-only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlencode
+
+import uvicorn
+from playwright.sync_api import Page, expect, sync_playwright
+
+from theseus.store import Store
+from theseus.store.ui import create_app, open_readonly
+
+ARTIFACT = "attention-pattern"
+VIEWPORT = {"width": 1280, "height": 1040}
+
+
+def _demo(root: Path, steps: int) -> None:
+    """Run ``theseus demo`` into ``root`` (this environment's own command)."""
+    command = [str(Path(sys.executable).with_name("theseus")), "demo", str(root)]
+    print(f"running: {' '.join(command)} --steps {steps}", flush=True)
+    subprocess.run([*command, "--steps", str(steps)], check=True, stdout=subprocess.DEVNULL)
+
+
+def _demo_lineage(store: Store) -> str:
+    """``name~nonce`` of the newest lineage that holds the tandem attention pattern."""
+    nodes = store.query().artifact(ARTIFACT).all()
+    if not nodes:
+        raise SystemExit(f"no node of this store holds a {ARTIFACT!r} artifact: is it a demo's?")
+    newest = max(nodes, key=lambda node: store.get(node)[ARTIFACT].created)
+    return f"{newest.name}~{newest.nonce}"
+
+
+class _Served:
+    """The browser's app on a free loopback port, in a thread."""
+
+    def __init__(self, root: Path) -> None:
+        self.store = open_readonly(root)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        app = create_app(self.store, allowed_hosts=["127.0.0.1"])
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise SystemExit("the store browser did not start in 20 s")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+        self.sock.close()
+        self.store.close()
+
+
+def _image_loaded(tab: Page, selector: str) -> None:
+    image = tab.locator(selector).first
+    deadline = time.monotonic() + 20
+    while not image.evaluate("img => img.complete && img.naturalWidth > 0"):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{selector} did not load in 20 s")
+        time.sleep(0.05)
+
+
+def shoot(root: Path, out: Path) -> list[Path]:
+    """Save the slider and curves screenshots of ``root``'s demo lineage into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    served = _Served(root)
+    try:
+        lineage = _demo_lineage(served.store)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+                args=["--no-sandbox", "--disable-gpu"],
+            )
+            tab = browser.new_page(viewport=VIEWPORT)
+            tab.goto(served.url + "/slider?" + urlencode({"l": lineage, "name": ARTIFACT}))
+            info = tab.locator("#frame-info")
+            expect(info).to_contain_text("seq")
+            frames = int(info.inner_text().split("/", 1)[1].split()[0])
+            for _ in range(frames // 2):
+                tab.keyboard.press("ArrowRight")
+            expect(info).to_contain_text(f"{frames // 2 + 1}/{frames}")
+            _image_loaded(tab, "#frame-image")
+            slider = out / "ui-slider.png"
+            tab.screenshot(path=slider)
+
+            tab.set_viewport_size({"width": VIEWPORT["width"], "height": 700})
+            tab.goto(served.url + "/curves?" + urlencode({"key": "train/loss", "l": lineage}))
+            expect(tab.locator("#legend")).to_contain_text("points")
+            curves = out / "ui-curves.png"
+            tab.screenshot(path=curves)
+            browser.close()
+    finally:
+        served.close()
+    return [slider, curves]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", nargs="?", type=Path, help="a demo's root (default: a new one)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("images"))
+    parser.add_argument("--steps", type=int, default=600, help="the demo's steps when it runs")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="theseus-screenshots-") as scratch:
+        root = (args.root or Path(scratch) / "theseus-demo").absolute()
+        if not (root / "store").exists():
+            _demo(root, args.steps)
+        for path in shoot(root, args.out):
+            print(f"saved {path} ({path.stat().st_size:,} bytes)")
+
+
+if __name__ == "__main__":
+    main()
