@@ -1,0 +1,64 @@
+"""`BaseTrainerConfig`: the settings every trainer reads, as data.
+
+Each field declares its configuration path, default and help; a trainer's `CONFIG`
+extends this class with its own `field(...)`s, and `BaseTrainer.config()` composes it
+with the model's, optimizer's, schedule's, evaluations' and analyses' schemas.
+`theseus.training.base` re-exports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from theseus.config import field
+
+__all__ = ["BaseTrainerConfig"]
+
+
+@dataclass
+class BaseTrainerConfig:
+    """Settings every trainer reads (extend it with your own `field(...)`s)."""
+
+    batch_size: int = field("training/batch_size", default=16, help="global batch, in sequences")
+    per_device_batch_size: int = field(
+        "training/per_device_batch_size",
+        default=0,
+        help="sequences per device per micro-step; gradient accumulation fills the rest (0: no accumulation)",
+    )
+    tokens: int = field("training/tokens", default=1_048_576, help="total training tokens")
+    analyze: bool = field("training/analyze", default=True, help="run ANALYSIS in tandem")
+    analysis_errors: Literal["log", "raise"] = field(
+        "training/analysis_errors",
+        default="log",
+        help="a failing tandem analysis: 'log' it and train on, or 'raise' and stop the run",
+    )
+    validation_steps: int = field("training/validation_steps", default=4, help="validation batches")
+    seed: int = field("training/seed", default=0, help="parameter init and dropout seed")
+    shard: int = field("training/shard", default=1, help="devices each parameter is split over")
+    strategy: Literal["dp", "zero1", "fsdp"] = field(
+        "training/strategy",
+        default="dp",
+        help="where the state is kept: 'dp' whole on every device, 'zero1' the optimizer "
+        "state split over the data-parallel devices, 'fsdp' parameters, gradients and "
+        "optimizer state split",
+    )
+    lr: float = field("optimization/lr", default=1e-3, help="peak learning rate")
+    report_interval: int = field("logging/report_interval", default=10, help="steps per report")
+    checkpoint_interval: int = field(
+        "logging/checkpoint_interval", default=1000, help="steps per checkpoint (and the last step)"
+    )
+    validation_interval: int = field(
+        "logging/validation_interval", default=100, help="steps per validation"
+    )
+    data_seed: int = field("data/seed", default=0, help="seed of the batch plan")
+    prompt: str = field(
+        "inspection/prompt",
+        default="",
+        help="text that find/debug/analyses trace instead of the node's batch ('' = the batch)",
+    )
+    comet: str = field(
+        "logging/comet",
+        default="",
+        help="Comet project that analysis figures and JSON also go to ('' = off)",
+    )

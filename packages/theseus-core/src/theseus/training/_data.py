@@ -1,0 +1,75 @@
+"""The trainer's side of its data: the node-cached batches, and that the datasets fit the model.
+
+`NodeBatches` keeps the host batches the live node has read, so `batch()` at one node
+always returns the same rows and a new node reads afresh. `check_data` runs at setup:
+every prepared dataset has a window's worth of tokens, was prepared with the model's
+tokenizer, and uses no id past the model's vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from theseus.config import Tree
+from theseus.data.batches import Batch, MixturePlan
+from theseus.training._errors import TrainerError
+
+__all__ = ["NodeBatches", "check_data"]
+
+
+class NodeBatches:
+    """Host batches of the live node, by `(node, slice, validation index)`."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[Any, ...], Batch] = {}
+
+    def get(self, key: tuple[Any, ...], read: Callable[[], Batch]) -> Batch:
+        """The batch held under `key` (its first entry the node), or `read()` and hold it.
+
+        A batch read for a new node drops those of every other node.
+        """
+        if key not in self._held:
+            batch = read()
+            self._held = {k: v for k, v in self._held.items() if k[0] == key[0]}
+            self._held[key] = batch
+        return self._held[key]
+
+
+def check_data(plan: MixturePlan | None, configuration: Tree, block_size: int) -> None:
+    """Every dataset of `plan` speaks the model's tokenizer, within its vocabulary.
+
+    The model's are `architecture/tokenizer` (any, when unset) and
+    `architecture/vocab_size` of `configuration`. No plan (no data) passes.
+
+    Raises:
+        TrainerError: a dataset too short for one window of `block_size` (+1 target),
+            prepared with another tokenizer, or with more ids than the vocabulary.
+    """
+    if plan is None:
+        return
+    vocab = int(configuration["architecture/vocab_size"])
+    tokenizer = configuration.get("architecture/tokenizer")
+    for source, style in zip(plan.sources, plan.styles, strict=True):
+        for split, count in source.header["count"].items():
+            if style == "pmd" and count <= block_size:
+                raise TrainerError(
+                    f"dataset {source.name!r} has {count:,} {split} tokens, too few for "
+                    f"one window of architecture/block_size = {block_size} (+1 "
+                    "target); prepare it from more text, or lower block_size"
+                )
+        used = source.header["tokenizer"]
+        if tokenizer is not None and used != tokenizer:
+            raise TrainerError(
+                f"dataset {source.name!r} was prepared with tokenizer {used!r}, but the "
+                f"model reads {tokenizer!r} ids (architecture/tokenizer); prepare it again: "
+                f"theseus data prepare {source.name} --root ROOT --source DIR "
+                f"--tokenizer {tokenizer}"
+            )
+        needed = source.tokenizer.vocab_size
+        if vocab < needed:
+            raise TrainerError(
+                f"architecture/vocab_size = {vocab} is smaller than the {source.tokenizer.name} "
+                f"tokenizer's {needed} ids used by dataset {source.name!r}; set "
+                f"architecture/vocab_size={needed} or larger"
+            )

@@ -1,0 +1,109 @@
+"""The training loop: node by node, one compiled update each, then what is due after it.
+
+`run` ticks to a new node once the live node's batch is spent, places the node's batch,
+runs the compiled `train_step` and hands the result to the trainer's `_after_step`.
+`after_step` is what happens between updates, each at its cadence (`due`): the report,
+then validation, evaluations and tandem analyses, then a checkpoint, and always the
+checkpoint keeper's `poll()`. A run that fails closes the keeper (saves already started
+still commit and register) and publishes the analyses' pending results before the
+error propagates.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from theseus.training import _tandem
+from theseus.training._steps import scalar_keys
+from theseus.training.reporting import Reporter
+
+if TYPE_CHECKING:
+    from theseus.training.base import BaseTrainer
+
+__all__ = ["after_step", "due", "run"]
+
+
+def due(step: int, interval: int, total: int) -> bool:
+    """Whether an every-`interval`-steps action runs after `step` (always after the last)."""
+    return step % interval == 0 or step == total
+
+
+def run(trainer: BaseTrainer) -> Any:
+    """Train `trainer` until `training/tokens` are consumed; returns the final state."""
+    total, step = trainer.total_steps, int(trainer.state.step)
+    if trainer._missing_data is not None and step < total:
+        raise trainer._missing_data
+    tokens_per_step = trainer.args.batch_size * trainer.block_size
+    reporter = Reporter(total, step, tokens_per_step, trainer.node.name)
+    if step >= total:
+        reporter.say(
+            f"{trainer.node.name} is at step {step} of {total} (training/tokens = "
+            f"{trainer.args.tokens}): nothing to train. Raise training/tokens to train on."
+        )
+        reporter.close()
+        return trainer.state
+    train = trainer._compiled_train()
+    try:
+        while step < total:
+            if trainer.cursor < trainer._next_cursor:
+                trainer.tick()  # the live node's batch is spent: the update gets a new node
+            placed = trainer.sharding.place_batch(trainer.batch("train"))
+            trainer.state, loss, meta, grad_norm = train(
+                trainer.state, placed, np.uint32(trainer.cursor)
+            )
+            trainer._next_cursor = trainer.cursor + 1
+            step += 1
+            trainer._after_step(step, total, loss, meta, grad_norm, reporter)
+    except BaseException:
+        trainer._release_keeper()  # saves already started still commit and register
+        _tandem.drain(trainer._views)  # results already computed are still published
+        raise
+    finally:
+        reporter.close()
+    return trainer.state
+
+
+def after_step(
+    trainer: BaseTrainer,
+    step: int,
+    total: int,
+    loss: Any,
+    meta: dict[str, Any],
+    grad_norm: Any,
+    reporter: Reporter,
+) -> None:
+    """Report, validate (with evaluations and tandem analyses) and checkpoint when due."""
+    cfg = trainer.args
+    lr = trainer._lr
+    assert lr is not None, "setup() builds the optimizer and its schedule"
+    if due(step, cfg.report_interval, total):
+        loss_value = float(loss)
+        rate = reporter.throughput(step)
+        values = {
+            "train/loss": loss_value,
+            "train/step": step,
+            "train/tokens": step * cfg.batch_size * trainer.block_size,
+            "train/lr": float(lr(step - 1)),
+            "train/grad_norm": float(grad_norm),
+            "train/tokens_per_second": rate,
+        }
+        values.update({f"train/{k}": float(meta[k]) for k in scalar_keys(meta)})
+        trainer.log(values)
+        reporter.report(step, loss_value, rate)
+    else:
+        reporter.advance(step)
+    if due(step, cfg.validation_interval, total):
+        validated = trainer.validate()
+        trainer.log(validated)
+        shown = [f"{k.removeprefix('val/')} {float(v):.4f}" for k, v in validated.items()]
+        reporter.event(step, f"validation {', '.join(shown)}")
+        trainer._evaluate()
+        trainer._analyze()
+    if due(step, cfg.checkpoint_interval, total):
+        trainer.save_checkpoint()
+        if trainer._keeper is not None:
+            reporter.event(step, f"checkpoint saving to {trainer._keeper.directory / str(step)}")
+    if trainer._keeper is not None:
+        trainer._keeper.poll()

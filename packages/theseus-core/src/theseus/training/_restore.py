@@ -1,0 +1,154 @@
+"""Where a trainer's state comes from when it does not start fresh: a node's checkpoint.
+
+A resumed or branched trainer (and an analysis walking a lineage) finds its base's last
+checkpoint through the store (`checkpoint_path`, read on host zero and broadcast), reads
+it into the state's layout (`read_checkpoint`), and takes it as the live state with the
+data cursor the checkpoint sets (`take`, `cursors`); `restore_node` does all three for
+another node of a resumed lineage. `BaseTrainer` binds `checkpoint_path`,
+`read_checkpoint` and `restore_node` as its methods. The two refusals of this path live
+here too, each naming the checkpoint to use instead: a node without a checkpoint
+(`no_checkpoint_message`) and a resume that would train over later checkpoints
+(`refuse_later_checkpoints`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from theseus.job import Mode, from_host_zero
+from theseus.store import Node, Store
+from theseus.training import state as train_state
+from theseus.training._errors import TrainerError
+
+if TYPE_CHECKING:
+    from theseus.training.base import BaseTrainer
+
+__all__ = [
+    "checkpoint_path",
+    "cursors",
+    "no_checkpoint_message",
+    "read_checkpoint",
+    "refuse_later_checkpoints",
+    "restore_node",
+    "take",
+]
+
+
+def checkpoint_path(trainer: BaseTrainer, node: Node, mode: Mode = Mode.RESUME) -> str:
+    """The folder of `node`'s (last) checkpoint: host zero reads the store, every host
+    receives it.
+
+    Raises:
+        TrainerError: `node` has no checkpoint; the message names the closest one
+            of its lineage (`mode` words it: resume or branch from).
+    """
+    saved = from_host_zero(lambda: trainer.store.checkpoints(node))
+    if not saved:
+        raise TrainerError(from_host_zero(lambda: no_checkpoint_message(trainer.store, node, mode)))
+    return saved[-1].path
+
+
+def read_checkpoint(
+    trainer: BaseTrainer, path: str | os.PathLike[str]
+) -> tuple[Any, dict[str, Any]]:
+    """`(state, meta)` of the checkpoint folder `path`, laid out as this trainer's state.
+
+    Reads only the folder (never the store), with `surgery` when the trainer has
+    one; on one process it may run on a background thread while the live state is
+    used (`restore_node` then takes what it read).
+    """
+    assert trainer._layout is not None, "setup() builds the state layout"
+    return train_state.restore(path, trainer._layout, getattr(trainer, "surgery", None))
+
+
+def take(trainer: BaseTrainer, saved: tuple[Any, dict[str, Any]], mode: Mode) -> None:
+    """Make a restored checkpoint the live state, and set the data cursor from it."""
+    trainer.state, meta = saved
+    trainer._cursor_offset, trainer._next_cursor = cursors(meta, mode, trainer.node.seq)
+
+
+def restore_node(
+    trainer: BaseTrainer, node: Node, saved: tuple[Any, dict[str, Any]] | None = None
+) -> None:
+    """Move a resumed trainer to another checkpointed node, as resuming it would.
+
+    The live node becomes `node` (`BasicJob.resume_at`), and its checkpoint is
+    restored through the same path as setup (`checkpoint_path`, `read_checkpoint`)
+    into the same layout, so programs compiled for the previous node are reused
+    (an analysis walking a lineage compiles once).
+
+    Args:
+        node: a checkpointed node.
+        saved: what `read_checkpoint(checkpoint_path(node))` returned, when it was
+            read ahead; None reads it now.
+
+    Raises:
+        JobError: the trainer is not set up in resume mode.
+        TrainerError: `node` has no checkpoint.
+    """
+    trainer._check_resumed()  # before anything is read
+    if saved is None:
+        saved = trainer.read_checkpoint(trainer.checkpoint_path(node))
+    trainer.resume_at(node)
+    take(trainer, saved, Mode.RESUME)
+
+
+def cursors(meta: dict[str, Any], mode: Mode, seq: int) -> tuple[int, int]:
+    """`(cursor_offset, next_cursor)` of a live node at `seq` restored from a checkpoint's `meta`.
+
+    The checkpointed update consumed the batch at `meta["cursor"]`. Resume continues
+    the checkpoint's own node (its batch is spent); a branch starts a new lineage whose
+    first node reads the batch after it. Either way the next update reads that one.
+    """
+    spent = int(meta["cursor"])
+    live = spent if mode is Mode.RESUME else spent + 1
+    return live - seq, spent + 1
+
+
+def no_checkpoint_message(store: Store, base: Node, mode: Mode) -> str:
+    """Name the closest checkpointed node of `base`'s lineage, in both spellings."""
+    found = [
+        c.node
+        for c in store.query().nonce(base.nonce).checkpoints()
+        if c.node.name == base.name and c.node.seq <= base.seq
+    ]
+    message = f"node {base.serialize()} has no checkpoint to {mode.value} from"
+    if not found:
+        return (
+            f"{message}, and neither has any node of its lineage before it. Start a "
+            "fresh run, or pick a checkpointed node (`theseus-store runs ROOT/store` "
+            "lists lineages with their checkpoints; in Python "
+            "q.find().spec(run=...).checkpoint().latest())"
+        )
+    closest = max(found, key=lambda n: n.seq)
+    flag = "--resume" if mode is Mode.RESUME else "--branch"
+    return (
+        f"{message}; the closest checkpoint of its lineage is at {closest.serialize()}. "
+        f"Use that node: theseus run ... {flag} {closest.serialize()}, or in Python "
+        f"q.find().nonce({closest.nonce!r}).seq({closest.seq}).{mode.value}()"
+    )
+
+
+def refuse_later_checkpoints(store: Store, base: Node) -> None:
+    """Raise if `base`'s lineage has checkpoints after it: resuming would train over them.
+
+    Raises:
+        TrainerError: naming the last of them, and how to branch or resume instead.
+    """
+    later = [
+        c
+        for c in store.query().nonce(base.nonce).checkpoints()
+        if c.node.name == base.name and c.node.seq > base.seq
+    ]
+    if later:
+        last = max(later, key=lambda c: c.node.seq)
+        lineage = f"{base.name}~{base.nonce}"
+        raise TrainerError(
+            f"cannot train on from {base.serialize()}: its lineage {lineage} already has "
+            f"{len(later)} later checkpoint(s), the last at {last.node.serialize()} (step "
+            f"{last.step}), and resuming would train over them. Branch from this node to "
+            f"train a new lineage (q.find()...branch(), or theseus run --branch "
+            f"{base.serialize()}), or resume the lineage's last checkpoint "
+            f"(--resume {lineage})."
+        )
