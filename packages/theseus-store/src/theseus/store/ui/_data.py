@@ -385,13 +385,18 @@ def lineage_keys(store: Store) -> list[str]:
     return store.read(read)
 
 
-def _branch(conn: sqlite3.Connection, name: str, nonce: str) -> tuple[int, Node] | None:
-    """``(seq, parent)`` where the lineage left another one, or None for a fresh lineage."""
+def _branch(
+    conn: sqlite3.Connection, name: str, nonce: str, since: int = 0
+) -> tuple[int, Node] | None:
+    """``(seq, parent)`` where the lineage left another one, or None for a fresh lineage.
+
+    ``since``: look at the lineage's nodes from that seq on only.
+    """
     row = conn.execute(
         "SELECT n.seq, p.name, p.nonce, p.seq FROM nodes n JOIN edges e ON e.child = n.id "
-        "JOIN nodes p ON p.id = e.parent WHERE n.name = ? AND n.nonce = ? "
+        "JOIN nodes p ON p.id = e.parent WHERE n.name = ? AND n.nonce = ? AND n.seq >= ? "
         "AND NOT (p.name = n.name AND p.nonce = n.nonce) ORDER BY n.seq LIMIT 1",
-        (name, nonce),
+        (name, nonce, since),
     ).fetchone()
     return None if row is None else (int(row[0]), Node(row[1], row[2], int(row[3])))
 
@@ -536,7 +541,17 @@ def _curve(conn: sqlite3.Connection, memory: _Memory, name: str, nonce: str, key
     if curve is not None and fresh and curve.version == version:
         memory.curves.move_to_end(wanted)
         return curve
-    chain = _chain(conn, name, nonce)
+    if curve is not None and fresh:
+        # Append-only: the stretches before the lineage's own stay as they were, unless a
+        # fresh lineage's new nodes left another one (looking at the new nodes only: a
+        # lineage's whole length is a long walk).
+        (last,) = conn.execute(
+            "SELECT MAX(seq) FROM nodes WHERE name = ? AND nonce = ?", (name, nonce)
+        ).fetchone()
+        left = len(curve.chain) == 1 and _branch(conn, name, nonce, curve.seen) is not None
+        chain = None if last is None or left else [*curve.chain[:-1], (name, nonce, int(last))]
+    if curve is None or not fresh or chain is None:
+        chain = _chain(conn, name, nonce)
     if not chain:
         memory.curves.pop(wanted, None)
         return _Curve([(name, nonce, -1)], version)
