@@ -17,11 +17,20 @@ optimizer state), and the step time over ``dp``'s in the same round (information
 All virtual devices share this machine's 2 CPU cores: the step times show the shape
 of what gathering costs, not a speed-up; a real accelerator's numbers come from
 ``gpu.py``.
+
+``--remat`` (or ``--parts remat``): ``training/remat = block`` against ``none`` on a GPT of
+4 layers x 256, block 256, batch 16, one device: the compiled train step's temporary
+bytes (``memory_analysis().temp_size_in_bytes``, mostly the activations kept for the
+backward), once with XLA CPU's default scheduler and once with its memory-minimizing one
+(``--xla_cpu_enable_concurrency_optimized_scheduler=false``; the default schedules every
+recomputation early and so keeps it all: remat saves nothing there), and the step time
+over ``none``'s in the same round (CPU: the shape of the recomputation's cost only).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -44,7 +53,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--devices", default="4,8", help="device counts, comma-separated")
     p.add_argument("--rounds", type=int, default=6, help="timed blocks per layout")
     p.add_argument("--steps", type=int, default=5, help="steps per block")
+    p.add_argument(
+        "--parts", default="layouts,remat", help="layouts (dp/zero1/fsdp), remat, or both"
+    )
+    p.add_argument("--remat", action="store_true", help="only the remat part (--parts remat)")
     p.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--remat-worker", action="store_true", help=argparse.SUPPRESS)
     _report.add_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
@@ -56,9 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.worker:
         return worker(args)
+    if args.remat_worker:
+        return remat_worker(args)
+    parts = {"remat"} if args.remat else set(args.parts.split(","))
     rows: list[_report.Row] = []
     ok = True
-    for devices in (int(n) for n in args.devices.split(",")):
+    if "remat" in parts:
+        remat_rows(args, rows)
+    for devices in (int(n) for n in args.devices.split(",") if "layouts" in parts):
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
         env.setdefault("JAX_PLATFORMS", "cpu")
         command = [sys.executable, str(HERE), "--worker", str(devices)]
@@ -177,6 +196,103 @@ def worker(args: argparse.Namespace) -> int:
                 begin = time.perf_counter()
                 sides[key].steps(args.steps)
                 found[key]["times"].append(time.perf_counter() - begin)
+        for context in reversed(contexts):
+            context.__exit__(None, None, None)
+    print(PROTOCOL + json.dumps(found), flush=True)
+    return 0
+
+
+REMAT_SHAPE = ["--layers", "4", "--width", "256", "--heads", "4", "--block", "256"]
+REMAT_SCHEDULERS = {
+    "XLA CPU's default scheduler": "",
+    "the memory-minimizing scheduler": " --xla_cpu_enable_concurrency_optimized_scheduler=false",
+}
+
+
+def remat_rows(args: argparse.Namespace, rows: list[_report.Row]) -> None:
+    """Rows of `training/remat = block` vs `none` (module docstring), one worker per scheduler."""
+    for scheduler, flags in REMAT_SCHEDULERS.items():
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1" + flags)
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        command = [sys.executable, str(HERE), "--remat-worker"]
+        command += ["--rounds", str(args.rounds), "--steps", str(args.steps)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+        print(done.stderr[-2000:], end="")
+        lines = [x for x in done.stdout.splitlines() if x.startswith(PROTOCOL)]
+        if done.returncode != 0 or not lines:
+            print(done.stdout[-3000:])
+            raise SystemExit(2)
+        found = json.loads(lines[-1][len(PROTOCOL) :])
+        none, block = found["none"], found["block"]
+        print(
+            f"remat, {scheduler}: train step temp bytes none {none['temp']:,}, block "
+            f"{block['temp']:,} ({block['temp'] / none['temp']:.3f}x)"
+        )
+        rows.append(
+            _report.info_row(
+                f"training/remat=block vs none: the compiled train step's temporary bytes "
+                f"(GPT 4 x 256, block 256, batch 16; {scheduler})",
+                f"{block['temp'] / none['temp']:.3f}",
+                [block["temp"] / none["temp"]],
+                unit="of none's",
+                theirs=f"none: {none['temp'] / 2**20:.1f} MiB",
+                note=f"block: {block['temp'] / 2**20:.1f} MiB "
+                f"(memory_analysis().temp_size_in_bytes, one CPU device)",
+            )
+        )
+        if flags:  # one timing is enough: the scheduler changes memory, not the FLOPs
+            continue
+        rows.append(
+            _report.compare(
+                "training/remat=block vs none: step time (GPT 4 x 256, block 256, batch 16; "
+                "CPU, shape only)",
+                [1000 * t / args.steps for t in block["times"]],
+                [1000 * t / args.steps for t in none["times"]],
+                unit="ms",
+                fmt="{:.0f} ms",
+                ratio="ours/theirs",
+                meaning="remat's step time / none's in the same round: the cost of "
+                "recomputing each block's forward in the backward (CPU: shape only)",
+                note=f"{args.rounds} rounds of {args.steps} steps, alternating order",
+            )
+        )
+
+
+def remat_worker(args: argparse.Namespace) -> int:
+    """Build the trainer with remat none and block; print temp bytes and step times."""
+    import jax
+
+    from benchmarks.train_step import TheseusSide, synthetic_trainer
+    from benchmarks.train_step import parse as train_parse
+
+    options = train_parse(REMAT_SHAPE)
+    found: dict[str, Any] = {}
+    sides: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as root:
+        contexts = []
+        for remat in ("none", "block"):
+            context = synthetic_trainer(
+                options, os.path.join(root, remat), **{"training/remat": remat}
+            )
+            trainer, host = context.__enter__()
+            contexts.append(context)
+            step = jax.jit(
+                functools.partial(
+                    type(trainer).train_step, accumulate_steps=1, sharding=trainer.sharding
+                )
+            )
+            batch = trainer.sharding.place_batch(host[0])
+            compiled = step.lower(trainer.state, batch, jax.random.key(0)).compile()
+            found[remat] = {"temp": compiled.memory_analysis().temp_size_in_bytes, "times": []}
+            side = TheseusSide(trainer, host, "once")
+            side.steps(2)  # compile and warm up
+            sides[remat] = side
+        for round_ in range(args.rounds):
+            order = ["none", "block"] if round_ % 2 == 0 else ["block", "none"]
+            for remat in order:
+                begin = time.perf_counter()
+                sides[remat].steps(args.steps)
+                found[remat]["times"].append(time.perf_counter() - begin)
         for context in reversed(contexts):
             context.__exit__(None, None, None)
     print(PROTOCOL + json.dumps(found), flush=True)

@@ -530,7 +530,7 @@ def call_lifted(
     lifted_body = nn.transforms.decorator_lift_transform(
         transform, inside, *trafo_args, **trafo_kwargs
     )
-    return lifted_body(module, *args, **kwargs)  # type: ignore[no-any-return]
+    return lifted_body(module, *args, **kwargs)
 
 
 def _join(prefix: str, path: str) -> str:
