@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS nodes(
 CREATE INDEX IF NOT EXISTS nodes_run ON nodes(run, ckpt);
 CREATE INDEX IF NOT EXISTS nodes_project ON nodes(project, grp, ckpt);
 CREATE INDEX IF NOT EXISTS nodes_ckpt ON nodes(ckpt);
+CREATE INDEX IF NOT EXISTS nodes_written ON nodes(written);
 CREATE TABLE IF NOT EXISTS edges(
     child INTEGER NOT NULL, parent INTEGER NOT NULL,
     PRIMARY KEY(child, parent)) WITHOUT ROWID;
@@ -173,7 +174,38 @@ def connect(db: Path, readonly: bool = False) -> sqlite3.Connection:
     conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
     if not readonly:
         conn.execute("PRAGMA synchronous = FULL")
+        add_indexes(conn)
     return conn
+
+
+# Indexes added to :data:`SCHEMA` after a format was fixed: a writer adds them to a store
+# made before them when it connects (code that predates them ignores an extra index, so
+# they need no format of their own). ``nodes_written``: the nodes written since a time,
+# which the browser reads to bring what it remembers up to date (``ui/_data.py``).
+LATER_INDEXES = {"nodes_written": "CREATE INDEX IF NOT EXISTS nodes_written ON nodes(written)"}
+
+
+def add_indexes(conn: sqlite3.Connection) -> None:
+    """Create the :data:`LATER_INDEXES` a store lacks (no-op for a new or current one).
+
+    An index only speeds reads up, so a store that cannot take it now (its write lock
+    held past the busy timeout, or the file not writable) is opened all the same: the
+    next writer to connect adds it.
+    """
+    have = {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'index') "
+            "AND name IN ('nodes', " + ", ".join("?" * len(LATER_INDEXES)) + ")",
+            tuple(LATER_INDEXES),
+        )
+    }
+    if "nodes" not in have:  # a new database: create_schema makes everything
+        return
+    for name, statement in LATER_INDEXES.items():
+        if name not in have:
+            with contextlib.suppress(sqlite3.OperationalError):
+                conn.execute(statement)
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
