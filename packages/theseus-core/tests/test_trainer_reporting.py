@@ -139,6 +139,9 @@ def test_a_script_whose_output_is_a_file_says_what_training_does(
             return "validation"
         return "checkpoint" if line.endswith(f"checkpoint saving to {saved}") else line
 
+    # First, what the state costs each device; then one line per event.
+    state, ours = ours[0], ours[1:]
+    assert " state on " in state and "parameters " in state and "optimizer state " in state
     steps = [line.split(" step ")[1].split()[0] for line in ours]
     assert list(zip(steps, map(kind, ours), strict=True)) == [
         ("2/6", "report"),

@@ -18,11 +18,12 @@ import numpy as np
 from theseus.training import _tandem
 from theseus.training._steps import scalar_keys
 from theseus.training.reporting import Reporter
+from theseus.training.sharding import state_bytes
 
 if TYPE_CHECKING:
     from theseus.training.base import BaseTrainer
 
-__all__ = ["after_step", "due", "run"]
+__all__ = ["after_step", "describe_memory", "due", "run"]
 
 
 def due(step: int, interval: int, total: int) -> bool:
@@ -44,6 +45,7 @@ def run(trainer: BaseTrainer) -> Any:
         )
         reporter.close()
         return trainer.state
+    reporter.say(describe_memory(trainer))
     train = trainer._compiled_train()
     try:
         while step < total:
@@ -63,6 +65,33 @@ def run(trainer: BaseTrainer) -> Any:
     finally:
         reporter.close()
     return trainer.state
+
+
+def describe_memory(trainer: BaseTrainer) -> str:
+    """One line: the parameters' and optimizer state's bytes, and what one device keeps.
+
+    Read from the arrays' own shardings, so it shows what `training/strategy` and
+    `training/shard` really did (e.g. `fsdp` on 4 devices: each keeps a quarter).
+    """
+    sharding = trainer.sharding
+    parts = []
+    for label, tree in (
+        ("parameters", trainer.state.params),
+        ("optimizer state", trainer.state.opt_state),
+    ):
+        size = state_bytes(tree)
+        parts.append(
+            f"{label} {_megabytes(size.whole)}, each device keeps {_megabytes(size.device)} "
+            f"({size.share:.0%})"
+        )
+    return (
+        f"{trainer.node.name} state on {sharding.mesh.size} device(s) (training/strategy = "
+        f"{sharding.strategy}, training/shard = {sharding.mesh.shape['shard']}): {'; '.join(parts)}"
+    )
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:,.2f} MB"
 
 
 def after_step(

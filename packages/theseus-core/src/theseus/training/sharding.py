@@ -32,7 +32,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from theseus.config import ConfigError
 
-__all__ = ["AXIS_SETTINGS", "DEFAULT_RULES", "STRATEGIES", "ParameterShardingContext", "make_mesh"]
+__all__ = [
+    "AXIS_SETTINGS",
+    "DEFAULT_RULES",
+    "STRATEGIES",
+    "ParameterShardingContext",
+    "StateBytes",
+    "make_mesh",
+    "state_bytes",
+]
 
 Rules = tuple[tuple[str, str | None], ...]
 
@@ -58,6 +66,43 @@ AXIS_SETTINGS = {
     "mlp": "architecture/mlp_ratio x architecture/n_embd",
     "embed": "architecture/n_embd",
 }
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """The bytes of a pytree of arrays: in all, and the most that one device keeps.
+
+    Attributes:
+        whole: the bytes of every leaf at its global shape (what one device would keep
+            unsharded).
+        device: the most bytes any one device keeps of it, from each leaf's shard shape.
+    """
+
+    whole: int
+    device: int
+
+    @property
+    def share(self) -> float:
+        """`device / whole`: 1 when every device keeps all of it, 1/N when N split it."""
+        return self.device / self.whole if self.whole else 1.0
+
+
+def state_bytes(tree: Any) -> StateBytes:
+    """Measure what a pytree of (possibly sharded) `jax.Array`s costs each device.
+
+    Non-array leaves count for nothing. A device's bytes are the sizes of the shards it
+    keeps (`sharding.shard_shape` of each leaf, summed per device over the leaves).
+    """
+    whole = 0
+    per_device: dict[Any, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        if not isinstance(leaf, jax.Array):
+            continue
+        whole += leaf.nbytes
+        shard = int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
+        for device in leaf.sharding.device_set:
+            per_device[device] = per_device.get(device, 0) + shard
+    return StateBytes(whole, max(per_device.values(), default=0))
 
 
 def make_mesh(shard: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
