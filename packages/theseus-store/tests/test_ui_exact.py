@@ -162,3 +162,42 @@ def test_values_written_onto_older_nodes_show_at_the_next_request(
             assert [p[1] for p in stitched] == ys
     finally:
         reader.close()
+
+
+def test_the_node_pages_job_is_the_stores_as_records_are_added(tmp_path: Path) -> None:
+    """``_data.job`` (remembered branch points, jobs read from either side) against
+    ``Store.job_of``/``job_config`` read afresh, for every node, as job records land on
+    old nodes and a branch grows."""
+    root = tmp_path / "store"
+    a = [Node.new("a", project="p", group="g")]
+    with Store(root) as writer:
+        for _ in range(9):
+            a.append(a[-1].next())
+        for node in a:
+            writer.touch(node)
+        b = [Node.new("b", project="p", group="g", parent=a[3])]
+        for _ in range(4):
+            b.append(b[-1].next())
+        for node in b:
+            writer.touch(node)
+    reader = Store(root, readonly=True)
+
+    def check() -> None:
+        with Store(root, readonly=True) as fresh:
+            for node in [*a, *b]:
+                want = fresh.job_of(node), fresh.job_config(node)
+                got = _data.job(reader, node)
+                assert (got if got is not None else (None, None)) == want, node
+
+    try:
+        check()
+        for where, job in ((a[5], "late"), (a[0], "first"), (b[2], "own"), (a[2], "mid")):
+            with Store(root, create=False) as writer:
+                writer.record_job(where, job, f"config of {job}")
+            check()
+        with Store(root, create=False) as writer:
+            b.append(b[-1].next())
+            writer.touch(b[-1])
+        check()
+    finally:
+        reader.close()

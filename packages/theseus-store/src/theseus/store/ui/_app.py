@@ -234,13 +234,14 @@ class Browser:
             raise HTTPException(404, str(err)) from err
         current = self.store.get(node)
         artifacts = [(name, self.store.history(node, name)) for name in current]
+        record = _data.job(self.store, node)
         return self.page(
             "node.html",
             node=node,
             lineage=f"{node.name}~{node.nonce}",
             values=values,
-            job=self.store.job_of(node),
-            config=self.store.job_config(node),
+            job=None if record is None else record[0],
+            config=None if record is None else record[1],
             checkpoints=self.store.checkpoints(node),
             artifacts=artifacts,
             parents=self.store.parents(node),

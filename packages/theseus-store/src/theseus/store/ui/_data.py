@@ -232,6 +232,9 @@ class _Memory:
         self.mark: float | None = None  # the newest ``written`` seen
         self.recent: dict[int, float] = {}  # node id -> ``written`` handled, near the mark
         self.status_seq: dict[tuple[str, str], int] = {}  # the seq holding the last status
+        # Where each lineage left another (``_branch``), kept while the written marks say
+        # no node of it gained a parent in another lineage.
+        self.branches: dict[tuple[str, str], tuple[int, Node] | None] = {}
         self.statuses_stale = True
         self.node_id = 0  # the highest node id read
         self.lineages: dict[tuple[str, str], Lineage] = {}
@@ -333,6 +336,8 @@ def _apply(conn: sqlite3.Connection, memory: _Memory, touched: list[_Touched]) -
     for row in touched:
         by_lineage[(row[1], row[2])].append(row)
     for lineage, rows in by_lineage.items():
+        if any(r[6] for r in rows):
+            memory.branches.pop(lineage, None)
         first = min(r[3] for r in rows)
         for item in memory.last.get(lineage, {}).values():
             item.dirty = first if item.dirty is None else min(item.dirty, first)
@@ -619,6 +624,52 @@ def _branch(
     return None if row is None else (int(row[0]), Node(row[1], row[2], int(row[3])))
 
 
+def _left(
+    conn: sqlite3.Connection, memory: _Memory, name: str, nonce: str
+) -> tuple[int, Node] | None:
+    """:func:`_branch` from the lineage's first node, remembered while the written marks
+    can say it stays so (``_sync`` ran in this snapshot; memory locked)."""
+    if not memory.indexed:
+        return _branch(conn, name, nonce)
+    if (name, nonce) not in memory.branches:
+        memory.branches[(name, nonce)] = _branch(conn, name, nonce)
+    return memory.branches[(name, nonce)]
+
+
+def job(store: Store, node: Node) -> tuple[str, str] | None:
+    """``(job, config)`` in effect at ``node``, as ``Store.job_config`` finds it, or None.
+
+    The same walk (the closest record at or before the node, else the lineage it
+    branched from), with the branch points remembered and the records of a long lineage
+    found from the jobs table when it holds fewer rows than the walk has nodes.
+    """
+    memory = _memory(store)
+
+    def read(conn: sqlite3.Connection) -> tuple[str, str] | None:
+        with memory.lock:
+            _sync(conn, memory)
+            (jobs,) = conn.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()
+            seen: set[tuple[str, str]] = set()
+            current: Node | None = node
+            while current is not None and (current.name, current.nonce) not in seen:
+                seen.add((current.name, current.nonce))
+                # CROSS JOIN keeps the jobs table outermost (SQLite never reorders it).
+                join = "CROSS JOIN" if int(jobs) <= current.seq else "JOIN"
+                row = conn.execute(
+                    f"SELECT j.job, j.config FROM jobs j {join} nodes n ON n.id = j.node "
+                    "WHERE n.name = ? AND n.nonce = ? AND n.seq <= ? "
+                    "ORDER BY n.seq DESC, j.id DESC LIMIT 1",
+                    (current.name, current.nonce, current.seq),
+                ).fetchone()
+                if row is not None:
+                    return str(row[0]), str(row[1])
+                up = _left(conn, memory, current.name, current.nonce)
+                current = None if up is None or up[0] > current.seq else up[1]
+            return None
+
+    return store.read(read)
+
+
 def lineage_family(store: Store, name: str, nonce: str) -> dict[str, Any]:
     """The tree of lineages that holds ``name~nonce``: its root lineage and every branch.
 
@@ -724,7 +775,7 @@ def _chain(conn: sqlite3.Connection, name: str, nonce: str) -> list[tuple[str, s
 
 
 def _chain_starts(
-    conn: sqlite3.Connection, name: str, nonce: str
+    conn: sqlite3.Connection, name: str, nonce: str, memory: _Memory | None = None
 ) -> tuple[list[tuple[str, str, int]], list[int]]:
     """:func:`_chain`, and the seq at which each stretch left the one before (first: -1)."""
     (last,) = conn.execute(
@@ -735,7 +786,11 @@ def _chain_starts(
     chain = [(name, nonce, int(last))]
     starts = []
     seen = {(name, nonce)}
-    while (up := _branch(conn, chain[-1][0], chain[-1][1])) is not None:
+    while (
+        up := _branch(conn, *chain[-1][:2])
+        if memory is None
+        else _left(conn, memory, *chain[-1][:2])
+    ) is not None:
         parent = up[1]
         if (parent.name, parent.nonce) in seen:
             break
@@ -785,7 +840,7 @@ def _curve(conn: sqlite3.Connection, memory: _Memory, name: str, nonce: str, key
         if last is not None and not left:
             chain, starts = [*curve.chain[:-1], (name, nonce, int(last))], curve.starts
     if chain is None:
-        chain, starts = _chain_starts(conn, name, nonce)
+        chain, starts = _chain_starts(conn, name, nonce, memory)
     if not chain:
         memory.curves.pop(wanted, None)
         return _Curve([(name, nonce, -1)], version)
