@@ -32,6 +32,14 @@ near the step time, the loop is waiting for the device every step.
 result as a row of the benchmarks table (``benchmarks/_report.py``), with the model's
 parameter count and model FLOPs per token for ``gpu.py``. ``--vocab`` and ``--dtype``
 (activations) exist for the 124M-parameter GPT of ``gpu.sh``.
+
+For ``gpu.py`` (each defaults to what the script always did): ``--strategy dp|zero1|fsdp``
+and ``--remat none|block`` build the trainer with ``training/strategy`` and
+``training/remat`` (the hand loop keeps its replicated parameters and plain blocks: it
+has no strategy); ``--trainer-only`` times the trainer's step alone (no hand loop, no
+check; the row is the trainer's tokens/s per round, without a ratio);
+``--per-device-batch N`` makes the global batch ``N`` x the number of devices JAX sees
+(instead of ``--batch``).
 """
 
 from __future__ import annotations
@@ -79,6 +87,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--dtype", choices=sorted(TOLERANCES), default="float32", help="activation dtype"
     )
+    p.add_argument(
+        "--strategy", choices=["dp", "zero1", "fsdp"], default="dp", help="training/strategy"
+    )
+    p.add_argument("--remat", choices=["none", "block"], default="none", help="training/remat")
+    p.add_argument(
+        "--trainer-only", action="store_true", help="time the trainer's step alone (no hand loop)"
+    )
+    p.add_argument(
+        "--per-device-batch",
+        type=int,
+        default=0,
+        help="global batch = this x the devices JAX sees (overrides --batch)",
+    )
     _report.add_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
@@ -93,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.get("XLA_FLAGS", "")
             + f" --xla_force_host_platform_device_count={args.devices}"
         )
-    if args.batch % args.devices:
+    if not args.per_device_batch and args.batch % args.devices:
         sys.exit(f"--batch {args.batch} must be a multiple of --devices {args.devices}")
     with tempfile.TemporaryDirectory() as root:
         return run(args, root)
@@ -136,6 +157,7 @@ def synthetic_trainer(
             "optimization/eps": ADAMW["eps"],
             "optimization/weight_decay": ADAMW["weight_decay"],
             "optimization/clip_norm": CLIP,
+            **_layout(args),
             **extra,
         }
         for key, value in settings.items():
@@ -146,6 +168,16 @@ def synthetic_trainer(
             host.append({k: np.asarray(v) for k, v in trainer.batch("train").items()})
             trainer.tick()
         yield trainer, host
+
+
+def _layout(args: argparse.Namespace) -> dict[str, Any]:
+    """The `training/strategy` and `training/remat` settings, when `args` has them."""
+    settings: dict[str, Any] = {}
+    if getattr(args, "strategy", "dp") != "dp":
+        settings["training/strategy"] = args.strategy
+    if getattr(args, "remat", "none") != "none":
+        settings["training/remat"] = args.remat
+    return settings
 
 
 def model_flops_per_token(params: Any, layers: int, width: int, block: int) -> tuple[int, int]:
@@ -163,7 +195,11 @@ def model_flops_per_token(params: Any, layers: int, width: int, block: int) -> t
 def run(args: argparse.Namespace, root: str) -> int:
     import jax
 
+    if args.per_device_batch:
+        args.batch = args.per_device_batch * len(jax.devices())
     with synthetic_trainer(args, root) as (trainer, host):
+        if args.trainer_only:
+            return run_trainer_only(args, trainer, host)
         theseus = TheseusSide(trainer, host, args.placement)
         hand = HandSide(trainer, host, args.placement)
 
@@ -190,19 +226,77 @@ def run(args: argparse.Namespace, root: str) -> int:
                 calls[side.name] += side.steps(args.steps)
                 rates[side.name].append(args.steps * tokens / (time.perf_counter() - start))
         report(rates, calls, args)
-        info = {
-            "parameters": n_params,
-            "flops_per_token": flops,
-            "tokens_per_step": tokens,
-            "platform": device.platform,
-            "device_kind": device.device_kind,
-            "devices": len(jax.devices()),
-            "dtype": args.dtype,
-        }
+        info = run_info(args, n_params, flops, tokens)
         _report.write(
             args.json, "train_step", args.quick, [row(rates, calls, args, agreement)], info
         )
     return 0 if agreed else 1
+
+
+def run_info(args: argparse.Namespace, n_params: int, flops: int, tokens: int) -> dict[str, Any]:
+    """The results file's `info`: the model's size, the layout and the devices (for gpu.py)."""
+    import jax
+
+    device = jax.devices()[0]
+    return {
+        "parameters": n_params,
+        "flops_per_token": flops,
+        "tokens_per_step": tokens,
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "devices": len(jax.devices()),
+        "dtype": args.dtype,
+        "batch": args.batch,
+        "strategy": args.strategy,
+        "remat": args.remat,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "trainer_only": args.trainer_only,
+    }
+
+
+def run_trainer_only(args: argparse.Namespace, trainer: Any, host: list[dict[str, Any]]) -> int:
+    """`--trainer-only`: warm up, then `--rounds` blocks of `--steps` steps of the trainer."""
+    import jax
+
+    med = statistics.median
+    theseus = TheseusSide(trainer, host, args.placement, keep_initial=False)
+    tokens = args.batch * args.block
+    n_params, flops = model_flops_per_token(
+        trainer.state.params, args.layers, args.width, args.block
+    )
+    device = jax.devices()[0]
+    print(
+        f"model: GPT {args.layers} layers, n_embd {args.width}, {args.heads} heads, block "
+        f"{args.block}, vocab {args.vocab}, {args.dtype} activations; {n_params:,} parameters, "
+        f"{flops:,} model FLOPs/token; batch {args.batch} ({tokens} tokens/step); "
+        f"{len(jax.devices())} {device.platform} device(s) ({device.device_kind}); strategy "
+        f"{args.strategy}, remat {args.remat}; the trainer alone"
+    )
+    theseus.steps(max(args.warmup, 1))  # compiles
+    rates: list[float] = []
+    calls: list[float] = []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        calls += theseus.steps(args.steps)
+        rates.append(args.steps * tokens / (time.perf_counter() - start))
+    print(
+        f"\n{args.rounds} rounds x {args.steps} steps: {med(rates):,.0f} tokens/s (median; "
+        f"range {min(rates):,.0f}..{max(rates):,.0f}), host/call {med(calls) * 1e3:.2f} ms, "
+        f"final loss {float(theseus.loss):.4f}"
+    )
+    row = _report.info_row(
+        f"train step alone (GPT {args.layers}x{args.width}, block {args.block}, batch "
+        f"{args.batch}, strategy {args.strategy}, remat {args.remat})",
+        f"{med(rates):,.0f} tokens/s",
+        rates,
+        unit="tokens/s",
+        note=f"{args.rounds} rounds x {args.steps} steps after {max(args.warmup, 1)} warm-up "
+        f"steps; host/call {med(calls) * 1e3:.2f} ms; no hand loop",
+    )
+    info = run_info(args, n_params, flops, tokens)
+    _report.write(args.json, "train_step", args.quick, [row], info)
+    return 0
 
 
 def row(
@@ -215,9 +309,10 @@ def row(
     med = statistics.median
     theseus, hand = rates["theseus"], rates["hand"]
     devices = f", {args.devices} devices" if args.devices > 1 else ""
+    layout = "".join(f", {x}" for x in _layout(args).values())
     return _report.compare(
         f"train step vs hand-written Flax+optax loop (GPT {args.layers}x{args.width}, block "
-        f"{args.block}, batch {args.batch}{devices})",
+        f"{args.block}, batch {args.batch}{devices}{layout})",
         theseus,
         hand,
         unit="tokens/s",
@@ -238,12 +333,20 @@ class TheseusSide:
 
     name = "theseus"
 
-    def __init__(self, trainer: Any, host: list[dict[str, Any]], placement: str) -> None:
+    def __init__(
+        self,
+        trainer: Any,
+        host: list[dict[str, Any]],
+        placement: str,
+        *,
+        keep_initial: bool = True,
+    ) -> None:
         import jax
         import numpy as np
 
         self.trainer = trainer
-        self.initial = jax.tree.map(np.asarray, trainer.state.params)
+        # A host copy of the initial parameters, for `check` (`keep_initial=False`: none).
+        self.initial = jax.tree.map(np.asarray, trainer.state.params) if keep_initial else None
         self.train = trainer._compiled_train()
         self.host = host
         self.per_step = placement == "per-step"
