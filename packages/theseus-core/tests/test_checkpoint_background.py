@@ -23,8 +23,9 @@ from theseus.job import store_root
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
 from theseus.store import COMMIT_MARKER, Node, Store
+from theseus.training import checkpoints
 from theseus.training import state as train_state
-from theseus.training.checkpoints import CheckpointKeeper, restore
+from theseus.training.checkpoints import CheckpointKeeper, restore, room_for_copy
 
 jobs = import_module_or_file(str(Path(__file__).with_name("trainer_jobs.py")))
 
@@ -224,6 +225,50 @@ def test_on_the_callers_thread_the_keeper_saves_and_registers_as_before(tmp_path
             _same(restore(keeper.directory / "2", _abstract(state))[0], _host(state))
         finally:
             keeper.close()
+
+
+def _reporting(free: int) -> Any:
+    """`memory_stats` of a device with `free` bytes left of a 16 GB limit."""
+    return lambda device: {"bytes_limit": 16 * 10**9, "bytes_in_use": 16 * 10**9 - free}
+
+
+def test_room_for_a_copy_is_the_largest_share_of_one_device_and_a_quarter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = _state(1)
+    share = sum(leaf.nbytes for leaf in jax.tree.leaves(state))  # one device keeps it all
+    assert room_for_copy(state)  # the CPU reports no limit: host memory
+    monkeypatch.setattr(checkpoints, "_memory_stats", _reporting(int(share * 1.25) + 1))
+    assert room_for_copy(state)
+    monkeypatch.setattr(checkpoints, "_memory_stats", _reporting(int(share * 1.25) - 1))
+    assert not room_for_copy(state)
+    monkeypatch.setattr(checkpoints, "_memory_stats", lambda device: {})
+    assert room_for_copy(state)  # a device that says nothing of its limit
+
+
+def test_a_device_without_room_for_the_copy_saves_on_the_callers_thread(
+    keeper: tuple[CheckpointKeeper, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keeper_, store = keeper
+    node = _node(store)
+    keeper_.save(1, node, _state(1), {"step": 1})  # room (CPU): on the keeper's thread
+    assert keeper_._starting is not None
+    monkeypatch.setattr(checkpoints, "_memory_stats", _reporting(1000))
+    calls: list[str] = []
+    real = keeper_._orbax_save
+
+    def traced(*args: Any, **kwargs: Any) -> None:
+        calls.append(threading.current_thread().name)
+        real(*args, **kwargs)
+
+    keeper_._orbax_save = traced  # type: ignore[method-assign]
+    state = _state(2)
+    keeper_.save(2, node, state, {"step": 2})
+    assert calls == [threading.current_thread().name]  # no copy: orbax on the caller's
+    assert keeper_._starting is None
+    keeper_.wait()
+    assert [c.step for c in store.checkpoints(node)] == [1, 2]
+    _same(restore(keeper_.directory / "2", _abstract(state))[0], _host(state))
 
 
 class Recorded(jobs.SyntheticTrainer):

@@ -15,7 +15,9 @@ starts a copy of the state's arrays into fresh device buffers (asynchronous, so 
 loop does not wait for it; the train step donates its state, and these copies are the
 keeper's own, which no step can donate or overwrite) and hands them to the keeper's
 thread, which calls orbax's save. The cost is a second copy of the state in device
-memory from the save until orbax has written it, for one save at a time. With several
+memory from the save until orbax has written it, for one save at a time; a device that
+reports its memory (GPUs, TPUs) and has no room for that copy's share (with a quarter
+to spare) saves on the caller's thread instead, as orbax alone would. With several
 processes orbax's save synchronizes them with collectives, which must not run beside the
 training step's, so there the save stays on the caller's thread as before.
 
@@ -53,6 +55,7 @@ from theseus.store import (
     set_aside,
     strays,
 )
+from theseus.training.sharding import state_bytes
 
 __all__ = [
     "CheckpointKeeper",
@@ -60,6 +63,7 @@ __all__ = [
     "CheckpointMissingError",
     "checkpoint_dir",
     "restore",
+    "room_for_copy",
     "set_aside_strays",
 ]
 
@@ -173,7 +177,8 @@ class CheckpointKeeper:
         the background (see the module's notes) this returns once the state's device copy
         is dispatched: a train step that donates `state` right after waits for the copy.
         """
-        if not self._background:
+        if not (self._background and room_for_copy(state)):
+            self._collect(block=True)  # a save started on the thread comes first
             self._orbax_save(step, state, meta)
             self._register(committed_only=True)
             self._pending.append((step, node, meta))
@@ -249,6 +254,29 @@ class CheckpointKeeper:
                     thread.shutdown(wait=True)
             finally:
                 self._release()
+
+
+def _memory_stats(device: jax.Device) -> dict[str, Any] | None:
+    return device.memory_stats()
+
+
+def room_for_copy(tree: Any, spare: float = 0.25) -> bool:
+    """Whether each local device holding `tree` has room for a second copy of its share.
+
+    A device's room is `bytes_limit - bytes_in_use` from its `memory_stats()`; a device
+    that reports none (the CPU) always has room (host memory). The copy needs the most
+    any one device keeps of `tree` (`state_bytes(tree).device`), plus `spare` of it.
+    """
+    arrays = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
+    need = state_bytes(arrays).device * (1 + spare)
+    devices = {d for a in arrays for d in a.sharding.addressable_devices}
+    for device in devices:
+        stats = _memory_stats(device)
+        if not stats or "bytes_limit" not in stats:
+            continue
+        if stats["bytes_limit"] - stats.get("bytes_in_use", 0) < need:
+            return False
+    return True
 
 
 def _device_copy(tree: Any) -> Any:
