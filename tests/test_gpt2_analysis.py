@@ -30,6 +30,7 @@ README = CORE / "README.md"
 folders = import_module_or_file(str(CORE / "tests" / "gpt2_folder.py"))
 
 
+@pytest.mark.slow  # the README section verbatim (~10 s); the next test keeps its checks
 def test_the_look_inside_gpt2_section_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     section = README.read_text().split("### Look inside GPT-2", 1)[1].split("\n## ", 1)[0]
     commands = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)[0].splitlines()

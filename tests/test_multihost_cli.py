@@ -244,6 +244,7 @@ def test_two_theseus_run_processes_train_like_one(two_hosts: TwoHosts) -> None:
     assert f"step {STEPS}/{STEPS} " in two_hosts.logs[0] and rate in two_hosts.logs[0]
 
 
+@pytest.mark.slow  # ~9 s; restore across layouts stays in the default suite (test_strategies)
 @pytest.mark.multiprocess
 def test_a_two_host_checkpoint_resumes_on_other_device_counts(
     two_hosts: TwoHosts, tmp_path: Path

@@ -554,6 +554,7 @@ def test_a_lifted_class_made_behind_the_captures_back_is_a_one_line_error() -> N
         debug.capture(lambda: model.apply(variables, x), ["pair/a"])
 
 
+@pytest.mark.slow  # ~12 s; the nn.vmap probe tests keep the stacked-calls path here
 def test_calls_below_nn_scan_give_every_iteration_stacked(root: Path) -> None:
     job = _create(root, ScanInside, "scan-inside")
     assert job.find(SelfAttention) == ["layers/attn"]

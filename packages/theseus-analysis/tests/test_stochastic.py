@@ -42,7 +42,8 @@ class SecondAttentionInput(AnalysisBase, PretrainGPT):
         return None
 
 
-@pytest.mark.parametrize("per_device", [0, 1])  # no accumulation; two micro-steps
+# Two micro-steps here; without accumulation (the simpler case) in the slow set.
+@pytest.mark.parametrize("per_device", [pytest.param(0, marks=pytest.mark.slow), 1])
 def test_a_stochastic_analysis_sees_the_first_micro_steps_dropout(
     tmp_path: Path, per_device: int
 ) -> None:

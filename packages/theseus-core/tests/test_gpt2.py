@@ -190,6 +190,7 @@ def test_a_prompt_that_does_not_fit_is_one_line(imported: tuple[Path, Path]) -> 
         job.find(SelfAttention)
 
 
+@pytest.mark.slow  # lineage mechanics are the default suite's elsewhere; ~10 s
 def test_fine_tuning_a_branch_on_text_in_gpt2s_tokens(
     imported: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -181,6 +181,7 @@ def test_train_function_compiles_once(root: Path) -> None:
     assert trainer._compiled_val()._cache_size() == 1
 
 
+@pytest.mark.slow  # test_strategies keeps fsdp with shard=2 against dp in the default suite
 def test_parameter_sharding_gives_the_same_training(root: Path) -> None:
     plain = _train(root, jobs.SyntheticTrainer, "shard-1", steps=3)
     sharded = _train(root, jobs.SyntheticTrainer, "shard-2", steps=3, **{"training/shard": 2})
