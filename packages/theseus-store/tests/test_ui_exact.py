@@ -20,7 +20,7 @@ pytest.importorskip("starlette", reason="the ui extra is not installed (theseus-
 import numpy as np
 
 from theseus.store import Node, Store
-from theseus.store.ui import _data
+from theseus.store.ui import _data, _memory
 
 FORMAT2 = Path(__file__).parent / "data" / "format2-root" / "store"
 KEYS = ("val/loss", "eval/acc", "note")
@@ -85,7 +85,7 @@ def test_values_written_onto_older_nodes_show_at_the_next_request(
     curve equals the one the test keeps in NumPy. Without the index the memory is read
     again whole on each change (``REBUILD_S = 0``), the fallback's bound."""
     if not indexed:
-        monkeypatch.setattr(_data, "REBUILD_S", 0.0)
+        monkeypatch.setattr(_memory, "REBUILD_S", 0.0)
     rng = np.random.default_rng(7)
     root = tmp_path / "store"
     base = Node.new("train", project="p", group="g")

@@ -181,7 +181,7 @@ def connect(db: Path, readonly: bool = False) -> sqlite3.Connection:
 # Indexes added to :data:`SCHEMA` after a format was fixed: a writer adds them to a store
 # made before them when it connects (code that predates them ignores an extra index, so
 # they need no format of their own). ``nodes_written``: the nodes written since a time,
-# which the browser reads to bring what it remembers up to date (``ui/_data.py``).
+# which the browser reads to bring what it remembers up to date (``ui/_memory.py``).
 LATER_INDEXES = {"nodes_written": "CREATE INDEX IF NOT EXISTS nodes_written ON nodes(written)"}
 
 

@@ -6,7 +6,7 @@ Jinja2, pypdfium2); never JAX. The store is opened read-only (SQLite
 """
 
 from theseus.store.ui._app import CSP, create_app
-from theseus.store.ui._data import downsample
+from theseus.store.ui._downsample import downsample
 from theseus.store.ui._serve import LOOPBACK, open_readonly, serve
 
 __all__ = [
