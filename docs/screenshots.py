@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlencode
 
-import uvicorn
 from playwright.sync_api import Page, expect, sync_playwright
 
 from theseus.store import Store
-from theseus.store.ui import create_app, open_readonly
+from theseus.store.ui import open_readonly, running
 
 ARTIFACT = "attention-pattern"
 VIEWPORT = {"width": 1280, "height": 1040}
@@ -53,31 +50,6 @@ def _demo_lineage(store: Store) -> str:
     return f"{newest.name}~{newest.nonce}"
 
 
-class _Served:
-    """The browser's app on a free loopback port, in a thread."""
-
-    def __init__(self, root: Path) -> None:
-        self.store = open_readonly(root)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        app = create_app(self.store, allowed_hosts=["127.0.0.1"])
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise SystemExit("the store browser did not start in 20 s")
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-        self.sock.close()
-        self.store.close()
-
-
 def _image_loaded(tab: Page, selector: str) -> None:
     image = tab.locator(selector).first
     deadline = time.monotonic() + 20
@@ -90,34 +62,31 @@ def _image_loaded(tab: Page, selector: str) -> None:
 def shoot(root: Path, out: Path) -> list[Path]:
     """Save the slider and curves screenshots of ``root``'s demo lineage into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    served = _Served(root)
-    try:
-        lineage = _demo_lineage(served.store)
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path=shutil.which("chromium") or "/usr/bin/chromium",
-                args=["--no-sandbox", "--disable-gpu"],
-            )
-            tab = browser.new_page(viewport=VIEWPORT)
-            tab.goto(served.url + "/slider?" + urlencode({"l": lineage, "name": ARTIFACT}))
-            info = tab.locator("#frame-info")
-            expect(info).to_contain_text("seq")
-            frames = int(info.inner_text().split("/", 1)[1].split()[0])
-            for _ in range(frames // 2):
-                tab.keyboard.press("ArrowRight")
-            expect(info).to_contain_text(f"{frames // 2 + 1}/{frames}")
-            _image_loaded(tab, "#frame-image")
-            slider = out / "ui-slider.png"
-            tab.screenshot(path=slider)
+    with open_readonly(root) as store:
+        lineage = _demo_lineage(store)
+    with running(root) as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+            args=["--no-sandbox", "--disable-gpu"],
+        )
+        tab = browser.new_page(viewport=VIEWPORT)
+        tab.goto(url + "/slider?" + urlencode({"l": lineage, "name": ARTIFACT}))
+        info = tab.locator("#frame-info")
+        expect(info).to_contain_text("seq")
+        frames = int(info.inner_text().split("/", 1)[1].split()[0])
+        for _ in range(frames // 2):
+            tab.keyboard.press("ArrowRight")
+        expect(info).to_contain_text(f"{frames // 2 + 1}/{frames}")
+        _image_loaded(tab, "#frame-image")
+        slider = out / "ui-slider.png"
+        tab.screenshot(path=slider)
 
-            tab.set_viewport_size({"width": VIEWPORT["width"], "height": 700})
-            tab.goto(served.url + "/curves?" + urlencode({"key": "train/loss", "l": lineage}))
-            expect(tab.locator("#legend")).to_contain_text("points")
-            curves = out / "ui-curves.png"
-            tab.screenshot(path=curves)
-            browser.close()
-    finally:
-        served.close()
+        tab.set_viewport_size({"width": VIEWPORT["width"], "height": 700})
+        tab.goto(url + "/curves?" + urlencode({"key": "train/loss", "l": lineage}))
+        expect(tab.locator("#legend")).to_contain_text("points")
+        curves = out / "ui-curves.png"
+        tab.screenshot(path=curves)
+        browser.close()
     return [slider, curves]
 
 

@@ -14,7 +14,7 @@ def test_readme_session_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results" / "checkpoints" / "1").mkdir(parents=True)
     pdf_bytes = b"%PDF-1.5\n" + bytes(range(256)) * 71
@@ -28,3 +28,18 @@ def test_readme_session_runs(
     assert lines[2] == f"[('activations', 'activations.pdf', {len(pdf_bytes)})]"
     assert scope["pdf"] == pdf_bytes and scope["same"] == entry
     scope["store"].close()  # type: ignore[attr-defined]
+
+
+def test_readme_running_block_serves_a_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("starlette", reason="the ui extra is not installed (theseus-store[ui])")
+    from theseus.store import Node, Store
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    with Store(tmp_path / "theseus-demo" / "store") as store:  # a Theseus root's store
+        store.log(Node.new("demo"), {"val/loss": 1.5})
+    exec(blocks[2], {})
+    (printed,) = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", printed), printed

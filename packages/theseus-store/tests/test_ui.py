@@ -29,7 +29,7 @@ from starlette.testclient import TestClient
 
 from theseus.store import Node, Store
 from theseus.store._errors import CorruptStoreError, NotAStoreError, StorePermissionError
-from theseus.store.ui import CSP, create_app, downsample, open_readonly
+from theseus.store.ui import CSP, create_app, downsample, open_readonly, running
 from theseus.store.ui._data import stitched_series
 from theseus.store.ui._serve import store_folder
 
@@ -301,6 +301,23 @@ def test_visiting_every_page_leaves_the_store_unchanged(tmp_path: Path) -> None:
     if "store.sqlite-wal" in extra:
         assert (root / "store.sqlite-wal").stat().st_size == 0
     assert {k: after[k] for k in before} == before
+
+
+def test_running_serves_on_a_free_loopback_port_until_the_block_ends(built) -> None:
+    import urllib.error
+    import urllib.request
+
+    root, nodes = built
+    with running(root) as url:
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), url
+        with urllib.request.urlopen(url + "/", timeout=10) as response:
+            assert response.status == 200
+            assert response.headers["Content-Security-Policy"] == CSP
+            assert nodes["base0"].name.split(".")[-1] in response.read().decode()
+    with pytest.raises(urllib.error.URLError):  # stopped: nothing listens there any more
+        urllib.request.urlopen(url + "/", timeout=2)
+    with pytest.raises(NotAStoreError), running(root / "nowhere"):
+        pass
 
 
 def test_the_readonly_store_refuses_writes(built) -> None:

@@ -16,10 +16,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,11 +28,10 @@ import pytest
 pytest.importorskip("starlette", reason="the ui extra is not installed (theseus-store[ui])")
 pytest.importorskip("playwright", reason="playwright is not installed (the dev group has it)")
 
-import uvicorn
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from theseus.store import Node, Store
-from theseus.store.ui import create_app, open_readonly
+from theseus.store.ui import running
 
 
 def _helper(name: str):
@@ -94,30 +91,6 @@ def _loaded(tab: Page, selector: str) -> None:
         time.sleep(0.05)
 
 
-class Served:
-    """The browser's server on a free loopback port, in a thread."""
-
-    def __init__(self, root: Path) -> None:
-        self.store = open_readonly(root)
-        app = create_app(self.store, allowed_hosts=["127.0.0.1"])
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start in 20 s"
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-        self.sock.close()
-        self.store.close()
-
-
 @pytest.fixture
 def page(browser: Browser) -> Iterator[tuple[Page, list[str]]]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -137,9 +110,8 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
     tab, problems = page
     root = tmp_path / "store"
     nodes = _ui_store.build(root)
-    served = Served(root)
-    try:
-        tab.goto(served.url + "/")
+    with running(root) as url:
+        tab.goto(url + "/")
         expect(tab.locator("h1")).to_contain_text("2 lineages")
         tab.screenshot(path=shots / "1-runs.png", full_page=True)
 
@@ -163,7 +135,7 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
         expect(tab.locator("pre.text")).to_have_text(f"text {HOSTILE}")
 
         picture = nodes["base9"]
-        tab.goto(served.url + f"/node/{picture.serialize()}")
+        tab.goto(url + f"/node/{picture.serialize()}")
         tab.get_by_role("link", name="v1 picture.pdf").click()
         image = tab.locator("img.picture").first
         expect(image).to_be_visible()
@@ -186,31 +158,27 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
         tab.screenshot(path=shots / "6-slider.png", full_page=True)
 
         tune = nodes["tune0"]
-        tab.goto(served.url + f"/node/{tune.serialize()}")
+        tab.goto(url + f"/node/{tune.serialize()}")
         tab.get_by_role("link", name="compare with parent").click()
         expect(tab.locator("pre.diff")).to_contain_text("+lr: 0.0001")
         expect(tab.locator("table.compare")).to_contain_text(HOSTILE)
         tab.screenshot(path=shots / "7-compare.png", full_page=True)
 
         lineages = [f"{n.name}~{n.nonce}" for n in (nodes["tune0"], nodes["base0"])]
-        tab.goto(
-            served.url + "/curves?" + urlencode({"key": "val/loss", "l": lineages}, doseq=True)
-        )
+        tab.goto(url + "/curves?" + urlencode({"key": "val/loss", "l": lineages}, doseq=True))
         expect(tab.locator("#legend")).to_contain_text("10 of 10 points")
         expect(tab.locator("#legend")).to_contain_text("12 of 12 points")
         tab.locator("#logy").check()
         tab.screenshot(path=shots / "8-curves.png", full_page=True)
 
         # Live: a node written now shows on the open lineage page within 5 s, no reload.
-        tab.goto(served.url + f"/lineage/{lineages[0]}")
+        tab.goto(url + f"/lineage/{lineages[0]}")
         last = tab.locator('[data-field="last_seq"]')
         expect(last).to_have_text("3")
         with Store(root) as writer:
             writer.log(nodes["tune3"].next(), {"val/loss": 0.25})
         expect(last).to_have_text("4", timeout=5000)
         expect(tab.locator('[data-key="val/loss"]')).to_have_text("0.25", timeout=5000)
-    finally:
-        served.close()
     assert problems == []
 
 
@@ -225,9 +193,8 @@ def test_click_through_a_demo_run(tmp_path: Path, page, shots: Path) -> None:
     with Store(tmp_path / "store", readonly=True) as store:
         (run,) = [r for r in store.runs() if r["name"] == "theseus.demo.demo"]
     lineage = f"{run['name']}~{run['nonce']}"
-    served = Served(tmp_path)
-    try:
-        tab.goto(served.url + "/")
+    with running(tmp_path) as url:
+        tab.goto(url + "/")
         tab.get_by_role("link", name="demo", exact=True).click()
         expect(tab.locator("h1")).to_have_text(lineage)
         tab.screenshot(path=shots / "demo-1-lineage.png", full_page=True)
@@ -241,17 +208,15 @@ def test_click_through_a_demo_run(tmp_path: Path, page, shots: Path) -> None:
         expect(tab.locator("#frame-info")).to_contain_text("val/loss")
         tab.keyboard.press("ArrowRight")
         tab.screenshot(path=shots / "demo-4-slider.png", full_page=True)
-        tab.goto(served.url + "/curves?" + urlencode({"key": "val/loss", "l": lineage}))
+        tab.goto(url + "/curves?" + urlencode({"key": "val/loss", "l": lineage}))
         expect(tab.locator("#legend")).to_contain_text(lineage)
         tab.screenshot(path=shots / "demo-5-curves.png", full_page=True)
         last = Node(run["name"], run["nonce"], run["last_seq"])
         tab.goto(
-            served.url
+            url
             + "/compare?"
             + urlencode({"a": Node(last.name, last.nonce, 0).serialize(), "b": last.serialize()})
         )
         expect(tab.locator("table.compare")).to_contain_text("val/loss")
         tab.screenshot(path=shots / "demo-6-compare.png", full_page=True)
-    finally:
-        served.close()
     assert problems == []

@@ -7,7 +7,7 @@ Jinja2, pypdfium2); never JAX. The store is opened read-only (SQLite
 
 from theseus.store.ui._app import CSP, create_app
 from theseus.store.ui._downsample import downsample
-from theseus.store.ui._serve import LOOPBACK, open_readonly, serve
+from theseus.store.ui._serve import LOOPBACK, open_readonly, running, serve
 
 __all__ = [
     "CSP",
@@ -15,5 +15,6 @@ __all__ = [
     "create_app",
     "downsample",
     "open_readonly",
+    "running",
     "serve",
 ]

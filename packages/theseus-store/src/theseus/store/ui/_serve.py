@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import sys
 import threading
+import time
 import webbrowser
+from collections.abc import Iterator
 from pathlib import Path
 
 from theseus.store._store import MARKER, Store
 
-__all__ = ["LOOPBACK", "open_readonly", "serve", "store_folder"]
+__all__ = ["LOOPBACK", "open_readonly", "running", "serve", "store_folder"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -86,4 +90,52 @@ def serve(
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def running(root: str | os.PathLike[str], start_timeout: float = 20.0) -> Iterator[str]:
+    """Serve the browser of the store under ``root`` on a thread while the block runs.
+
+    For scripts, tests and notebooks: the server listens on 127.0.0.1 at a free port,
+    the block gets its URL (``http://127.0.0.1:PORT``, no trailing slash), and leaving
+    the block stops the server and closes the store.
+
+    Example:
+        >>> with running("theseus-demo") as url:  # doctest: +SKIP
+        ...     print(url + "/")
+
+    Raises:
+        StoreError: the store under ``root`` cannot be read (see `open_readonly`).
+        TimeoutError: the server did not start within ``start_timeout`` seconds.
+    """
+    import uvicorn
+
+    from theseus.store.ui._app import create_app
+
+    store = open_readonly(root)
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", 0))
+        app = create_app(store, allowed_hosts=["127.0.0.1"])
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name="theseus-store-ui", daemon=True
+        )
+        thread.start()
+        try:
+            deadline = time.monotonic() + start_timeout
+            while not server.started:
+                if not thread.is_alive() or time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"the store browser of {store.root} did not start within "
+                        f"{start_timeout:g} s"
+                    )
+                time.sleep(0.02)
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        finally:
+            server.should_exit = True
+            thread.join(start_timeout)
+    finally:
+        sock.close()
         store.close()
