@@ -282,6 +282,7 @@ def test_a_two_host_checkpoint_resumes_on_other_device_counts(
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # ~9 s for one error message; the two-process training stays in the default suite
 def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
     config = tmp_path / "counter.yaml"
     _ok("--import", CORE_JOBS, "configure", "tests/counter", str(config))

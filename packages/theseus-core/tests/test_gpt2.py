@@ -167,6 +167,7 @@ def test_sharded_generation_and_logits_equal_the_reference(imported: tuple[Path,
         assert job.generate([ids.tolist()[:5]], 8, temperature=0) == [expected[5:]]
 
 
+@pytest.mark.slow  # ~10 s; tests/test_gpt2_analysis keeps an analysis of GPT-2 in the default suite
 def test_find_debug_and_an_analysis_read_the_prompt(imported: tuple[Path, Path]) -> None:
     src, root = imported
     prompt = "The quick brown fox jumps"
