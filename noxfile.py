@@ -35,9 +35,13 @@ SIBLINGS = {
 # What each package's test suite needs beyond the package itself.
 TEST_DEPS = {
     "theseus-plot": ["pytest", "pytest-timeout", "pandas"],
-    # httpx and playwright serve the store browser's tests (the [ui] extra's; they skip
-    # where it is not installed).
-    "theseus-store": ["pytest", "pytest-timeout", "hypothesis", "httpx", "playwright"],
+    # The store browser's tests (the [ui] extra's; they skip where it is not installed):
+    # Starlette's TestClient runs on httpx2 (newer Starlette warns on plain httpx, older
+    # ones know only httpx), playwright drives Chromium, numpy is their reference.
+    "theseus-store": [
+        *("pytest", "pytest-timeout", "hypothesis"),
+        *("httpx", "httpx2", "playwright", "numpy"),
+    ],
     "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "hypothesis"],
     "theseus-analysis": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox"],
 }
