@@ -118,7 +118,10 @@ def running(root: str | os.PathLike[str], start_timeout: float = 20.0) -> Iterat
     try:
         sock.bind(("127.0.0.1", 0))
         app = create_app(store, allowed_hosts=["127.0.0.1"])
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        # log_config=None: a helper inside someone's process leaves their logging alone
+        # (uvicorn's default configures handlers on the sys.stderr of the moment).
+        config = uvicorn.Config(app, log_level="warning", log_config=None)
+        server = uvicorn.Server(config)
         thread = threading.Thread(
             target=server.run, kwargs={"sockets": [sock]}, name="theseus-store-ui", daemon=True
         )
