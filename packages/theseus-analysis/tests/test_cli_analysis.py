@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from theseus.cli import main
@@ -88,6 +89,7 @@ def _artifacts(root: Path) -> dict[str, object]:
         }
 
 
+@pytest.mark.slow  # the command line of --over (~9 s); test_over.py keeps the walk itself
 def test_theseus_run_over_analyzes_every_checkpoint_of_a_lineage(tmp_path: Path, caplog) -> None:
     root, reference = tmp_path / "root", tmp_path / "reference"
     Synthetic.prepare(root, tokens=40_000, val_tokens=6_000)

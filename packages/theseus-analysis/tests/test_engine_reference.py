@@ -360,6 +360,7 @@ def _attention_weights(params, x, heads, base=10000.0):
     return scores / scores.sum(-1, keepdims=True)
 
 
+@pytest.mark.slow  # ~10 s; test_remat_analysis keeps analyses inside nn.remat blocks here
 def test_a_call_inside_nn_remat_matches_capture_intermediates_of_the_twin(root: Path) -> None:
     job = _create(root, RematAttention, "remat")
     values = job.compute()
