@@ -12,13 +12,22 @@ HOSTILE = "<script>alert(1)</script>"
 HOSTILE_IMG = '<img src=x onerror="alert(2)">'
 
 
-def tiny_pdf(rgb: tuple[float, float, float] = (1.0, 0.0, 0.0)) -> bytes:
-    """A one-page PDF (200 x 100 points): white, with a filled rectangle at (20, 20)-(80, 80)."""
-    stream = f"{rgb[0]} {rgb[1]} {rgb[2]} rg 20 20 60 60 re f".encode()
+def tiny_pdf(rgb: tuple[float, float, float] = (1.0, 0.0, 0.0), detail: int = 0) -> bytes:
+    """A one-page PDF (200 x 100 points): white, with a filled rectangle at (20, 20)-(80, 80).
+
+    ``detail`` grey words in Helvetica are written right of x = 100 first (text makes
+    PDFium load fonts, its shared state).
+    """
+    words = "".join(
+        f"BT /F1 {4 + i % 9} Tf {100 + (7 * i) % 90} {(13 * i) % 95} Td (w{i}) Tj ET "
+        for i in range(detail)
+    )
+    stream = f"0.5 g {words}{rgb[0]} {rgb[1]} {rgb[2]} rg 20 20 60 60 re f".encode()
     objects = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
         b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 200 100] /Contents 4 0 R >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 200 100] /Contents 4 0 R"
+        b" /Resources << /Font << /F1 << /Type /Font /Subtype /Type1 /BaseFont /Helvetica >> >> >> >>",
         b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
     ]
     out = bytearray(b"%PDF-1.4\n")

@@ -2,7 +2,9 @@
 
 PDF pages are rendered on the server with pypdfium2 (PDFium, a self-contained
 wheel) and encoded as PNG here with ``zlib``, so the browser needs no PDF viewer
-and no third-party script.
+and no third-party script. PDFium is not thread-safe, not even across documents,
+and the server answers requests on a pool of threads: every PDFium call here holds
+one process-wide lock (without it, two pictures asked at once crash the server).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import struct
+import threading
 import zlib
 from typing import Any
 
@@ -18,6 +21,8 @@ __all__ = ["kind_of", "pdf_page_count", "pdf_to_png", "png_bytes"]
 IMAGES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
 # The longest side of a rendered PDF page, in pixels.
 RENDER_PX = 1400
+# Held around every PDFium call: PDFium allows one call at a time in a process.
+_PDFIUM = threading.Lock()
 
 
 def kind_of(filename: str, content: bytes) -> str:
@@ -70,11 +75,12 @@ def pdf_page_count(content: bytes) -> int:
     """How many pages the PDF has."""
     import pypdfium2
 
-    document = pypdfium2.PdfDocument(content)
-    try:
-        return len(document)
-    finally:
-        document.close()
+    with _PDFIUM:
+        document = pypdfium2.PdfDocument(content)
+        try:
+            return len(document)
+        finally:
+            document.close()
 
 
 @functools.lru_cache(maxsize=256)
@@ -86,23 +92,25 @@ def pdf_to_png(content: bytes, page: int = 0) -> bytes:
     """
     import pypdfium2
 
-    document = pypdfium2.PdfDocument(content)
-    try:
-        if not 0 <= page < len(document):
-            raise IndexError(f"The PDF has pages 0 to {len(document) - 1}; page {page} asked.")
-        sheet = document[page]
-        width, height = sheet.get_size()
-        scale = RENDER_PX / max(width, height, 1)
-        bitmap = sheet.render(scale=scale, fill_color=(255, 255, 255, 255), rev_byteorder=True)
+    with _PDFIUM:
+        document = pypdfium2.PdfDocument(content)
         try:
-            pixels: Any = bitmap.buffer
-            data = bytes(pixels)
-            w, h, stride, channels = bitmap.width, bitmap.height, bitmap.stride, bitmap.n_channels
+            if not 0 <= page < len(document):
+                raise IndexError(f"The PDF has pages 0 to {len(document) - 1}; page {page} asked.")
+            sheet = document[page]
+            width, height = sheet.get_size()
+            scale = RENDER_PX / max(width, height, 1)
+            bitmap = sheet.render(scale=scale, fill_color=(255, 255, 255, 255), rev_byteorder=True)
+            try:
+                pixels: Any = bitmap.buffer
+                data = bytes(pixels)
+                w, h, stride = bitmap.width, bitmap.height, bitmap.stride
+                channels = bitmap.n_channels
+            finally:
+                bitmap.close()
+                sheet.close()
         finally:
-            bitmap.close()
-            sheet.close()
-        if stride != w * channels:  # rows padded: drop the padding
-            data = b"".join(data[y * stride : y * stride + w * channels] for y in range(h))
-        return png_bytes(w, h, data, channels)
-    finally:
-        document.close()
+            document.close()
+    if stride != w * channels:  # rows padded: drop the padding
+        data = b"".join(data[y * stride : y * stride + w * channels] for y in range(h))
+    return png_bytes(w, h, data, channels)
