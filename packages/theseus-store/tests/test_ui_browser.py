@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -179,6 +180,8 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
             writer.log(nodes["tune3"].next(), {"val/loss": 0.25})
         expect(last).to_have_text("4", timeout=5000)
         expect(tab.locator('[data-key="val/loss"]')).to_have_text("0.25", timeout=5000)
+        expect(tab.locator("ul.tree")).to_contain_text("5 nodes, seq 0..4", timeout=5000)
+        expect(tab.locator('li.focus > .strip > a.cell[title="seq 4"]')).to_have_count(1)
     assert problems == []
 
 
@@ -219,4 +222,81 @@ def test_click_through_a_demo_run(tmp_path: Path, page, shots: Path) -> None:
         )
         expect(tab.locator("table.compare")).to_contain_text("val/loss")
         tab.screenshot(path=shots / "demo-6-compare.png", full_page=True)
+    assert problems == []
+
+
+def _last_seq(store_folder: Path, run: str) -> int | None:
+    """The newest seq of the run named ``run`` (any project and group) in the store."""
+    if not (store_folder / "store.sqlite").exists():
+        return None
+    with Store(store_folder, readonly=True) as store:
+        seqs = [r["last_seq"] for r in store.runs() if r["name"].split(".")[-1] == run]
+    return seqs[0] if seqs else None
+
+
+def _tree_end(tab: Page) -> int:
+    """The last seq the lineage page's tree shows ("N nodes, seq 0..LAST")."""
+    found = re.search(r"seq \d+\.\.(\d+)", tab.locator("ul.tree").inner_text())
+    return int(found[1]) if found else -1
+
+
+@pytest.mark.slow
+def test_an_open_lineage_page_follows_a_training_run(tmp_path: Path, page, shots: Path) -> None:
+    """While `theseus run` trains a small GPT, the open lineage page shows each new node
+    (one a validation) within 5 s of its write, without a reload."""
+    tab, problems = page
+    theseus = Path(sys.executable).with_name("theseus")
+    if not theseus.exists():
+        pytest.skip("the theseus command (theseus-core, theseus-analysis) is not installed")
+    run = [str(theseus), "data", "prepare", "synthetic", "--root", str(tmp_path)]
+    subprocess.run([*run, "--tokens", "30000", "--val-tokens", "4000"], check=True, timeout=300)
+    config = tmp_path / "gpt.yaml"
+    subprocess.run([str(theseus), "configure", "gpt/train/pretrain", str(config)], check=True)
+    settings = {
+        "architecture.n_layers": 1, "architecture.n_embd": 32, "architecture.n_head": 2,
+        "architecture.block_size": 32, "training.batch_size": 8,
+        "training.tokens": 8 * 32 * 100_000, "training.validation_steps": 1,
+        "logging.validation_interval": 5, "logging.report_interval": 5,
+        "logging.checkpoint_interval": 50,
+    }  # fmt: skip
+    log = tmp_path / "live.log"
+    with log.open("wb") as out:
+        training = subprocess.Popen(
+            [str(theseus), "run", "live", str(config), str(tmp_path)]
+            + [f"{key}={value}" for key, value in settings.items()],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    name = "live"
+    try:
+        deadline = time.monotonic() + 300
+        while (_last_seq(tmp_path / "store", name) or 0) < 1:
+            assert training.poll() is None, log.read_text(errors="replace")[-2000:]
+            assert time.monotonic() < deadline, "the run wrote no second node in 300 s"
+            time.sleep(0.2)
+        with Store(tmp_path / "store", readonly=True) as store:
+            (lineage,) = [r for r in store.runs() if r["name"].split(".")[-1] == name]
+        with running(tmp_path) as url:
+            tab.goto(url + f"/lineage/{lineage['name']}~{lineage['nonce']}")
+            shown = tab.locator('[data-field="last_seq"]')
+            seen = []
+            for _ in range(3):  # three new nodes, each on the page within 5 s of its write
+                before = int(shown.text_content() or "-1")
+                while (written := _last_seq(tmp_path / "store", name) or 0) <= before:
+                    assert training.poll() is None, "the run ended before three new nodes"
+                    assert time.monotonic() < deadline, "the run wrote no new node in time"
+                    time.sleep(0.05)
+                written_at = time.monotonic()
+                while int(shown.text_content() or "-1") < written or _tree_end(tab) < written:
+                    assert time.monotonic() - written_at < 5, (
+                        f"node {written} was written {time.monotonic() - written_at:.1f} s ago "
+                        f"and the page still shows seq {shown.text_content()}, the tree "
+                        f"{tab.locator('ul.tree').inner_text()!r}"
+                    )
+                    time.sleep(0.05)
+                seen.append(written)
+            tab.screenshot(path=shots / "live-lineage.png", full_page=True)
+        assert seen == sorted(set(seen)), seen
+    finally:
+        os.killpg(training.pid, 9)
+        training.wait()
     assert problems == []

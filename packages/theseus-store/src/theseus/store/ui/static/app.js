@@ -32,11 +32,33 @@ function liveRuns() {
 
 function liveLineage() {
   const lineage = document.body.dataset.lineage;
+  const lastSeq = document.querySelector('[data-field="last_seq"]');
+  let drawn = lastSeq.textContent.trim();  // the seq the tree was drawn at
+  // A new node: take the tree (and the slider links, for a first artifact) from the page
+  // as the server draws it now. DOMParser runs no script, and the page's own CSP holds.
+  const redraw = async () => {
+    const response = await fetch(location.pathname, { headers: { Accept: "text/html" } });
+    if (!response.ok) return;
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+    for (const selector of ["ul.tree", "p.actions"]) {
+      const mine = document.querySelector(selector);
+      const theirs = fresh.querySelector(selector);
+      if (mine && theirs) mine.replaceWith(document.importNode(theirs, true));
+    }
+    const newer = fresh.querySelector('[data-field="last_seq"]');  // the tree's own last seq
+    if (newer && Number(newer.textContent) > Number(lastSeq.textContent)) {
+      lastSeq.textContent = newer.textContent;
+    }
+  };
   const update = async () => {
     const data = await getJSON(`/api/lineage?l=${encodeURIComponent(lineage)}`);
-    document.querySelector('[data-field="last_seq"]').textContent = String(data.last_seq);
+    lastSeq.textContent = String(data.last_seq);
     document.querySelector('[data-field="status"]').textContent = data.status;
     document.querySelector('[data-key="val/loss"]').textContent = data.last["val/loss"];
+    if (String(data.last_seq) !== drawn) {
+      drawn = String(data.last_seq);
+      await redraw();
+    }
   };
   update();
   setInterval(update, 3000);
