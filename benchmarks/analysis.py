@@ -418,7 +418,9 @@ def tandem_cost(trainer: Any, args: argparse.Namespace, rows: list[_report.Row])
                 ratio="ours/theirs",
                 meaning="(validation step + analysis) time / plain validation step time in "
                 "the same round; 1 means free",
-                goal=("<=", TANDEM_GOAL),
+                # Inline publishing is what a standalone analysis does, not what training
+                # waits for: information only, so its row carries no goal.
+                goal=None if name.startswith("+run ") else ("<=", TANDEM_GOAL),
                 note=(
                     f"{len(totals[name])} rounds; the cost timed inside the sample, 1 + extra = "
                     f"{estimate:.4f} ({med(parts[name]) * 1e3:.2f} ms); control (its own "
