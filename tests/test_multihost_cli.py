@@ -227,6 +227,7 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> TwoHosts:
     return TwoHosts(root, reference, config, logs, f"{last.name}~{last.nonce}")
 
 
+@pytest.mark.slow  # ~25 s; two processes training through the API stay in the default suite
 @pytest.mark.multiprocess
 def test_two_theseus_run_processes_train_like_one(two_hosts: TwoHosts) -> None:
     for i, log in enumerate(two_hosts.logs):
@@ -282,7 +283,7 @@ def test_a_two_host_checkpoint_resumes_on_other_device_counts(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow  # ~9 s for one error message; the two-process training stays in the default suite
+@pytest.mark.slow  # ~9 s for one error message
 def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
     config = tmp_path / "counter.yaml"
     _ok("--import", CORE_JOBS, "configure", "tests/counter", str(config))

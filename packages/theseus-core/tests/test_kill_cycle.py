@@ -237,7 +237,7 @@ def trials(count: int) -> settings:
     )
 
 
-@trials(2)
+@trials(1)  # one random trial in the default suite; 25 in the slow set
 @given(seed=SEEDS)
 def test_killed_and_resumed_runs_never_lose_a_registered_checkpoint(
     seed: int, tmp_path_factory: pytest.TempPathFactory
