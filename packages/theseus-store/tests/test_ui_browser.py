@@ -225,13 +225,19 @@ def test_click_through_a_demo_run(tmp_path: Path, page, shots: Path) -> None:
     assert problems == []
 
 
-def _last_seq(store_folder: Path, run: str) -> int | None:
-    """The newest seq of the run named ``run`` (any project and group) in the store."""
+def _lineage_row(store_folder: Path, run: str) -> dict | None:
+    """The store's row (`Store.runs()`) of the run named ``run``, any project and group."""
     if not (store_folder / "store.sqlite").exists():
         return None
     with Store(store_folder, readonly=True) as store:
-        seqs = [r["last_seq"] for r in store.runs() if r["name"].split(".")[-1] == run]
-    return seqs[0] if seqs else None
+        rows = [r for r in store.runs() if r["name"].split(".")[-1] == run]
+    return rows[0] if rows else None
+
+
+def _last_seq(store_folder: Path, run: str) -> int:
+    """The newest seq of the run named ``run``; 0 before it has written."""
+    row = _lineage_row(store_folder, run)
+    return 0 if row is None else int(row["last_seq"])
 
 
 def _tree_end(tab: Page) -> int:
@@ -269,19 +275,19 @@ def test_an_open_lineage_page_follows_a_training_run(tmp_path: Path, page, shots
     name = "live"
     try:
         deadline = time.monotonic() + 300
-        while (_last_seq(tmp_path / "store", name) or 0) < 1:
+        while _last_seq(tmp_path / "store", name) < 1:
             assert training.poll() is None, log.read_text(errors="replace")[-2000:]
             assert time.monotonic() < deadline, "the run wrote no second node in 300 s"
             time.sleep(0.2)
-        with Store(tmp_path / "store", readonly=True) as store:
-            (lineage,) = [r for r in store.runs() if r["name"].split(".")[-1] == name]
+        lineage = _lineage_row(tmp_path / "store", name)
+        assert lineage is not None
         with running(tmp_path) as url:
             tab.goto(url + f"/lineage/{lineage['name']}~{lineage['nonce']}")
             shown = tab.locator('[data-field="last_seq"]')
             seen = []
             for _ in range(3):  # three new nodes, each on the page within 5 s of its write
                 before = int(shown.text_content() or "-1")
-                while (written := _last_seq(tmp_path / "store", name) or 0) <= before:
+                while (written := _last_seq(tmp_path / "store", name)) <= before:
                     assert training.poll() is None, "the run ended before three new nodes"
                     assert time.monotonic() < deadline, "the run wrote no new node in time"
                     time.sleep(0.05)
