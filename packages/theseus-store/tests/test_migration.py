@@ -39,7 +39,7 @@ def legacy(tmp_path: Path) -> Path:
 
 def _rows(root: Path) -> list[tuple[int, int, str, int, int]]:
     with contextlib.closing(sqlite3.connect(root / "store.sqlite")) as conn:
-        return list(conn.execute("SELECT id, node, path, relative, step FROM checkpoints"))
+        return list(conn.execute("SELECT id, node, path, relative, step FROM checkpoints ORDER BY id"))
 
 
 def test_the_fixture_is_what_the_previous_release_wrote(legacy: Path) -> None:
@@ -76,9 +76,9 @@ def test_opening_dedupes_canonicalizes_and_keeps_everything_else(legacy: Path) -
         assert again.meta == {"k": 1} and again.created == entry.created
         store.checkpoint(OTHER, legacy / "ckpt" / "6", step=6)
         assert len(_rows(legacy)) == 3
-    assert json.loads((legacy / "theseus-store.json").read_text()) == {"format": 3}
+    assert json.loads((legacy / "theseus-store.json").read_text()) == {"format": 4}
     with contextlib.closing(sqlite3.connect(legacy / "store.sqlite")) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone() == ("3",)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone() == ("4",)
         with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
             conn.execute(
                 "INSERT INTO checkpoints(node, path, relative, step, meta, created) "
@@ -141,7 +141,7 @@ def test_a_moved_format_2_root_finds_its_checkpoints_at_their_new_place(moved: P
         (problem,) = report.problems
         assert str(old / "elsewhere" / "9") in problem and "missing" in problem
     assert not old.exists()  # fsck made nothing at the old place (no lock file, no folder)
-    assert json.loads((moved / "store" / "theseus-store.json").read_text()) == {"format": 3}
+    assert json.loads((moved / "store" / "theseus-store.json").read_text()) == {"format": 4}
 
 
 def test_a_format_2_row_whose_new_place_is_empty_stays_as_it_was(moved: Path) -> None:

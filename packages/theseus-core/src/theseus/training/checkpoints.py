@@ -26,7 +26,10 @@ a second process that tries to continue the same lineage gets `FolderBusyError`,
 `theseus-store fsck --repair` leaves the folder alone. When it opens the folder, it sets
 aside (moves to `unregistered/`, never deletes) what a crash left there: step folders
 orbax committed but the store never registered, and temporary folders of saves that
-never finished, so a resumed run can write those steps anew.
+never finished, so a resumed run can write those steps anew. Before that, the store
+decides whether the folder is this root's at all (`Store.folders`, which leaves a claim
+there): a lineage folder that another root holds, through a `checkpoints/` both reach,
+is refused with nothing in it changed.
 """
 
 from __future__ import annotations
@@ -51,9 +54,7 @@ from theseus.store import (
     Node,
     Store,
     canonical_path,
-    named_checkpoints,
-    set_aside,
-    strays,
+    open_lineage_folder,
 )
 from theseus.training.sharding import state_bytes
 
@@ -297,19 +298,24 @@ def _device_copy(tree: Any) -> Any:
 
 
 def set_aside_strays(directory: Path, store: Store) -> list[Path]:
-    """Move what a crash left in a checkpoint folder into `directory/unregistered/`.
+    """Take a lineage's checkpoint folder for this root and move what a crash left there
+    into `directory/unregistered/`.
 
     A process killed after orbax committed a step but before the store registered it
     leaves a complete step folder no row names; one killed mid-save leaves orbax's
     temporary folder. The run resumes from the last registered checkpoint and saves
     those steps again, which orbax refuses while the old folders are there. They are
-    moved aside (never deleted): `unregistered/<name>` (or `<name>-<n>`).
+    moved aside (never deleted): `unregistered/<name>` (or `<name>-<n>`). The store
+    decides whether the folder is this root's (`theseus.store.open_lineage_folder`):
+    one that another root holds (a shared `checkpoints/`) is refused, untouched.
 
     Returns:
         The new paths of the folders moved.
+
+    Raises:
+        StorePermissionError: another root holds the folder.
     """
-    unregistered, interrupted = strays(directory, named_checkpoints(store))
-    return set_aside(unregistered + interrupted)
+    return open_lineage_folder(store, directory)
 
 
 def _key_name(entry: Any) -> str:

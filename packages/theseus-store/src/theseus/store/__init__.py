@@ -35,6 +35,7 @@ from theseus.store._folders import (
     FolderBusyError,
     FolderLock,
     named_checkpoints,
+    open_lineage_folder,
     registered_checkpoints,
     set_aside,
     strays,
@@ -43,10 +44,13 @@ from theseus.store._fsck import FsckReport
 from theseus.store._node import Node
 from theseus.store._paths import canonical_path
 from theseus.store._query import Query
+from theseus.store._reading import StoreReader
 from theseus.store._records import Artifact, Checkpoint, Scalar
+from theseus.store._root import CLAIM, RootFolders
 from theseus.store._store import MARKER, Store
 
 __all__ = [
+    "CLAIM",
     "COMMIT_MARKER",
     "MARKER",
     "AmbiguousNodeError",
@@ -64,16 +68,19 @@ __all__ = [
     "NotAStoreError",
     "Query",
     "QueryError",
+    "RootFolders",
     "Scalar",
     "Store",
     "StoreBusyError",
     "StoreError",
     "StorePermissionError",
+    "StoreReader",
     "UnknownKeyError",
     "UnknownNodeError",
     "ValueTypeError",
     "canonical_path",
     "named_checkpoints",
+    "open_lineage_folder",
     "registered_checkpoints",
     "set_aside",
     "strays",

@@ -40,9 +40,12 @@ __all__ = [
 # Format 2: checkpoint paths canonical (``_paths.canonical_path``), one row per
 # (node, step, path). Format 3: a checkpoint below ``ROOT/checkpoints`` of a Theseus
 # root is stored relative to ROOT (``relative = 2``), so a moved or copied root keeps
-# its checkpoints. Stores of earlier formats are migrated when opened with write access.
-FORMAT = 3
-FORMATS_READ = (1, 2, 3)
+# its checkpoints. Format 4: a checkpoint row is one per (node, step, relative, path), so
+# ``store/checkpoints/a`` (relative to the store) and ``checkpoints/a`` (relative to the
+# root) are two rows, not one. Stores of earlier formats are migrated when opened with
+# write access.
+FORMAT = 4
+FORMATS_READ = (1, 2, 3, 4)
 # Artifacts of at most this many bytes live in the database's ``inline`` table
 # (content-addressed like the blob folder): one fsync per write instead of three.
 INLINE_MAX = 64 * 1024
@@ -77,7 +80,7 @@ CREATE TABLE IF NOT EXISTS checkpoints(
     relative INTEGER NOT NULL, step INTEGER NOT NULL, meta TEXT NOT NULL,
     created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS checkpoints_node ON checkpoints(node, id);
-CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_once ON checkpoints(node, step, path);
+CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_unique ON checkpoints(node, step, relative, path);
 CREATE TABLE IF NOT EXISTS artifacts(
     id INTEGER PRIMARY KEY, node INTEGER NOT NULL, name TEXT NOT NULL,
     filename TEXT NOT NULL, hash TEXT NOT NULL, size INTEGER NOT NULL,
@@ -239,12 +242,14 @@ def migrate(
 
     Format 1 kept checkpoint paths as spelled (``..`` and symlinks included) and
     let one checkpoint be registered many times; formats 1 and 2 kept the
-    checkpoints of a Theseus root absolute. This rewrites every checkpoint row's
-    ``(path, relative)`` as ``canonical(path, relative, layout)`` returns it
-    (``layout``: the node's project, group, run and nonce, and the row's step),
-    deletes all but the earliest row of each ``(node, step, path)``, points each
-    node's latest-checkpoint pointer at its latest remaining row, and adds the
-    unique index that keeps it so. Idempotent: a database at :data:`FORMAT` is
+    checkpoints of a Theseus root absolute; format 3 kept one row per
+    ``(node, step, path)`` whatever the path was relative to. This rewrites every
+    checkpoint row's ``(path, relative)`` as ``canonical(path, relative, layout)``
+    returns it (``layout``: the node's project, group, run and nonce, and the row's
+    step), deletes all but the earliest row of each ``(node, step, relative, path)``
+    (two rows that name two places stay two), points each node's latest-checkpoint
+    pointer at its latest remaining row, and replaces format 3's unique index by the
+    one that keeps it so. Idempotent: a database at :data:`FORMAT` is
     left alone.
 
     Args:
@@ -257,6 +262,8 @@ def migrate(
     row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
     if row is not None and int(row[0]) >= FORMAT:
         return False
+    # format 3's index would refuse two rows that differ in ``relative`` alone
+    conn.execute("DROP INDEX IF EXISTS checkpoints_once")
     changed = []
     rows = conn.execute(
         "SELECT c.id, c.path, c.relative, n.project, n.grp, n.run, n.nonce, c.step "
@@ -269,12 +276,13 @@ def migrate(
     conn.executemany("UPDATE checkpoints SET path = ?, relative = ? WHERE id = ?", changed)
     conn.execute(
         "DELETE FROM checkpoints WHERE id NOT IN "
-        "(SELECT MIN(id) FROM checkpoints GROUP BY node, step, path)"
+        "(SELECT MIN(id) FROM checkpoints GROUP BY node, step, relative, path)"
     )
     latest = "(SELECT MAX(c.id) FROM checkpoints c WHERE c.node = nodes.id)"
     conn.execute(f"UPDATE nodes SET ckpt = {latest} WHERE ckpt IS NOT {latest}")
     conn.execute(
-        "CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_once ON checkpoints(node, step, path)"
+        "CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_unique "
+        "ON checkpoints(node, step, relative, path)"
     )
     conn.execute(
         "INSERT INTO meta(key, value) VALUES ('format', ?) "

@@ -41,11 +41,11 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from theseus.store._errors import StoreError
+from theseus.store._lineage import checkpoint_layouts
 from theseus.store._paths import canonical_path
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ __all__ = [
     "checkpoint_folders",
     "incomplete",
     "named_checkpoints",
+    "open_lineage_folder",
     "registered_checkpoints",
     "set_aside",
     "strays",
@@ -196,13 +197,8 @@ class FolderLock:
 
 def registered_checkpoints(store: Store) -> set[Path]:
     """Every checkpoint path the store lists, canonical (:func:`canonical_path`)."""
-
-    def read(conn: sqlite3.Connection) -> list[tuple[str, int]]:
-        return list(conn.execute("SELECT path, relative FROM checkpoints"))
-
-    return {
-        canonical_path(store.checkpoint_path(path, relative)) for path, relative in store.read(read)
-    }
+    rows = store.read(checkpoint_layouts)
+    return {canonical_path(store.checkpoint_path(row[0], row[1])) for row in rows}
 
 
 def named_checkpoints(store: Store) -> set[Path]:
@@ -213,20 +209,34 @@ def named_checkpoints(store: Store) -> set[Path]:
     of every registered (node, step), wherever its row says the checkpoint is: a
     folder that a row's node and step name is that checkpoint, not a stray.
     """
-
-    def read(conn: sqlite3.Connection) -> list[tuple[str, ...]]:
-        return list(
-            conn.execute(
-                "SELECT n.project, n.grp, n.run, n.nonce, c.step "
-                "FROM checkpoints c JOIN nodes n ON n.id = c.node"
-            )
-        )
-
-    named = registered_checkpoints(store)
-    if store.root.name == "store":
-        tree = canonical_path(store.root.parent / "checkpoints")
-        named |= {tree.joinpath(*map(str, row)) for row in store.read(read)}
+    named = set()
+    for path, relative, _name, _nonce, _seq, project, group, run, step in store.read(
+        checkpoint_layouts
+    ):
+        named.add(canonical_path(store.checkpoint_path(path, relative)))
+        folder = store.folders.lineage_folder((str(project), str(group), str(run), str(_nonce)))
+        if folder is not None:
+            named.add(folder / str(step))
     return named
+
+
+def open_lineage_folder(store: Store, folder: Path) -> list[Path]:
+    """Take ``folder`` to write a lineage's checkpoints: claim it, set its strays aside.
+
+    The trainer calls this with the folder's writer lock held, before its first
+    save. Only a lineage folder of this root (``store.folders``) is taken: one that
+    another root holds is refused before anything in it changes.
+
+    Returns:
+        The new paths of the strays set aside (see :func:`set_aside`).
+
+    Raises:
+        StorePermissionError: ``folder`` is another root's, or not a lineage folder
+            of this root's checkpoint tree.
+    """
+    store.folders.take(folder)
+    unregistered, interrupted = strays(folder, named_checkpoints(store))
+    return set_aside(unregistered + interrupted)
 
 
 def _is_step(entry: Path) -> bool:
@@ -307,23 +317,15 @@ def set_aside(entries: list[Path]) -> list[Path]:
 
 
 def checkpoint_folders(store: Store) -> list[Path]:
-    """The checkpoint folders fsck looks at.
+    """The checkpoint folders of this root that fsck looks into, canonical and sorted.
 
-    The folders that hold the store's checkpoints (each registered path's parent,
-    wherever it is), and, for a Theseus root (the store at ``ROOT/store``), every
-    ``ROOT/checkpoints/<project>/<group>/<run>/<nonce>`` folder (exactly that
-    depth) that holds step or temporary folders, so a lineage that crashed before
-    its first registration is found too. All paths are canonical.
+    The lineage folders of the root's checkpoint tree that are its own
+    (``store.folders.lineage_folders()``), and the folders inside the store's own
+    folder that hold registered checkpoints. Never a folder outside the root, never
+    a lineage folder another root holds.
     """
-    folders = {path.parent for path in registered_checkpoints(store)}
-    tree = canonical_path(store.root.parent / "checkpoints")
-    if store.root.name == "store" and tree.is_dir():
-        for folder in tree.glob("*/*/*/*"):
-            try:
-                if folder.is_dir() and any(
-                    _is_step(entry) or _is_temp(entry) for entry in folder.iterdir()
-                ):
-                    folders.add(canonical_path(folder))
-            except OSError:
-                continue
-    return sorted(folders)
+    own, _ = store.folders.lineage_folders()
+    inner = {
+        path.parent for path in registered_checkpoints(store) if store.root in path.parent.parents
+    }
+    return sorted(set(own) | inner)

@@ -15,14 +15,18 @@ Findings come in two classes:
   after the rename and before its row committed). Temporary files of a live
   writer are listed as in progress and never touched.
 
-Checkpoint folders (see ``_folders``) have leftovers of their own: *unregistered
+Checkpoint folders (see ``_folders``; which ones are this root's, ``_root`` alone
+decides) have leftovers of their own: *unregistered
 checkpoints*, complete step folders the store never indexed (the writer died
 between orbax's commit and the registration), and *interrupted checkpoints*,
 orbax temporary folders of a save that never finished. A folder whose writer
-lock a live process holds is listed as busy and not looked into. Only
-``ROOT/checkpoints/<project>/<group>/<run>/<nonce>`` folders (and the folders of
-registered checkpoints) are checkpoint folders; a digit-named run or nonce is
-never mistaken for a step.
+lock a live process holds is listed as busy and not looked into. Only this root's
+own ``ROOT/checkpoints/<project>/<group>/<run>/<nonce>`` folders (and folders
+inside the store's folder that hold registered checkpoints) are looked into; a
+digit-named run or nonce is never mistaken for a step. A registered checkpoint
+outside the root is checked (missing, incomplete) and reported as outside; a
+lineage folder of another root, reached through a shared ``checkpoints/``, is
+reported and never looked into.
 
 A store is *clean* when there are no problems. ``repair=True`` removes the blob
 leftovers while holding the write lock (so no write is in flight), and moves
@@ -48,6 +52,7 @@ from theseus.store._folders import (
     set_aside,
     strays,
 )
+from theseus.store._lineage import checkpoint_layouts
 from theseus.store._paths import canonical_path
 
 if TYPE_CHECKING:
@@ -80,6 +85,11 @@ class FsckReport:
         interrupted_checkpoints: temporary folders of checkpoint saves that never finished.
         busy_folders: checkpoint folders a live writer holds (not inspected).
         set_aside: where ``repair=True`` moved checkpoint leftovers (``unregistered/``).
+        outside: registered checkpoints outside this root (its store folder and its
+            checkpoint tree): checked, never touched.
+        foreign_folders: lineage folders in this root's checkpoint tree that are not
+            its own (another root's, through a shared ``checkpoints/``), each with
+            whose it is: never looked into.
         artifacts: artifact rows checked.
         blobs: distinct blobs checked.
         checkpoints: registered checkpoints checked.
@@ -95,6 +105,8 @@ class FsckReport:
     interrupted_checkpoints: list[Path] = dataclasses.field(default_factory=list)
     busy_folders: list[Path] = dataclasses.field(default_factory=list)
     set_aside: list[Path] = dataclasses.field(default_factory=list)
+    outside: list[Path] = dataclasses.field(default_factory=list)
+    foreign_folders: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
     artifacts: int = 0
     blobs: int = 0
     checkpoints: int = 0
@@ -126,8 +138,13 @@ class FsckReport:
             ),
             ("busy checkpoint folder (a live run writes there; not inspected)", self.busy_folders),
             ("set aside", self.set_aside),
+            ("registered outside this root (checked, never moved)", self.outside),
         ):
             lines += [f"{label}: {p}" for p in paths]
+        lines += [
+            f"not this root's checkpoint folder ({whose}; left alone): {folder}"
+            for folder, whose in self.foreign_folders
+        ]
         lines.append("clean" if self.clean else f"NOT CLEAN: {len(self.problems)} problem(s)")
         return "\n".join(lines)
 
@@ -221,24 +238,17 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
 
 def _registered_rows(store: Store) -> list[tuple[Path, str, int]]:
     """``(canonical path, node as name~nonce~seq, step)`` of every checkpoint row."""
-
-    def read(conn: sqlite3.Connection) -> list[tuple[str, int, str, str, int, int]]:
-        return list(
-            conn.execute(
-                "SELECT c.path, c.relative, n.name, n.nonce, n.seq, c.step "
-                "FROM checkpoints c JOIN nodes n ON n.id = c.node ORDER BY c.id"
-            )
-        )
-
     return [
         (canonical_path(store.checkpoint_path(path, relative)), f"{name}~{nonce}~{seq}", step)
-        for path, relative, name, nonce, seq, step in store.read(read)
+        for path, relative, name, nonce, seq, *_, step in store.read(checkpoint_layouts)
     ]
 
 
 def _checkpoint_leftovers(store: Store, report: FsckReport, repair: bool) -> None:
     for path, node, step in sorted(set(_registered_rows(store))):
         report.checkpoints += 1
+        if not store.folders.inside(path):
+            report.outside.append(path)
         if not path.exists():
             report.problems.append(
                 f"The registered checkpoint {path} (node {node}, step {step}) is missing: "
@@ -253,6 +263,7 @@ def _checkpoint_leftovers(store: Store, report: FsckReport, repair: bool) -> Non
                 "save never finished); restore it from a backup, or resume or branch from "
                 "an earlier checkpoint"
             )
+    report.foreign_folders = store.folders.lineage_folders()[1]
     for folder in checkpoint_folders(store):
         if not folder.is_dir():  # the folder of a missing checkpoint: reported above
             continue

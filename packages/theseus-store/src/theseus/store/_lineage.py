@@ -18,9 +18,11 @@ __all__ = [
     "CURRENT_ARTIFACTS",
     "ancestors",
     "artifact_history",
+    "checkpoint_layouts",
     "checkpoint_rows",
     "folded_values",
     "job_record",
+    "lineages",
     "lookup",
     "neighbours",
     "node_id",
@@ -206,3 +208,22 @@ def run_summaries(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     ).fetchall()
     keys = ("name", "nonce", "nodes", "last_seq", "last_write", "checkpoints", "artifacts")
     return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def lineages(conn: sqlite3.Connection) -> list[tuple[str, str, str, str]]:
+    """``(project, group, run, nonce)`` of every lineage the store has a node of."""
+    return [
+        (str(p), str(g), str(r), str(n))
+        for p, g, r, n in conn.execute("SELECT DISTINCT project, grp, run, nonce FROM nodes")
+    ]
+
+
+def checkpoint_layouts(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+    """Every checkpoint row with its node, in registration order:
+    ``(path, relative, name, nonce, seq, project, group, run, step)``."""
+    return list(
+        conn.execute(
+            "SELECT c.path, c.relative, n.name, n.nonce, n.seq, n.project, n.grp, n.run, c.step "
+            "FROM checkpoints c JOIN nodes n ON n.id = c.node ORDER BY c.id"
+        )
+    )

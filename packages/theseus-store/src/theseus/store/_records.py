@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -174,3 +175,27 @@ class Artifact:
             BlobHashError: if the blob's bytes do not match the recorded hash.
         """
         return self._load(self.hash, self.size, self._inline)
+
+
+def artifact_bytes(name: object, filename: object, content: object) -> bytes:
+    """The bytes of an artifact, after checking its name, file name and content.
+
+    Raises:
+        ValueTypeError: ``name``/``filename`` are not non-empty strings, ``filename``
+            has a folder in it, or ``content`` is not bytes-like.
+    """
+    for what, text in (("name", name), ("filename", filename)):
+        if not isinstance(text, str) or not text or "\x00" in text:
+            raise ValueTypeError(f"An artifact {what} must be a non-empty string; got {text!r}.")
+    assert isinstance(filename, str)
+    if "/" in filename or "\\" in filename:
+        raise ValueTypeError(
+            f"An artifact filename is a bare file name; got {filename!r}. Pass "
+            f"{os.path.basename(filename)!r}."
+        )
+    if not isinstance(content, bytes | bytearray | memoryview):
+        raise ValueTypeError(
+            f"Artifact {name!r}: content must be bytes; got {type(content).__name__}. "
+            "Encode text with .encode() or serialize the object first."
+        )
+    return bytes(content)

@@ -27,7 +27,8 @@ from typing import Any
 
 from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
 from theseus.store._node import Node
-from theseus.store._store import MARKER, Store, _inner_hint
+from theseus.store._opening import inner_hint
+from theseus.store._store import MARKER, Store
 
 __all__ = ["main"]
 
@@ -287,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     if not (root / MARKER).exists():
-        hint = _inner_hint(root).strip() or (
+        hint = inner_hint(root).strip() or (
             "Pass the folder of an existing store (a Theseus root keeps it in ROOT/store); "
             "the command line never creates one."
         )

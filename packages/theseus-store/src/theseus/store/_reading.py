@@ -1,0 +1,230 @@
+"""The store's reads: a node's values, artifacts, checkpoints, neighbours and job; names.
+
+:class:`StoreReader` is the half of :class:`~theseus.store.Store` that only reads,
+over the ``read``/``read_one`` transactions the Store opens; every method speaks in
+Nodes and records, and the SQL behind it lives in ``_lineage``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from theseus.store import _lineage, _resolve
+from theseus.store._blobs import BlobFolder, verified
+from theseus.store._errors import MissingBlobError, ValueTypeError
+from theseus.store._node import Node
+from theseus.store._query import Query
+from theseus.store._records import Artifact, Checkpoint, Scalar
+from theseus.store._root import RootFolders
+
+if TYPE_CHECKING:
+    from theseus.store._store import Store
+
+__all__ = ["StoreReader", "check_node"]
+
+T = TypeVar("T")
+
+
+class StoreReader:
+    """What a store answers; :class:`~theseus.store.Store` opens it and adds the writes.
+
+    Attributes:
+        root: the store's folder, canonical.
+        db_path: its database file.
+        blobs: its blob folder.
+        folders: the owner of the question which folders are this root's.
+        inline_max: artifacts of at most this many bytes live in the database.
+    """
+
+    root: Path
+    db_path: Path
+    blobs: BlobFolder
+    folders: RootFolders
+    inline_max: int
+
+    def read(self, fn: Callable[[Any], T]) -> T:  # pragma: no cover - the Store's
+        """Run ``fn(conn)`` in one read snapshot."""
+        raise NotImplementedError
+
+    def read_one(
+        self, sql: str, params: Sequence[Any]
+    ) -> list[tuple[Any, ...]]:  # pragma: no cover
+        """Run one SELECT statement."""
+        raise NotImplementedError
+
+    def checkpoint_path(self, path: str, relative: int) -> Path:
+        """The checkpoint path a row's stored ``(path, relative)`` names (``RootFolders.path``)."""
+        return self.folders.path(path, relative)
+
+    def query(self) -> Query:
+        """Return a fresh chainable query cursor over every node."""
+        return Query(cast("Store", self))
+
+    def artifact_from_row(self, node: Node, row: tuple[Any, ...]) -> Artifact:
+        """Build an Artifact from ``(name, filename, hash, size, created, version[, inline])``."""
+        inline = row[6] if len(row) > 6 and isinstance(row[6], bytes) else None
+        return Artifact.from_row(node, row, self.load, inline)
+
+    def load(self, digest: str, size: int, fetched: bytes | None = None) -> bytes:
+        """Return the bytes stored under ``digest``, verified against it.
+
+        Artifacts of at most ``inline_max`` bytes are in the database's ``inline``
+        table, larger ones in the blob folder.
+
+        Args:
+            digest: the SHA-256 the store recorded.
+            size: the size the store recorded.
+            fetched: inline bytes a query already read (verified here all the same).
+
+        Raises:
+            MissingBlobError: if the bytes are missing.
+            BlobHashError: if they do not hash to ``digest``.
+        """
+        if size > self.inline_max:
+            return self.blobs.read(digest, size)
+        where = f"The inline blob {digest} in {self.db_path}"
+        if fetched is not None:
+            return verified(fetched, digest, size, where)
+        row = self.read(
+            lambda conn: conn.execute(
+                "SELECT content FROM inline WHERE hash = ?", (digest,)
+            ).fetchone()
+        )
+        if row is None:
+            raise MissingBlobError(
+                f"{where} is missing (expected {size} bytes). Restore {self.db_path} from "
+                "a backup; `theseus-store fsck ROOT` lists every missing blob."
+            )
+        return verified(bytes(row[0]), digest, size, where)
+
+    def get(self, node: Node) -> dict[str, Artifact]:
+        """Return ``node``'s current artifacts by name.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
+        check_node(node)
+        rows = self.read_one(_lineage.CURRENT_ARTIFACTS, (node.name, node.nonce, node.seq))
+        if not rows:  # no artifacts, or no such node: tell the two apart
+            self.read(lambda conn: _lineage.lookup(conn, node))
+        me = node.identity()
+        return {row[0]: Artifact.from_row(me, row, self.load) for row in rows}
+
+    def history(self, node: Node, name: str) -> list[Artifact]:
+        """Return every version of artifact ``name`` on ``node``, oldest first.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
+        check_node(node)
+        rows = self.read(lambda conn: _lineage.artifact_history(conn, node, name))
+        return [self.artifact_from_row(node.identity(), row) for row in rows]
+
+    def values(self, node: Node) -> dict[str, Scalar]:
+        """Return ``node``'s folded values (one mapping, later writes of a key win).
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
+        check_node(node)
+        return self.read(lambda conn: _lineage.folded_values(conn, node))
+
+    def checkpoints(self, node: Node) -> list[Checkpoint]:
+        """Return ``node``'s checkpoint entries in the order they were recorded.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
+        check_node(node)
+        rows = self.read(lambda conn: _lineage.checkpoint_rows(conn, node))
+        return [self.checkpoint_from_row(node.identity(), row) for row in rows]
+
+    def checkpoint_from_row(self, node: Node, row: tuple[Any, ...]) -> Checkpoint:
+        """Build a Checkpoint from ``(path, relative, step, meta, created)``."""
+        path = str(self.checkpoint_path(row[0], row[1]))
+        return Checkpoint(node, path, row[2], json.loads(row[3]), row[4])
+
+    def parents(self, node: Node) -> list[Node]:
+        """Return the nodes ``node`` has a parent edge to (usually one).
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
+        check_node(node)
+        return self.read(lambda conn: _lineage.neighbours(conn, node, up=True))
+
+    def children(self, node: Node) -> list[Node]:
+        """Return the nodes that have a parent edge to ``node``, in creation order.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
+        check_node(node)
+        return self.read(lambda conn: _lineage.neighbours(conn, node, up=False))
+
+    def ancestors(self, node: Node) -> list[Node]:
+        """Return every node reachable through parent edges, nearest first.
+
+        Raises:
+            UnknownNodeError: if the store never recorded ``node``.
+        """
+        check_node(node)
+        return self.read(lambda conn: _lineage.ancestors(conn, node))
+
+    def job_config(self, node: Node) -> str | None:
+        """Return the YAML recorded by the job in effect at ``node``, or None.
+
+        The job in effect is the latest record at the closest node at or before
+        ``node`` in its lineage (same name and nonce, largest seq <= node.seq),
+        else, through the branch parent edge, in the lineage it branched from.
+        """
+        check_node(node)
+        found = self.read(lambda conn: _lineage.job_record(conn, node))
+        return None if found is None else found[1]
+
+    def job_of(self, node: Node) -> str | None:
+        """Return the registry key of the job in effect at ``node`` (see job_config)."""
+        check_node(node)
+        found = self.read(lambda conn: _lineage.job_record(conn, node))
+        return None if found is None else found[0]
+
+    def resolve(self, text: str) -> Node:
+        """The node a user wrote: ``project.group.run~nonce~seq``, ``...~nonce`` for the
+        last node of that lineage (the form ``theseus-store runs`` prints; the run's name
+        alone may stand for ``project.group.run``), or a run alone (``run`` or
+        ``project.group.run``) for the last node of its one lineage.
+
+        Raises:
+            InvalidNodeError: ``text`` is none of these forms.
+            AmbiguousNodeError: a run alone that has several lineages.
+            UnknownNodeError: the store has no such run, lineage or node in it; the
+                message names what it does have.
+        """
+        return _resolve.resolve(cast("Store", self), text)
+
+    def never_started(self, run: Mapping[str, Any]) -> str | None:
+        """The error of a lineage whose job failed while setting up, else None.
+
+        ``run`` is one of :meth:`runs`' summaries (see ``_resolve.never_started``).
+        """
+        return _resolve.never_started(cast("Store", self), run)
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Return one summary per lineage, oldest first (what ``theseus-store runs`` prints)."""
+        return self.read(_lineage.run_summaries)
+
+
+def check_node(node: object) -> None:
+    """Refuse anything but a Node where a Node is expected.
+
+    Raises:
+        ValueTypeError: naming what arrived and how to build a Node.
+    """
+    if not isinstance(node, Node):
+        raise ValueTypeError(
+            f"Expected a theseus.store.Node; got {type(node).__name__}. Build one with "
+            "Node.new(run) or Node.deserialize(text)."
+        )
