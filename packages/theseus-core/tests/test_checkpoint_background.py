@@ -66,7 +66,9 @@ def _node(store: Store) -> Node:
 @pytest.fixture
 def keeper(tmp_path: Path) -> Iterator[tuple[CheckpointKeeper, Store]]:
     with Store(tmp_path / "store") as store:
-        keeper = CheckpointKeeper(tmp_path / "lineage", store)
+        keeper = CheckpointKeeper(
+            tmp_path / "checkpoints" / "general" / "default" / "r" / "lineage", store
+        )
         try:
             yield keeper, store
         finally:
@@ -213,7 +215,11 @@ def test_an_error_of_orbax_on_the_thread_is_raised_and_registers_nothing(
 
 def test_on_the_callers_thread_the_keeper_saves_and_registers_as_before(tmp_path: Path) -> None:
     with Store(tmp_path / "store") as store:
-        keeper = CheckpointKeeper(tmp_path / "lineage", store, background=False)
+        keeper = CheckpointKeeper(
+            tmp_path / "checkpoints" / "general" / "default" / "r" / "lineage",
+            store,
+            background=False,
+        )
         node = Node.new("r")
         try:
             for step in (1, 2):

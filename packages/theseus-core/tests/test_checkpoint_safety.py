@@ -66,15 +66,21 @@ def test_back_to_back_saves_are_registered_while_the_next_one_runs(root: Path) -
 
 def test_a_second_writer_of_one_lineage_is_refused(root: Path, tmp_path: Path) -> None:
     with Store(tmp_path / "store") as store:
-        first = CheckpointKeeper(tmp_path / "lineage", store)
+        first = CheckpointKeeper(
+            tmp_path / "checkpoints" / "general" / "default" / "r" / "lineage", store
+        )
         try:
             with pytest.raises(
                 FolderBusyError, match=r"An earlier run in this process.*branch\(\)"
             ):
-                CheckpointKeeper(tmp_path / "lineage", store)
+                CheckpointKeeper(
+                    tmp_path / "checkpoints" / "general" / "default" / "r" / "lineage", store
+                )
         finally:
             first.close()
-        CheckpointKeeper(tmp_path / "lineage", store).close()  # free again once closed
+        CheckpointKeeper(
+            tmp_path / "checkpoints" / "general" / "default" / "r" / "lineage", store
+        ).close()  # free again once closed
 
 
 class Probing(jobs.SyntheticTrainer):
@@ -116,12 +122,20 @@ def test_a_keeper_that_fails_to_open_releases_the_lock(
 
     with Store(tmp_path / "store") as store:
         with pytest.raises(TrainerError, match="refused under the lock"):
-            CheckpointKeeper(tmp_path / "lineage", store, check=refuse)
+            CheckpointKeeper(
+                tmp_path / "checkpoints" / "general" / "default" / "r" / "lineage",
+                store,
+                check=refuse,
+            )
         monkeypatch.setattr(ocp, "CheckpointManager", broken_manager)
         with pytest.raises(OSError, match="orbax cannot open"):
-            CheckpointKeeper(tmp_path / "lineage", store)
+            CheckpointKeeper(
+                tmp_path / "checkpoints" / "general" / "default" / "r" / "lineage", store
+            )
         monkeypatch.undo()
-        CheckpointKeeper(tmp_path / "lineage", store).close()  # free after each failure
+        CheckpointKeeper(
+            tmp_path / "checkpoints" / "general" / "default" / "r" / "lineage", store
+        ).close()  # free after each failure
 
 
 def test_resuming_before_a_later_checkpoint_refuses_and_branching_reproduces_it(
@@ -247,7 +261,7 @@ def test_a_failed_registration_does_not_repeat_the_earlier_ones_of_its_batch(
     # folder is not there), after 2 was registered. By close() step 2's folder is gone
     # (moved away after it was indexed): registering it again would fail close() and
     # leave 4 and 6 unregistered. Before the fix the whole batch stayed pending.
-    directory = tmp_path / "lineage"
+    directory = tmp_path / "checkpoints" / "general" / "default" / "r" / "lineage"
     node = Node.new("r")
     with Store(tmp_path / "store") as store:
         keeper = CheckpointKeeper(directory, store)
