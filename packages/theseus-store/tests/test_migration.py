@@ -39,7 +39,9 @@ def legacy(tmp_path: Path) -> Path:
 
 def _rows(root: Path) -> list[tuple[int, int, str, int, int]]:
     with contextlib.closing(sqlite3.connect(root / "store.sqlite")) as conn:
-        return list(conn.execute("SELECT id, node, path, relative, step FROM checkpoints ORDER BY id"))
+        return list(
+            conn.execute("SELECT id, node, path, relative, step FROM checkpoints ORDER BY id")
+        )
 
 
 def test_the_fixture_is_what_the_previous_release_wrote(legacy: Path) -> None:

@@ -58,14 +58,14 @@ class BlobFolder:
         self._host = socket.gethostname().replace("-", "_") or "host"
 
     def create(self) -> None:
-        """Create the folders (idempotent) and flush their entries.
+        """Create the blob folder and its ``tmp/`` (idempotent) and flush their entries.
 
-        All 256 fan-out folders are made up front, so that a write never pays
-        for a ``mkdir`` and an extra directory fsync.
+        A fan-out folder (``blobs/<two hex digits>``) is made by the first write that
+        needs it (one ``mkdir`` and one directory fsync, at most 256 times in a
+        store's life), so a new store costs two folders, not 258, and a scan of the
+        blobs (fsck) reads only the folders that hold any.
         """
         self.tmp.mkdir(parents=True, exist_ok=True)
-        for prefix in range(256):
-            (self.dir / f"{prefix:02x}").mkdir(exist_ok=True)
         fsync_dir(self.dir)
         fsync_dir(self.dir.parent)
 
@@ -153,13 +153,16 @@ class BlobFolder:
 
     def stored(self) -> Iterator[tuple[str, Path]]:
         """Yield ``(digest, path)`` for every blob file (not the temporary ones)."""
-        if not self.dir.is_dir():
+        try:
+            with os.scandir(self.dir) as top:  # d_type: no stat per entry
+                subs = sorted(e.name for e in top if e.name != "tmp" and e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
             return
-        for sub in sorted(self.dir.iterdir()):
-            if sub.name == "tmp" or not sub.is_dir():
-                continue
-            for path in sorted(sub.iterdir()):
-                yield path.name, path
+        for sub in subs:
+            with os.scandir(self.dir / sub) as entries:
+                names = sorted(e.name for e in entries)
+            for name in names:
+                yield name, self.dir / sub / name
 
     def temp_files(self) -> list[TempFile]:
         """List the temporary files and decide which are orphans.

@@ -234,6 +234,7 @@ def open_lineage_folder(store: Store, folder: Path) -> list[Path]:
         StorePermissionError: ``folder`` is another root's, or not a lineage folder
             of this root's checkpoint tree.
     """
+    folder = canonical_path(folder)
     store.folders.take(folder)
     unregistered, interrupted = strays(folder, named_checkpoints(store))
     return set_aside(unregistered + interrupted)

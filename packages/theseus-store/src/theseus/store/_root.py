@@ -28,8 +28,9 @@ inodes for the lineage folders it copied, so a claim that travelled with a copy
 names another folder than the one it sits in and is stale (the copy's own, if
 its store knows the lineage); a lineage folder that two roots see through a
 shared ``checkpoints/`` keeps its inode, so the claim names the root that took it
-and every other root leaves it alone. A lineage folder without a claim (written
-before claims existed) belongs to a root whose store knows its lineage.
+and every other root leaves it alone. A lineage folder without a valid claim
+(written before claims existed, or copied) is the root's when its ``checkpoints/``
+is a real folder of its own, and otherwise only when its store knows the lineage.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ class RootFolders:
         """The canonical checkpoint tree of a Theseus root (a symlink resolved), else None."""
         spelled = self.spelled_tree
         return None if spelled is None else canonical_path(spelled)
+
+    def tree_is_own(self) -> bool:
+        """Whether ``ROOT/checkpoints`` is a folder of the root's own, not a symlink elsewhere."""
+        spelled = self.spelled_tree
+        return spelled is not None and spelled.is_dir() and not spelled.is_symlink()
 
     def lineage_folder(self, lineage: Lineage) -> Path | None:
         """``ROOT/checkpoints/<project>/<group>/<run>/<nonce>``, canonical; None for a bare store."""
@@ -157,8 +163,10 @@ class RootFolders:
 
         None when the folder is this root's: its claim names this store's folder (by
         inode; the path may have changed with ``mv``), or it has no valid claim
-        (none, damaged, or one that travelled with a copy) and the store knows its
-        lineage. Otherwise the phrase says whose it is, for a message.
+        (none, damaged, or one that travelled with a copy) and either the root's
+        ``checkpoints/`` is a folder of its own (not a symlink that other roots may
+        share) or the store knows its lineage. Otherwise the phrase says whose it
+        is, for a message.
         """
         lineage = self.layout(folder)
         if lineage is None:
@@ -168,9 +176,9 @@ class RootFolders:
             if claim.get("store") == _inode(self.store):
                 return None
             return f"the root whose store was at {claim.get('path', '?')} (its claim there)"
-        if lineage in set(self._lineages()):
+        if self.tree_is_own() or lineage in set(self._lineages()):
             return None
-        return "no lineage of this store (an unclaimed folder)"
+        return "no lineage of this store, in a checkpoints/ reached through a symlink"
 
     def owns(self, folder: Path) -> bool:
         """Whether lineage folder ``folder`` (canonical) is this root's (see :meth:`claimant`)."""
