@@ -26,6 +26,7 @@ from theseus.config import (
     ConflictError,
     Range,
     Tree,
+    dump,
     field,
     parse_overrides,
     rule,
@@ -386,3 +387,13 @@ def test_a_rule_runs_only_when_the_configuration_declares_and_sets_its_paths() -
     tree["x/high"] = 9
     tree.validate()
     assert dataclasses.is_dataclass(Pair)
+
+
+def test_the_written_configuration_and_describe_show_each_range() -> None:
+    tree = JOBS["gpt/train/pretrain"].schema()
+    text = dump(tree)
+    assert "  batch_size: 16  # int >= 1: global batch, in sequences\n" in text
+    assert "  beta2: 0.95  # float >= 0 and < 1: second-moment decay\n" in text
+    assert tree.describe("architecture/dropout") == (
+        "architecture/dropout (float >= 0 and < 1, default 0.0): dropout probability"
+    )

@@ -322,7 +322,8 @@ class Tree:
         """One line: path, type, default and help of ``key``."""
         entry = self._entries[self.resolve(key)]
         default = "required" if entry.required else f"default {entry.default!r}"
-        return f"{entry.path} ({describe(entry.type)}, {default}){': ' + entry.help if entry.help else ''}"
+        bounds = f" {entry.range.describe()}" if entry.range is not None else ""
+        return f"{entry.path} ({describe(entry.type)}{bounds}, {default}){': ' + entry.help if entry.help else ''}"
 
 
 class Section:
