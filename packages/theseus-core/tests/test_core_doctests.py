@@ -12,6 +12,7 @@ MODULES = [
     "theseus.config._tree",
     "theseus.config._hydrate",
     "theseus.config._yaml",
+    "theseus.config._range",
     "theseus.job._spec",
     "theseus.quick._session",
     "theseus.data",

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from theseus.config import ConfigError
+from theseus.config import ConfigError, ConfigRangeError
 from theseus.data.datasets import FineWeb, Synthetic
 from theseus.data.prepared import DataNotPreparedError
 from theseus.model.models import GPT
@@ -252,7 +252,10 @@ def test_bad_geometry_and_vocabulary_are_clear_errors(root: Path) -> None:
     with quick(root) as q:
         q.build(jobs.SyntheticTrainer, "bad")
         jobs.tiny(q.config, **{"training/per_device_batch_size": 3})
-        with pytest.raises(TrainerError, match="not divisible by training/per_device_batch_size"):
+        with pytest.raises(
+            ConfigRangeError,  # the configuration alone tells, before the trainer is built
+            match=r"'training/per_device_batch_size' must divide training/batch_size \(8\)",
+        ):
             q.create()
     with quick(root) as q:
         q.build(jobs.SyntheticTrainer, "bad-vocab")

@@ -111,6 +111,7 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
     """Write JOB's full configuration (defaults, then KEY=VALUE overrides) to OUT.yaml."""
     tree = _job_class(job_name).schema()
     tree.update(parse_overrides(overrides))
+    tree.check()  # the rules across settings, before the file is written
     out.parent.mkdir(parents=True, exist_ok=True)
     dump(tree, out)
     click.echo(f"Wrote {len(tree)} settings of {tree.job} to {out}.")

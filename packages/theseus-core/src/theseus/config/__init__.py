@@ -3,12 +3,15 @@
 A dataclass field declared with :func:`field` lives at a path of one tree
 (``"training/batch_size"``). A job's tree is composed from its ``CONFIG`` and
 every class it declares (:func:`compose`, :class:`Tree`); :func:`configure`
-hydrates a dataclass from the active tree (:func:`using`).
+hydrates a dataclass from the active tree (:func:`using`). A numeric field declares
+its range (``field(..., ge=1)``, :class:`Range`) and may attach :func:`rule` checks
+across settings; values outside are refused (:class:`ConfigRangeError`).
 """
 
 from theseus.config._compose import Entry, compose
 from theseus.config._errors import (
     ConfigError,
+    ConfigRangeError,
     ConfigTypeError,
     ConflictError,
     MissingValueError,
@@ -16,15 +19,19 @@ from theseus.config._errors import (
 )
 from theseus.config._field import field, normalize_path
 from theseus.config._hydrate import active, configure, using
+from theseus.config._range import Range, Rule, rule
 from theseus.config._tree import Section, Tree
 from theseus.config._yaml import dump, load, parse_overrides
 
 __all__ = [
     "ConfigError",
+    "ConfigRangeError",
     "ConfigTypeError",
     "ConflictError",
     "Entry",
     "MissingValueError",
+    "Range",
+    "Rule",
     "Section",
     "Tree",
     "UnknownKeyError",
@@ -36,5 +43,6 @@ __all__ = [
     "load",
     "normalize_path",
     "parse_overrides",
+    "rule",
     "using",
 ]

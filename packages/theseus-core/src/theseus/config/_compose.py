@@ -7,8 +7,15 @@ import typing
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from theseus.config._errors import ConfigError, ConfigTypeError, ConflictError, class_name
-from theseus.config._field import HELP_KEY, PATH_KEY
+from theseus.config._errors import (
+    ConfigError,
+    ConfigRangeError,
+    ConfigTypeError,
+    ConflictError,
+    class_name,
+)
+from theseus.config._field import HELP_KEY, PATH_KEY, RANGE_KEY, RULES_KEY
+from theseus.config._range import Range, Rule, check_value, is_numeric
 from theseus.config._types import check_supported, coerce, describe
 
 MISSING: Any = dataclasses.MISSING
@@ -26,6 +33,8 @@ class Entry:
         declarers: the classes that declare this path, in composition order.
         default_from: the class whose default is used (``None`` when required).
         own: whether the default comes from the job's own ``CONFIG`` (it then wins).
+        range: the numbers the setting admits (``None``: not declared).
+        rules: the checks across settings its declarers attach to it.
     """
 
     path: str
@@ -35,6 +44,8 @@ class Entry:
     declarers: list[type]
     default_from: type | None
     own: bool = False
+    range: Range | None = None
+    rules: list[Rule] = dataclasses.field(default_factory=list)
 
     @property
     def required(self) -> bool:
@@ -129,9 +140,11 @@ def compose(classes: Iterable[type], own: type | None = None) -> dict[str, Entry
         ``{path: Entry}`` in declaration order.
 
     Raises:
-        ConflictError: two declarers disagree on a type or a default, or a path
-            is both a setting and a section.
-        ConfigTypeError: a default does not fit its declared type.
+        ConflictError: two declarers disagree on a type, a default or a range, or a
+            path is both a setting and a section.
+        ConfigTypeError: a default does not fit its declared type, or a range is
+            declared on a setting that holds no numbers.
+        ConfigRangeError: a default is outside its setting's range.
     """
     order = [own] if own is not None else []
     order += [c for c in classes if c is not own]
@@ -141,7 +154,44 @@ def compose(classes: Iterable[type], own: type | None = None) -> dict[str, Entry
             if isinstance(item, Leaf):
                 _merge(entries, item, is_own=cls is own)
     _check_sections(entries)
+    for entry in entries.values():
+        _check_default(entry)
     return entries
+
+
+def _check_default(entry: Entry) -> None:
+    if entry.required or entry.range is None:
+        return
+    try:
+        check_value(entry.path, entry.default, entry.range, entry.type, MISSING)
+    except ConfigRangeError:
+        assert entry.default_from is not None
+        raise ConfigRangeError(
+            f"{class_name(entry.default_from)} declares default {entry.default!r} for "
+            f"{entry.path!r}, outside its range ({entry.range.describe()}); change the "
+            "default or the range."
+        ) from None
+
+
+def _merge_range(entry: Entry, leaf: Leaf) -> None:
+    declared = leaf.field.metadata.get(RANGE_KEY)
+    if declared is not None and not is_numeric(leaf.type):
+        raise ConfigTypeError(
+            f"Field {class_name(leaf.owner)}.{leaf.name} at {leaf.path!r} declares a range "
+            f"({declared.describe() or 'unbounded'}) but holds {describe(leaf.type)}, not "
+            "numbers; drop ge=/gt=/le=/lt=/unbounded= there."
+        )
+    if declared is not None and entry.range is not None and declared != entry.range:
+        raise ConflictError(
+            f"Path {leaf.path!r} has range {entry.range.describe() or 'unbounded'} in "
+            f"{class_name(entry.declarers[0])} and {declared.describe() or 'unbounded'} in "
+            f"{class_name(leaf.owner)}. A path is one setting: declare the same range in both."
+        )
+    if entry.range is None:
+        entry.range = declared
+    for check in leaf.field.metadata.get(RULES_KEY, ()):
+        if check not in entry.rules:
+            entry.rules.append(check)
 
 
 def _merge(entries: dict[str, Entry], leaf: Leaf, is_own: bool) -> None:
@@ -160,6 +210,7 @@ def _merge(entries: dict[str, Entry], leaf: Leaf, is_own: bool) -> None:
             declarer if default is not MISSING else None,
             is_own and default is not MISSING,
         )
+        _merge_range(entries[leaf.path], leaf)
         return
     if declarer not in entry.declarers:
         entry.declarers.append(declarer)
@@ -170,6 +221,7 @@ def _merge(entries: dict[str, Entry], leaf: Leaf, is_own: bool) -> None:
             f"{class_name(declarer)}. A path is one setting: give both fields the same "
             "type, or move one of them to another path."
         )
+    _merge_range(entry, leaf)
     if not entry.help and leaf.field.metadata.get(HELP_KEY):
         entry.help = leaf.field.metadata[HELP_KEY]
     if default is MISSING:

@@ -27,6 +27,10 @@ class ConfigTypeError(ConfigError, TypeError):
     """A value that cannot be coerced to the declared type of its path."""
 
 
+class ConfigRangeError(ConfigError):
+    """A number outside its setting's declared range, or settings that disagree (a rule)."""
+
+
 class ConflictError(ConfigError):
     """Two declarers of one path disagree (type, default, or leaf versus section)."""
 

@@ -9,12 +9,14 @@ from typing import Any
 from theseus.config._compose import MISSING, Entry, compose
 from theseus.config._errors import (
     ConfigError,
+    ConfigRangeError,
     MissingValueError,
     UnknownKeyError,
     class_name,
     suggest,
 )
 from theseus.config._field import normalize_path
+from theseus.config._range import check_value
 from theseus.config._types import coerce, describe
 
 _OWN_ATTRS = frozenset({"job"})
@@ -26,7 +28,9 @@ class Tree:
     Values come in two layers over the declared defaults: *loaded* values (a
     YAML file, or the configuration saved at a base node) and *set* values
     (assignments and ``key=value`` overrides). A set value wins over a loaded
-    one, which wins over the default.
+    one, which wins over the default. Every value is checked against its
+    setting's declared range as it arrives; the rules across settings run in
+    :meth:`check` (and :meth:`validate`), once every value is in.
 
     Args:
         entries: the composed schema (see :func:`compose`).
@@ -141,9 +145,16 @@ class Tree:
         Raises:
             UnknownKeyError: unknown key.
             ConfigTypeError: the value does not fit the declared type.
+            ConfigRangeError: a number outside the setting's declared range.
         """
         path = self.resolve(key)
-        self._set[path] = coerce(value, self._entries[path].type, path)
+        self._set[path] = self._checked(path, value)
+
+    def _checked(self, path: str, value: Any) -> Any:
+        entry = self._entries[path]
+        coerced = coerce(value, entry.type, path)
+        check_value(path, coerced, entry.range, entry.type, entry.default)
+        return coerced
 
     def update(self, values: Mapping[str, Any]) -> None:
         """Set several values (``{"training.batch_size": 8, ...}`` or nested mappings)."""
@@ -168,6 +179,7 @@ class Tree:
         Raises:
             UnknownKeyError: ``strict`` and a key is not declared.
             ConfigTypeError: a value does not fit its declared type.
+            ConfigRangeError: a number outside its setting's declared range.
         """
         values = dict(values)
         job = values.pop("job", None)
@@ -182,7 +194,7 @@ class Tree:
                 except ConfigError:
                     self._loaded.pop(path, None)
                     continue
-            self._loaded[path] = coerce(value, entry.type, path)
+            self._loaded[path] = self._checked(path, value)
         return skipped
 
     def _flatten(
@@ -209,14 +221,45 @@ class Tree:
         return [p for p in self._entries if self._lookup(p) is MISSING]
 
     def validate(self) -> None:
-        """Check that every required setting has a value.
+        """Check that every required setting has a value, then :meth:`check` the values.
 
         Raises:
             MissingValueError: lists every unset required path and how to set it.
+            ConfigRangeError: see :meth:`check`.
         """
         missing = [self._entries[p] for p in self.missing()]
         if missing:
             raise MissingValueError(_missing_message(missing))
+        self.check()
+
+    def check(self) -> None:
+        """Check every value against its range and run the rules across settings.
+
+        A rule runs when the tree declares every path it reads and each has a value
+        (so what the configuration alone can tell is told before a job starts).
+
+        Raises:
+            ConfigRangeError: the first value outside its range, or the first rule
+                that fails, in declaration order.
+        """
+        for path, entry in self._entries.items():
+            value = self._lookup(path)
+            if value is not MISSING:
+                check_value(path, value, entry.range, entry.type, entry.default)
+        seen: list[object] = []
+        for entry in self._entries.values():
+            for rule in entry.rules:
+                if rule in seen:
+                    continue
+                seen.append(rule)
+                if not all(p in self._entries for p in rule.paths):
+                    continue
+                values = [self._lookup(p) for p in rule.paths]
+                if any(v is MISSING for v in values):
+                    continue
+                problem = rule.check(*copy.deepcopy(values))
+                if problem:
+                    raise ConfigRangeError(problem)
 
     def flat(self) -> dict[str, Any]:
         """``{path: value}`` for every setting; required unset settings map to ``None``."""
@@ -279,7 +322,8 @@ class Tree:
         """One line: path, type, default and help of ``key``."""
         entry = self._entries[self.resolve(key)]
         default = "required" if entry.required else f"default {entry.default!r}"
-        return f"{entry.path} ({describe(entry.type)}, {default}){': ' + entry.help if entry.help else ''}"
+        bounds = f" {entry.range.describe()}" if entry.range is not None else ""
+        return f"{entry.path} ({describe(entry.type)}{bounds}, {default}){': ' + entry.help if entry.help else ''}"
 
 
 class Section:

@@ -2,7 +2,7 @@
 
 The file is a nested mapping of the settings' paths. Its top-level ``job`` key
 names the registered job it configures (``job: my/gpt/train``); ``job`` is
-therefore a reserved first path segment. ``dump`` writes each setting's type and
+therefore a reserved first path segment. ``dump`` writes each setting's type, range and
 help as a comment, and a required setting that has no value as ``null`` with a
 ``REQUIRED`` comment.
 """
@@ -73,6 +73,8 @@ def dump(tree: Tree, file: str | Path | None = None) -> str:
             entry = entries[child]
             unset = entry.required and tree.get(child, MISSING) is MISSING
             comment = f"{'REQUIRED ' if unset else ''}{describe(entry.type)}"
+            if entry.range is not None and entry.range.describe():
+                comment += f" {entry.range.describe()}"
             if entry.help:
                 comment += f": {entry.help}"
             lines.append("  " * depth + f"{key}: {_scalar(flat[child])}  # {comment}")

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from theseus.config import ConfigError
+from theseus.config import ConfigError, ConfigRangeError, Range
 from theseus.data.prepared import PreparedData, dataset_dir, write_prepared
 from theseus.data.synthetic import MarkovLanguage
 from theseus.data.tokenizer import get_tokenizer
@@ -31,18 +31,48 @@ class SourceError(TheseusError, FileNotFoundError):
     """The files a dataset is prepared from are missing or unreadable."""
 
 
-def _as_int(name: str, value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--{name.replace('_', '-')} expects an integer, got {value!r}") from None
+#: The numeric options of the built-in datasets: the range each admits and its default.
+OPTIONS: dict[str, tuple[type, Range, int | float]] = {
+    "tokens": (int, Range(ge=1), 2_000_000),
+    "val_tokens": (int, Range(ge=1), 100_000),
+    "alphabet": (int, Range(ge=2, le=26), 16),
+    "order": (int, Range(ge=1, le=4), 2),
+    "concentration": (float, Range(gt=0), 0.2),
+    "mean_doc_len": (int, Range(ge=2), 512),
+    "seed": (int, Range(ge=0, le=2**63 - 1), 0),
+    "val_fraction": (float, Range(ge=0, le=0.5), 0.05),
+}
 
 
-def _as_float(name: str, value: Any) -> float:
+def _option(dataset: str, options: dict[str, Any], name: str, default: Any = None) -> Any:
+    """The numeric option `name` (given as text or a number), checked against its range.
+
+    Raises:
+        ConfigError: the value is not a number of the option's kind.
+        ConfigRangeError: it is outside the option's range (`OPTIONS`).
+    """
+    kind, declared, fallback = OPTIONS[name]
+    default = fallback if default is None else default
+    value = options.get(name, default)
+    flag = f"--{name.replace('_', '-')}"
+    what = "an integer" if kind is int else "a finite number"
+    example = f"`theseus data prepare {dataset} --root ROOT {flag} {default}`"
     try:
-        return float(value)
+        if isinstance(value, bool):  # `--tokens` written as a flag, with no value
+            raise ValueError(value)
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        number = kind(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"--{name.replace('_', '-')} expects a number, got {value!r}") from None
+        raise ConfigError(
+            f"{flag} of {dataset} expects {what}; got {value!r}. Pass e.g. {example}."
+        ) from None
+    if not declared.admits(number):
+        raise ConfigRangeError(
+            f"{flag} of {dataset} must be {what} {declared.describe()}; got {value!r}. Pass a "
+            f"value in that range or leave it out for the default, e.g. {example}."
+        )
+    return number
 
 
 def _progress(total: int, description: str) -> Any:
@@ -107,15 +137,9 @@ class Synthetic(Dataset):
             "seed",
         }
         _check_options(cls.NAME, options, known)
-        language = MarkovLanguage(
-            alphabet=_as_int("alphabet", options.get("alphabet", 16)),
-            order=_as_int("order", options.get("order", 2)),
-            concentration=_as_float("concentration", options.get("concentration", 0.2)),
-            mean_doc_len=_as_int("mean_doc_len", options.get("mean_doc_len", 512)),
-            seed=_as_int("seed", options.get("seed", 0)),
-        )
-        tokens = _as_int("tokens", options.get("tokens", 2_000_000))
-        val_tokens = _as_int("val_tokens", options.get("val_tokens", 100_000))
+        number = {name: _option(cls.NAME, options, name) for name in sorted(known)}
+        tokens, val_tokens = number.pop("tokens"), number.pop("val_tokens")
+        language = MarkovLanguage(**number)
         splits = {
             "train": language.sample_tokens(tokens, seed=1),
             "val": language.sample_tokens(val_tokens, seed=2),
@@ -251,7 +275,7 @@ class LocalDocuments(Dataset):
     def prepare(cls, root: str | os.PathLike[str], **options: Any) -> Path:
         _check_options(cls.NAME, options, {"source", "val_fraction", "tokenizer"})
         files = _source_files(options.get("source"), cls.SUFFIXES, cls.NAME)
-        val_fraction = _as_float("val_fraction", options.get("val_fraction", cls.VAL_FRACTION))
+        val_fraction = _option(cls.NAME, options, "val_fraction", cls.VAL_FRACTION)
         tokenizer = str(options.get("tokenizer", "bytes"))
         return _prepare_documents(cls, root, files, cls.documents, val_fraction, tokenizer)
 

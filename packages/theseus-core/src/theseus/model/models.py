@@ -39,9 +39,13 @@ class ModelInputError(TheseusError, ValueError):
 class MLPConfig:
     """Settings read by `MLP`."""
 
-    n_embd: int = field("architecture/n_embd", default=128, help="width of the residual stream")
-    mlp_ratio: int = field("architecture/mlp_ratio", default=4, help="hidden width / n_embd")
-    dropout: float = field("architecture/dropout", default=0.0, help="dropout probability")
+    n_embd: int = field(
+        "architecture/n_embd", default=128, ge=1, help="width of the residual stream"
+    )
+    mlp_ratio: int = field("architecture/mlp_ratio", default=4, ge=1, help="hidden width / n_embd")
+    dropout: float = field(
+        "architecture/dropout", default=0.0, ge=0, lt=1, help="dropout probability"
+    )
     bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
     activation: Literal["gelu_tanh", "gelu", "relu"] = field(
         "architecture/activation",
@@ -63,11 +67,17 @@ _ACTIVATIONS = {
 class GPTConfig:
     """Settings read by `GPT` itself."""
 
-    n_layers: int = field("architecture/n_layers", default=4, help="number of blocks")
-    n_embd: int = field("architecture/n_embd", default=128, help="width of the residual stream")
-    block_size: int = field("architecture/block_size", default=128, help="context length in tokens")
-    vocab_size: int = field("architecture/vocab_size", default=258, help="embedding rows")
-    dropout: float = field("architecture/dropout", default=0.0, help="dropout probability")
+    n_layers: int = field("architecture/n_layers", default=4, ge=1, help="number of blocks")
+    n_embd: int = field(
+        "architecture/n_embd", default=128, ge=1, help="width of the residual stream"
+    )
+    block_size: int = field(
+        "architecture/block_size", default=128, ge=1, help="context length in tokens"
+    )
+    vocab_size: int = field("architecture/vocab_size", default=258, ge=1, help="embedding rows")
+    dropout: float = field(
+        "architecture/dropout", default=0.0, ge=0, lt=1, help="dropout probability"
+    )
     bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
     tie_embeddings: bool = field(
         "architecture/tie_embeddings", default=True, help="unembed with the embedding matrix"
@@ -78,7 +88,7 @@ class GPTConfig:
         help="'rotary' rotates queries and keys; 'learned' adds a position embedding (GPT-2)",
     )
     norm_eps: float = field(
-        "architecture/norm_eps", default=1e-5, help="epsilon of every layer norm"
+        "architecture/norm_eps", default=1e-5, gt=0, help="epsilon of every layer norm"
     )
     tokenizer: str = field(
         "architecture/tokenizer",

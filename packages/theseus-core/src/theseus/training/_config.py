@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from theseus.config import field
+from theseus.training._rules import MAX_SEED, micro_batches, one_batch
 
 __all__ = ["BaseTrainerConfig"]
 
@@ -20,22 +21,38 @@ __all__ = ["BaseTrainerConfig"]
 class BaseTrainerConfig:
     """Settings every trainer reads (extend it with your own `field(...)`s)."""
 
-    batch_size: int = field("training/batch_size", default=16, help="global batch, in sequences")
+    batch_size: int = field(
+        "training/batch_size", default=16, ge=1, help="global batch, in sequences"
+    )
     per_device_batch_size: int = field(
         "training/per_device_batch_size",
         default=0,
+        ge=0,
+        rules=[micro_batches],
         help="sequences per device per micro-step; gradient accumulation fills the rest (0: no accumulation)",
     )
-    tokens: int = field("training/tokens", default=1_048_576, help="total training tokens")
+    tokens: int = field(
+        "training/tokens",
+        default=1_048_576,
+        ge=1,
+        rules=[one_batch],
+        help="total training tokens (at least one batch: batch_size x block_size)",
+    )
     analyze: bool = field("training/analyze", default=True, help="run ANALYSIS in tandem")
     analysis_errors: Literal["log", "raise"] = field(
         "training/analysis_errors",
         default="log",
         help="a failing tandem analysis: 'log' it and train on, or 'raise' and stop the run",
     )
-    validation_steps: int = field("training/validation_steps", default=4, help="validation batches")
-    seed: int = field("training/seed", default=0, help="parameter init and dropout seed")
-    shard: int = field("training/shard", default=1, help="devices each parameter is split over")
+    validation_steps: int = field(
+        "training/validation_steps", default=4, ge=1, help="validation batches"
+    )
+    seed: int = field(
+        "training/seed", default=0, ge=0, le=MAX_SEED, help="parameter init and dropout seed"
+    )
+    shard: int = field(
+        "training/shard", default=1, ge=1, help="devices each parameter is split over"
+    )
     strategy: Literal["dp", "zero1", "fsdp"] = field(
         "training/strategy",
         default="dp",
@@ -43,15 +60,20 @@ class BaseTrainerConfig:
         "state split over the data-parallel devices, 'fsdp' parameters, gradients and "
         "optimizer state split",
     )
-    lr: float = field("optimization/lr", default=1e-3, help="peak learning rate")
-    report_interval: int = field("logging/report_interval", default=10, help="steps per report")
+    lr: float = field("optimization/lr", default=1e-3, gt=0, help="peak learning rate")
+    report_interval: int = field(
+        "logging/report_interval", default=10, ge=1, help="steps per report"
+    )
     checkpoint_interval: int = field(
-        "logging/checkpoint_interval", default=1000, help="steps per checkpoint (and the last step)"
+        "logging/checkpoint_interval",
+        default=1000,
+        ge=1,
+        help="steps per checkpoint (and the last step)",
     )
     validation_interval: int = field(
-        "logging/validation_interval", default=100, help="steps per validation"
+        "logging/validation_interval", default=100, ge=1, help="steps per validation"
     )
-    data_seed: int = field("data/seed", default=0, help="seed of the batch plan")
+    data_seed: int = field("data/seed", default=0, ge=0, le=MAX_SEED, help="seed of the batch plan")
     prompt: str = field(
         "inspection/prompt",
         default="",

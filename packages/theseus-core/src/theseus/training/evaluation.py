@@ -75,7 +75,7 @@ class PerplexityConfig:
     dataset: str = field(
         "evaluation/perplexity/dataset", default="synthetic", help="prepared dataset to score"
     )
-    batches: int = field("evaluation/perplexity/batches", default=4, help="held-out batches")
+    batches: int = field("evaluation/perplexity/batches", default=4, ge=1, help="held-out batches")
 
 
 class Perplexity(Evaluation):

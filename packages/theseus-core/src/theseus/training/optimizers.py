@@ -55,13 +55,16 @@ class AdamWConfig:
     """Settings of AdamW with decoupled weight decay and global-norm clipping."""
 
     weight_decay: float = field(
-        "optimization/weight_decay", default=0.1, help="decoupled weight decay"
+        "optimization/weight_decay", default=0.1, ge=0, help="decoupled weight decay"
     )
-    beta1: float = field("optimization/beta1", default=0.9, help="first-moment decay")
-    beta2: float = field("optimization/beta2", default=0.95, help="second-moment decay")
-    eps: float = field("optimization/eps", default=1e-8, help="denominator epsilon")
+    beta1: float = field("optimization/beta1", default=0.9, ge=0, lt=1, help="first-moment decay")
+    beta2: float = field("optimization/beta2", default=0.95, ge=0, lt=1, help="second-moment decay")
+    eps: float = field("optimization/eps", default=1e-8, gt=0, help="denominator epsilon")
     clip_norm: float = field(
-        "optimization/clip_norm", default=1.0, help="clip gradients to this global norm (0: off)"
+        "optimization/clip_norm",
+        default=1.0,
+        ge=0,
+        help="clip gradients to this global norm (0: off)",
     )
 
 

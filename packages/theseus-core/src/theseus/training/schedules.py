@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 import jax.numpy as jnp
 import optax
 
-from theseus.config import ConfigError, field
+from theseus.config import ConfigError, field, rule
 
 __all__ = ["WSD", "Schedule", "WSDConfig", "constant"]
 
@@ -40,15 +40,40 @@ def constant(peak_lr: float) -> optax.Schedule:
     return optax.constant_schedule(peak_lr)
 
 
+@rule("optimization/schedule/warmup", "optimization/schedule/stable", "optimization/schedule/decay")
+def fractions(warmup: float, stable: float, decay: float) -> str | None:
+    """The three phases of a warmup-stable-decay schedule cover the run: they sum to 1."""
+    total = warmup + stable + decay
+    if abs(total - 1.0) <= 1e-6:
+        return None
+    return (
+        "Configuration values for 'optimization/schedule/{warmup,stable,decay}' must sum to 1 "
+        f"(fractions of the run); got {warmup:g} + {stable:g} + {decay:g} = {total:g}. Change "
+        "them to sum to 1, e.g. `optimization.schedule.stable="
+        f"{max(0.0, 1.0 - warmup - decay):g}`."
+    )
+
+
 @dataclass(frozen=True)
 class WSDConfig:
     """Warmup-stable-decay: fractions of the run spent in each phase (they sum to 1)."""
 
-    warmup: float = field("optimization/schedule/warmup", default=0.05, help="fraction warming up")
-    stable: float = field("optimization/schedule/stable", default=0.75, help="fraction at peak")
-    decay: float = field("optimization/schedule/decay", default=0.2, help="fraction decaying")
+    warmup: float = field(
+        "optimization/schedule/warmup",
+        default=0.05,
+        ge=0,
+        le=1,
+        rules=[fractions],
+        help="fraction warming up",
+    )
+    stable: float = field(
+        "optimization/schedule/stable", default=0.75, ge=0, le=1, help="fraction at peak"
+    )
+    decay: float = field(
+        "optimization/schedule/decay", default=0.2, ge=0, le=1, help="fraction decaying"
+    )
     final_ratio: float = field(
-        "optimization/schedule/final_ratio", default=0.0, help="final lr / peak lr"
+        "optimization/schedule/final_ratio", default=0.0, ge=0, le=1, help="final lr / peak lr"
     )
 
 

@@ -17,23 +17,50 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.config import ConfigError, field
+from theseus.config import ConfigError, field, rule
 from theseus.model.component import Component, resolve_dtype
 
 __all__ = ["AttentionConfig", "KVCache", "SelfAttention", "apply_rotary", "causal_softmax"]
+
+
+@rule("architecture/n_embd", "architecture/n_head", "architecture/positions")
+def head_width(n_embd: int, n_head: int, positions: str) -> str | None:
+    """`architecture/n_embd` splits into `n_head` heads of one width, even for rotary positions."""
+    if n_embd % n_head:
+        return (
+            f"Configuration value for 'architecture/n_head' must divide architecture/n_embd "
+            f"({n_embd}) into heads of equal width; got {n_head}. Set architecture/n_head to "
+            f"a divisor of {n_embd}, or architecture/n_embd to a multiple of {n_head}."
+        )
+    if positions == "rotary" and (n_embd // n_head) % 2:
+        return (
+            f"Configuration value for 'architecture/n_head' must leave heads of even width "
+            f"for rotary positions; got {n_head} heads of {n_embd} // {n_head} = "
+            f"{n_embd // n_head}. Choose n_embd and n_head with an even n_embd / n_head, or "
+            "`architecture.positions=learned`."
+        )
+    return None
 
 
 @dataclass(frozen=True)
 class AttentionConfig:
     """Settings read by `SelfAttention`."""
 
-    n_embd: int = field("architecture/n_embd", default=128, help="width of the residual stream")
-    n_head: int = field("architecture/n_head", default=4, help="attention heads per layer")
-    block_size: int = field("architecture/block_size", default=128, help="context length in tokens")
-    dropout: float = field("architecture/dropout", default=0.0, help="dropout probability")
+    n_embd: int = field(
+        "architecture/n_embd", default=128, ge=1, help="width of the residual stream"
+    )
+    n_head: int = field(
+        "architecture/n_head", default=4, ge=1, rules=[head_width], help="attention heads per layer"
+    )
+    block_size: int = field(
+        "architecture/block_size", default=128, ge=1, help="context length in tokens"
+    )
+    dropout: float = field(
+        "architecture/dropout", default=0.0, ge=0, lt=1, help="dropout probability"
+    )
     bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
     rope_base: float = field(
-        "architecture/rope_base", default=10000.0, help="rotary frequency base"
+        "architecture/rope_base", default=10000.0, gt=0, help="rotary frequency base"
     )
     positions: Literal["rotary", "learned"] = field(
         "architecture/positions",
