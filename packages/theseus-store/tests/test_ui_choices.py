@@ -113,7 +113,9 @@ def test_log_scale_and_smoothing_come_from_the_url(client: TestClient) -> None:
     assert bad.status_code == 400 and "smooth must be a number from 0 to 0.99" in bad.text
 
 
-def test_an_unknown_slider_artifact_is_a_404_naming_the_artifacts(client: TestClient, built) -> None:
+def test_an_unknown_slider_artifact_is_a_404_naming_the_artifacts(
+    client: TestClient, built
+) -> None:
     _, nodes = built
     lineage = _key(nodes["base0"])
     got = client.get("/slider?" + urlencode({"l": lineage, "name": "pictures"}))
@@ -171,7 +173,9 @@ def test_the_slider_says_which_version_and_lets_one_choose(versions) -> None:
         shown = client.get("/slider?" + urlencode({"l": lineage, "name": "plot", "version": 2}))
         assert 'data-version="2"' in shown.text and 'id="mixed"' not in shown.text
         for bad in ("/slider", "/api/frames"):
-            missing = client.get(bad + "?" + urlencode({"l": lineage, "name": "plot", "version": 7}))
+            missing = client.get(
+                bad + "?" + urlencode({"l": lineage, "name": "plot", "version": 7})
+            )
             assert missing.status_code == 404
             assert "has versions 1, 2; not 7" in missing.text
             word = client.get(bad + "?" + urlencode({"l": lineage, "name": "plot", "version": "x"}))

@@ -12,6 +12,7 @@ import time
 import webbrowser
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from theseus.store._errors import StoreError
 from theseus.store._store import MARKER, Store
@@ -70,12 +71,20 @@ class ServeError(StoreError):
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port``, checked before anything is announced.
+    """A socket listening on ``host:port``, checked before anything is announced.
 
     Raises:
         ServeError: the port is out of range, the host is no address of this machine,
             or the port is taken (one line naming the option and how to fix it).
     """
+    return _bind(host, port, _address(host, port))
+
+
+_Address = tuple[Any, Any, int, Any]
+
+
+def _address(host: str, port: int) -> _Address:
+    """Where ``host:port`` is: ``(family, type, proto, address)`` (checks both, binds nothing)."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ServeError(
             f"--port must be a whole number from 0 to 65535 (0: any free port); got {port!r}. "
@@ -85,16 +94,23 @@ def listen(host: str, port: int) -> socket.socket:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
+        return family, kind, proto, address
     except (socket.gaierror, UnicodeError) as err:
         raise ServeError(
             f"--host must be an address or name of this machine; got {host!r} "
             f"({getattr(err, 'strerror', None) or err}). Pass --host 127.0.0.1 (this machine "
             "only) or the address of one of its network interfaces."
         ) from None
+
+
+def _bind(host: str, port: int, where: _Address) -> socket.socket:
+    """A socket bound to ``where`` (see :func:`listen` for the errors)."""
+    family, kind, proto, address = where
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         sock.bind(address)
+        sock.listen(2048)  # connections wait from now on (uvicorn's default backlog)
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
@@ -132,6 +148,7 @@ def serve(
 
     store = open_readonly(root)
     try:
+        where = _address(host, port)
         loopback = host in LOOPBACK
         if not loopback:
             print(
@@ -140,7 +157,7 @@ def serve(
                 "network (there is no login). Pass --host 127.0.0.1 to keep it local.",
                 file=sys.stderr,
             )
-        sock = listen(host, port)
+        sock = _bind(host, port, where)
     except BaseException:
         store.close()
         raise
