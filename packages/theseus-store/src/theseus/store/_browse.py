@@ -21,6 +21,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from theseus.store._errors import QueryError
 from theseus.store._node import Node
 from theseus.store._records import Scalar, decode_value
 
@@ -151,7 +152,7 @@ def holdings_by_lineage(
     """``(rows, highest id, per lineage its rows past id after)`` of ``table`` (one of
     :data:`HOLDINGS`), all from one snapshot."""
     if table not in HOLDINGS:
-        raise ValueError(f"table must be one of {', '.join(HOLDINGS)}; got {table!r}.")
+        raise QueryError(f"table must be one of {', '.join(HOLDINGS)}; got {table!r}.")
     rows, top = conn.execute(f"SELECT COUNT(*), COALESCE(MAX(id), 0) FROM {table}").fetchone()
     added = {
         (name, nonce): int(count)

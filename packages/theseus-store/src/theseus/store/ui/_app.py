@@ -9,8 +9,11 @@ read-only. Safety, in one place:
 - every page is a Jinja2 template with autoescape, so no name or value from the
   store reaches the page as markup;
 - every response carries a Content-Security-Policy that allows scripts, styles
-  and images from the server itself only (no inline script, no inline style);
-- an unknown node, artifact or version is a 404 page, never a traceback.
+  and images from the server itself only (no inline script, no inline style;
+  :mod:`theseus.store.ui._web`);
+- an unknown node, lineage, key, artifact or version is a 404 page that names the
+  choices, a damaged PDF included, never a traceback; a page opened without its
+  parameters (``/slider``, ``/compare``) offers a picker instead.
 """
 
 from __future__ import annotations
