@@ -143,7 +143,7 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
         _loaded(tab, "img.picture")
         tab.screenshot(path=shots / "5-artifact-pdf.png", full_page=True)
 
-        tab.get_by_role("link", name="slider").click()
+        tab.locator("main").get_by_role("link", name="slider").click()
         info = tab.locator("#frame-info")
         expect(info).to_contain_text("1/4")
         expect(info).to_contain_text(f"{nodes['base0'].serialize()} · seq 0")
@@ -170,6 +170,9 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
         expect(tab.locator("#legend")).to_contain_text("10 of 10 points")
         expect(tab.locator("#legend")).to_contain_text("12 of 12 points")
         tab.locator("#logy").check()
+        assert "log=1" in tab.url  # the view is in the address: a reload keeps it
+        tab.reload()
+        expect(tab.locator("#logy")).to_be_checked()
         tab.screenshot(path=shots / "8-curves.png", full_page=True)
 
         # Live: a node written now shows on the open lineage page within 5 s, no reload.
@@ -182,6 +185,56 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
         expect(tab.locator('[data-key="val/loss"]')).to_have_text("0.25", timeout=5000)
         expect(tab.locator("ul.tree")).to_contain_text("5 nodes, seq 0..4", timeout=5000)
         expect(tab.locator('li.focus > .strip > a.cell[title="seq 4"]')).to_have_count(1)
+    assert problems == []
+
+
+def test_the_pickers_and_the_version_chooser(tmp_path: Path, page, shots: Path) -> None:
+    """The header's slider and compare open pickers; the slider of an artifact whose nodes
+    hold different newest versions says so, names each frame's version, and shows one
+    version when chosen."""
+    tab, problems = page
+    root = tmp_path / "store"
+    nodes = _ui_store.build(root)
+    base = nodes["base0"]
+    with Store(root) as store:  # a second version of the picture at seqs 3 and 9 (--over --force)
+        for seq in (3, 9):
+            node = Node(base.name, base.nonce, seq)
+            store.put(node, "picture", "picture-v2.pdf", _ui_store.tiny_pdf((0.0, 0.2, 1.0)))
+    with running(root) as url:
+        tab.goto(url + "/")
+        tab.locator("header").get_by_role("link", name="slider").click()
+        expect(tab.locator("h1")).to_have_text("Over time")
+        tab.locator("#pick-lineage").select_option(f"{base.name}~{base.nonce}")
+        tab.screenshot(path=shots / "9-slider-picker.png", full_page=True)
+        tab.get_by_role("button", name="show").click()
+        tab.locator('select[name="name"]').select_option("picture")
+        tab.get_by_role("button", name="show").click()
+        expect(tab.locator("#mixed")).to_contain_text("v1 at 2 nodes, v2 at 2 nodes")
+        info = tab.locator("#frame-info")
+        expect(info).to_contain_text("1/4")
+        expect(info).to_contain_text("seq 0")
+        expect(info).to_contain_text("· v1")
+        tab.keyboard.press("ArrowRight")
+        expect(info).to_contain_text("seq 3")
+        expect(info).to_contain_text("· v2 of v1, v2")
+        _loaded(tab, "#frame-image")
+        tab.screenshot(path=shots / "10-slider-versions.png", full_page=True)
+        tab.locator("#version").select_option("1")
+        tab.get_by_role("button", name="show").click()
+        expect(tab.locator("#mixed")).to_have_count(0)
+        expect(info).to_contain_text("1/4 · ")  # loaded: now step
+        tab.keyboard.press("ArrowRight")
+        expect(info).to_contain_text("seq 3")
+        expect(info).to_contain_text("· v1 of v1, v2")
+        _loaded(tab, "#frame-image")
+
+        tab.locator("header").get_by_role("link", name="compare").click()
+        expect(tab.locator("h1")).to_have_text("Compare")
+        tab.locator("#pick-a").fill(nodes["base5"].serialize())
+        tab.locator("#pick-b").fill(nodes["tune0"].serialize())
+        tab.screenshot(path=shots / "11-compare-picker.png", full_page=True)
+        tab.get_by_role("button", name="compare").click()
+        expect(tab.locator("pre.diff")).to_contain_text("+lr: 0.0001")
     assert problems == []
 
 
@@ -207,7 +260,7 @@ def test_click_through_a_demo_run(tmp_path: Path, page, shots: Path) -> None:
         tab.locator("a.version").filter(has_text="attention-pattern.pdf").first.click()
         _loaded(tab, "img.picture")
         tab.screenshot(path=shots / "demo-3-artifact.png", full_page=True)
-        tab.get_by_role("link", name="slider").click()
+        tab.locator("main").get_by_role("link", name="slider").click()
         expect(tab.locator("#frame-info")).to_contain_text("val/loss")
         tab.keyboard.press("ArrowRight")
         tab.screenshot(path=shots / "demo-4-slider.png", full_page=True)

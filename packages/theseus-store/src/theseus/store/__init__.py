@@ -3,6 +3,15 @@
 One SQLite database (WAL mode) plus a content-addressed blob folder under a
 root, standard library only.
 
+Besides the writers and readers of nodes, ``Store`` offers the reads the store
+browser (``theseus.store.ui``) is built on, each one snapshot and no SQL for the
+caller: ``data_version``, ``write_mark`` and ``written_since`` (what changed since a
+mark: ``WrittenNode``), ``lineage_growth`` (``LineageGrowth``), ``holding_totals``,
+``holdings_by_lineage``, ``last_statuses``, ``status_values``, ``numeric_keys``,
+``held_keys``, ``last_value``, ``branch_point``, ``lineage_end``, ``lineage_chain``,
+``numeric_series``, ``numeric_values``, ``job_in_lineage``, ``lineage_outline``,
+``artifact_frames`` and ``artifact_names``.
+
 Example:
     >>> import tempfile
     >>> from theseus.store import Node, Store
@@ -14,6 +23,7 @@ Example:
     [{'name': 'notes', 'content': b'hello'}]
 """
 
+from theseus.store._browse import LineageGrowth, WrittenNode
 from theseus.store._errors import (
     AmbiguousNodeError,
     BlobHashError,
@@ -63,6 +73,7 @@ __all__ = [
     "FolderLock",
     "FsckReport",
     "InvalidNodeError",
+    "LineageGrowth",
     "MissingBlobError",
     "Node",
     "NotAStoreError",
@@ -78,6 +89,7 @@ __all__ = [
     "UnknownKeyError",
     "UnknownNodeError",
     "ValueTypeError",
+    "WrittenNode",
     "canonical_path",
     "named_checkpoints",
     "open_lineage_folder",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from theseus.store import _lineage, _resolve
+from theseus.store import _browse, _lineage, _resolve
 from theseus.store._blobs import BlobFolder, verified
 from theseus.store._errors import MissingBlobError, ValueTypeError
 from theseus.store._node import Node
@@ -215,6 +215,102 @@ class StoreReader:
     def runs(self) -> list[dict[str, Any]]:
         """Return one summary per lineage, oldest first (what ``theseus-store runs`` prints)."""
         return self.read(_lineage.run_summaries)
+
+    # -- the browser's reads (SQL in theseus.store._browse; each is one read snapshot) -----
+
+    def data_version(self) -> int:
+        """A number that changes whenever another connection commits to the store."""
+        return self.read(_browse.data_version)
+
+    def write_mark(self) -> float | None:
+        """The newest write mark of any node (-inf: none), or None: the store keeps none
+        (a store made before the ``nodes_written`` index, opened read-only)."""
+        return self.read(_browse.write_mark)
+
+    def written_since(self, since: float) -> list[_browse.WrittenNode]:
+        """The nodes whose write mark is ``since`` or later (when ``write_mark()`` is not None)."""
+        return self.read(lambda conn: _browse.written_since(conn, since))
+
+    def lineage_growth(self, after: int = 0) -> list[_browse.LineageGrowth]:
+        """Per lineage, the count, last seq, first creation and id range of its nodes past id
+        ``after`` (0: all)."""
+        return self.read(lambda conn: _browse.lineage_growth(conn, after))
+
+    def holding_totals(self) -> dict[str, tuple[int, int]]:
+        """``(rows, highest id)`` of the checkpoints and the artifacts tables."""
+        return self.read(_browse.holding_totals)
+
+    def holdings_by_lineage(
+        self, table: str, after: int = 0
+    ) -> tuple[int, int, dict[tuple[str, str], int]]:
+        """``(rows, highest id, per lineage its rows past id after)`` of ``table``
+        (``checkpoints`` or ``artifacts``), from one snapshot."""
+        return self.read(lambda conn: _browse.holdings_by_lineage(conn, table, after))
+
+    def last_statuses(self) -> dict[tuple[str, str], tuple[int, Scalar]]:
+        """Per lineage ``(name, nonce)``, ``(seq, value)`` of its last ``job/status``."""
+        return self.read(_browse.last_statuses)
+
+    def status_values(self) -> list[str]:
+        """Every ``job/status`` value the store holds, sorted."""
+        return self.read(_browse.status_values)
+
+    def numeric_keys(self) -> list[str]:
+        """Every value key with a numeric value somewhere, sorted."""
+        return self.read(_browse.numeric_keys)
+
+    def held_keys(self, keys: Sequence[str]) -> list[str]:
+        """The ``keys`` that some node holds a value of, in the order given."""
+        return self.read(lambda conn: _browse.held_keys(conn, keys))
+
+    def last_value(
+        self, name: str, nonce: str, key: str, since: int = 0
+    ) -> tuple[int, Scalar] | None:
+        """``(seq, value)`` of ``key`` at the lineage's last node from seq ``since`` on with it."""
+        return self.read(lambda conn: _browse.last_value(conn, name, nonce, key, since))
+
+    def branch_point(self, name: str, nonce: str, since: int = 0) -> tuple[int, Node] | None:
+        """``(seq, parent)`` where the lineage (from seq ``since`` on) left another one, or None."""
+        return self.read(lambda conn: _browse.branch_point(conn, name, nonce, since))
+
+    def lineage_end(self, name: str, nonce: str) -> int | None:
+        """The lineage's last seq, or None when the store has no such lineage."""
+        return self.read(lambda conn: _browse.lineage_end(conn, name, nonce))
+
+    def lineage_chain(self, name: str, nonce: str) -> list[tuple[str, str, int]]:
+        """The stretches the lineage stitches through its branch points: ``(name, nonce,
+        last seq taken)``, oldest first (empty for an unknown lineage)."""
+        return self.read(lambda conn: _browse.chain(conn, name, nonce))
+
+    def numeric_series(
+        self, name: str, nonce: str, key: str, first: int, last: int
+    ) -> list[tuple[int, float]]:
+        """``(seq, value)`` of the lineage's finite numbers under ``key``, seqs first..last."""
+        return self.read(lambda conn: _browse.numeric_series(conn, name, nonce, key, first, last))
+
+    def numeric_values(self, key: str, ids: Sequence[int]) -> dict[int, float]:
+        """Node id -> the finite number under ``key`` there, for the node ids that have one."""
+        return self.read(lambda conn: _browse.numeric_values(conn, key, ids))
+
+    def job_in_lineage(self, node: Node) -> tuple[str, str] | None:
+        """``(job, config)`` of the latest job record at or before ``node`` in its own lineage
+        (``job_config`` also follows branch points)."""
+        check_node(node)
+        return self.read(lambda conn: _browse.job_in_lineage(conn, node))
+
+    def lineage_outline(self, name: str, nonce: str) -> dict[str, Any]:
+        """A lineage's seqs, its checkpoint/artifact/job/branch-point seqs, where it branched
+        from and the lineages that branch from it (see ``_browse.lineage_outline``)."""
+        return self.read(lambda conn: _browse.lineage_outline(conn, name, nonce))
+
+    def artifact_frames(self, name: str, nonce: str, artifact: str) -> list[dict[str, Any]]:
+        """Every node along the stitched lineage holding ``artifact``: node, seq, versions
+        ``[(version, filename)]``, train/step and val/loss (see ``_browse.artifact_frames``)."""
+        return self.read(lambda conn: _browse.artifact_frames(conn, name, nonce, artifact))
+
+    def artifact_names(self, name: str, nonce: str) -> list[str]:
+        """The artifact names anywhere along the stitched lineage, sorted."""
+        return self.read(lambda conn: _browse.artifact_names(conn, name, nonce))
 
 
 def check_node(node: object) -> None:

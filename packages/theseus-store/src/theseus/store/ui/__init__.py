@@ -7,11 +7,12 @@ Jinja2, pypdfium2); never JAX. The store is opened read-only (SQLite
 
 from theseus.store.ui._app import CSP, create_app
 from theseus.store.ui._downsample import downsample
-from theseus.store.ui._serve import LOOPBACK, open_readonly, running, serve
+from theseus.store.ui._serve import LOOPBACK, ServeError, open_readonly, running, serve
 
 __all__ = [
     "CSP",
     "LOOPBACK",
+    "ServeError",
     "create_app",
     "downsample",
     "open_readonly",

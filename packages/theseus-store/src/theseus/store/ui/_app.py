@@ -9,12 +9,16 @@ read-only. Safety, in one place:
 - every page is a Jinja2 template with autoescape, so no name or value from the
   store reaches the page as markup;
 - every response carries a Content-Security-Policy that allows scripts, styles
-  and images from the server itself only (no inline script, no inline style);
-- an unknown node, artifact or version is a 404 page, never a traceback.
+  and images from the server itself only (no inline script, no inline style;
+  :mod:`theseus.store.ui._web`);
+- an unknown node, lineage, key, artifact or version is a 404 page that names the
+  choices, a damaged PDF included, never a traceback; a page opened without its
+  parameters (``/slider``, ``/compare``) offers a picker instead.
 """
 
 from __future__ import annotations
 
+import collections
 import difflib
 import json
 import math
@@ -22,7 +26,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import jinja2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -30,91 +33,33 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
+from theseus.store._errors import StoreError, UnknownNodeError
 from theseus.store._node import Node
 from theseus.store._records import Artifact
 from theseus.store._store import Store
 from theseus.store.ui import _data, _render
+from theseus.store.ui._web import (
+    CSP,
+    SecurityHeaders,
+    choices,
+    environment,
+    no_version,
+    number,
+    parse_lineage,
+    parse_node,
+    static_table,
+    whole,
+)
 
 __all__ = ["CSP", "create_app"]
 
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
-    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
-)
-HERE = Path(__file__).parent
-STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 # The keys whose last value the runs page shows by default.
 DEFAULT_KEYS = ("val/loss", "train/loss", "train/step")
 PER_PAGE = 50
 MAX_PER_PAGE = 1000  # the most rows ``per_page`` asks for (the runs page and /api/runs)
 MAX_POINTS = 2000
-
-
-def _static_table() -> dict[str, tuple[bytes, str]]:
-    """Every file the server serves under /static, read once: name -> (bytes, type)."""
-    return {
-        path.name: (path.read_bytes(), STATIC_TYPES[path.suffix])
-        for path in sorted((HERE / "static").iterdir())
-        if path.suffix in STATIC_TYPES
-    }
-
-
-def _number(value: Any) -> str:
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.6g}"
-    return "-" if value is None else str(value)
-
-
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(HERE / "templates"),
-        autoescape=True,  # every template is HTML: escape every value
-        undefined=jinja2.StrictUndefined,
-    )
-    env.filters["number"] = _number
-    env.filters["when"] = _when
-    env.globals["urlencode"] = urlencode
-    return env
-
-
-def _when(stamp: float) -> str:
-    import datetime
-
-    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _node(text: str | None) -> Node:
-    """The node a request names (``name~nonce~seq``), or a 404."""
-    try:
-        return Node.deserialize(text or "")
-    except (InvalidNodeError, ValueError) as err:
-        raise HTTPException(404, f"No node {text!r}: {err}") from err
-
-
-def _lineage(text: str | None) -> tuple[str, str]:
-    """The lineage a request names (``name~nonce``), or a 404."""
-    parts = (text or "").split("~")
-    if len(parts) != 2:
-        raise HTTPException(404, f"No lineage {text!r} (expected project.group.run~nonce).")
-    try:
-        Node(parts[0], parts[1], 0)
-    except (InvalidNodeError, ValueError) as err:
-        raise HTTPException(404, f"No lineage {text!r}: {err}") from err
-    return parts[0], parts[1]
-
-
-def _int(request: Request, name: str, default: int, low: int = 0, high: int = 10**9) -> int:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError as err:
-        raise HTTPException(400, f"{name} must be a whole number; got {raw!r}.") from err
-    return min(max(value, low), high)
+MAX_SMOOTH = 0.99  # the strongest smoothing the curves page offers
 
 
 class Browser:
@@ -122,8 +67,8 @@ class Browser:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.env = _environment()
-        self.static = _static_table()
+        self.env = environment()
+        self.static = static_table()
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -133,7 +78,7 @@ class Browser:
 
     def artifact(self, request: Request) -> tuple[Node, Artifact]:
         """The artifact version a request names by ``node``, ``name`` and ``version``."""
-        node = _node(request.query_params.get("node"))
+        node = parse_node(request.query_params.get("node"))
         name = request.query_params.get("name", "")
         try:
             versions = self.store.history(node, name)
@@ -141,7 +86,7 @@ class Browser:
             raise HTTPException(404, str(err)) from err
         if not versions:
             raise HTTPException(404, f"Node {node.serialize()} has no artifact {name!r}.")
-        version = _int(request, "version", versions[-1].version)
+        version = whole(request, "version", versions[-1].version)
         for artifact in versions:
             if artifact.version == version:
                 return node, artifact
@@ -168,8 +113,8 @@ class Browser:
         status = request.query_params.get("status", "")
         keys_text = request.query_params.get("keys", ",".join(DEFAULT_KEYS))
         keys = [k.strip() for k in keys_text.split(",") if k.strip()][:8]
-        page = _int(request, "page", 1, low=1)
-        per_page = _int(request, "per_page", PER_PAGE, low=1, high=MAX_PER_PAGE)
+        page = whole(request, "page", 1, low=1)
+        per_page = whole(request, "per_page", PER_PAGE, low=1, high=MAX_PER_PAGE)
         found, total = _data.lineages(
             self.store,
             text=text,
@@ -206,7 +151,7 @@ class Browser:
                 "nodes": item.nodes,
                 "checkpoints": item.checkpoints,
                 "artifacts": item.artifacts,
-                "last": {k: _number(v) for k, v in item.last.items()},
+                "last": {k: number(v) for k, v in item.last.items()},
             }
             for items in context["groups"].values()
             for item in items
@@ -214,7 +159,7 @@ class Browser:
         return JSONResponse({"total": context["total"], "rows": rows})
 
     def lineage(self, request: Request) -> HTMLResponse:
-        name, nonce = _lineage(request.path_params["lineage"])
+        name, nonce = parse_lineage(request.path_params["lineage"])
         family = _data.lineage_family(self.store, name, nonce)
         if not family["root"]["seqs"]:
             raise HTTPException(404, f"The store has no lineage {name}~{nonce}.")
@@ -227,7 +172,7 @@ class Browser:
         )
 
     def node(self, request: Request) -> HTMLResponse:
-        node = _node(request.path_params["node"])
+        node = parse_node(request.path_params["node"])
         try:
             values = self.store.values(node)
         except UnknownNodeError as err:
@@ -294,42 +239,108 @@ class Browser:
         content = artifact.content
         if not content.startswith(b"%PDF-"):
             raise HTTPException(404, f"Artifact {artifact.name!r} is not a PDF.")
-        page = _int(request, "page", 0)
+        page = whole(request, "page", 0)
         try:
             return Response(_render.pdf_to_png(content, page), media_type="image/png")
         except IndexError as err:
             raise HTTPException(404, str(err)) from err
+        except Exception as err:  # PDFium refuses a damaged file: a bad artifact, not a fault
+            raise HTTPException(
+                404,
+                f"Artifact {artifact.name!r} (v{artifact.version}) is a damaged PDF that cannot "
+                f"be drawn ({err}); its page offers its bytes as a download.",
+            ) from None
 
     def curves(self, request: Request) -> HTMLResponse:
         chosen = request.query_params.getlist("l")
         found, _ = _data.lineages(self.store, limit=500)
+        keys = _data.lineage_keys(self.store)
+        key = request.query_params.get("key")
+        if key is None or key == "":
+            key = "val/loss" if "val/loss" in keys or not keys else keys[0]
+        elif key not in keys:
+            raise HTTPException(404, f"No numeric key {key!r} in the store. {choices(key, keys)}")
+        smooth_text = request.query_params.get("smooth") or "0"
+        try:
+            smooth = float(smooth_text)
+        except ValueError:
+            smooth = math.nan
+        if not 0 <= smooth <= MAX_SMOOTH:
+            raise HTTPException(
+                400, f"smooth must be a number from 0 to {MAX_SMOOTH}; got {smooth_text!r}."
+            )
         return self.page(
             "curves.html",
-            keys=_data.lineage_keys(self.store),
-            key=request.query_params.get("key", "val/loss"),
+            keys=keys,
+            key=key,
             chosen=chosen,
             lineages=[item.key for item in found],
+            log=request.query_params.get("log", "") not in ("", "0"),
+            smooth=smooth_text,
         )
 
     def series(self, request: Request) -> JSONResponse:
         key = request.query_params.get("key", "")
-        cap = _int(request, "max", MAX_POINTS, low=4, high=MAX_POINTS)
+        cap = whole(request, "max", MAX_POINTS, low=4, high=MAX_POINTS)
         out = []
         for text in request.query_params.getlist("l")[:12]:
-            name, nonce = _lineage(text)
+            name, nonce = parse_lineage(text)
             out.append({"lineage": text, **_data.series(self.store, name, nonce, key, cap)})
         return JSONResponse({"key": key, "series": out})
 
     def slider(self, request: Request) -> HTMLResponse:
-        name, nonce = _lineage(request.query_params.get("l"))
+        if not request.query_params.get("l"):
+            found, _ = _data.lineages(self.store, limit=MAX_PER_PAGE)
+            return self.page("slider_pick.html", lineages=found)
+        name, nonce = parse_lineage(request.query_params.get("l"))
+        if self.store.lineage_end(name, nonce) is None:
+            raise HTTPException(404, f"The store has no lineage {name}~{nonce}.")
         names = _data.artifact_names(self.store, name, nonce)
         artifact = request.query_params.get("name") or (names[0] if names else "")
-        return self.page("slider.html", lineage=f"{name}~{nonce}", names=names, artifact=artifact)
+        if artifact and artifact not in names:
+            raise HTTPException(
+                404,
+                f"Lineage {name}~{nonce} holds no artifact {artifact!r} (along its branch "
+                f"points too). {choices(artifact, names)}",
+            )
+        version = self.version(request)
+        every = _data.artifact_frames(self.store, name, nonce, artifact) if artifact else []
+        held = sorted({v for frame in every for v in frame["versions"]})
+        if version is not None and version not in held:
+            raise HTTPException(404, no_version(artifact, f"{name}~{nonce}", held, version))
+        newest = collections.Counter(frame["version"] for frame in every)
+        return self.page(
+            "slider.html",
+            lineage=f"{name}~{nonce}",
+            names=names,
+            artifact=artifact,
+            version="" if version is None else str(version),
+            versions=held,
+            newest=sorted(newest.items()),
+        )
+
+    @staticmethod
+    def version(request: Request) -> int | None:
+        """The version a slider request names (``version``): a number, or None: the newest."""
+        raw = request.query_params.get("version") or "newest"
+        if raw == "newest":
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise HTTPException(
+                400, f"version must be a whole number or 'newest'; got {raw!r}."
+            ) from None
 
     def frames(self, request: Request) -> JSONResponse:
-        name, nonce = _lineage(request.query_params.get("l"))
+        name, nonce = parse_lineage(request.query_params.get("l"))
         artifact = request.query_params.get("name", "")
-        frames = _data.artifact_frames(self.store, name, nonce, artifact)
+        version = self.version(request)
+        frames = _data.artifact_frames(self.store, name, nonce, artifact, version)
+        if version is not None and not frames:
+            held = _data.artifact_frames(self.store, name, nonce, artifact)
+            versions = sorted({v for frame in held for v in frame["versions"]})
+            raise HTTPException(404, no_version(artifact, f"{name}~{nonce}", versions, version))
         for frame in frames:
             query = urlencode(
                 {"node": frame["node"], "name": artifact, "version": frame["version"]}
@@ -341,8 +352,12 @@ class Browser:
         return JSONResponse({"frames": frames})
 
     def compare(self, request: Request) -> HTMLResponse:
-        a = _node(request.query_params.get("a"))
-        b = _node(request.query_params.get("b"))
+        given = {side: request.query_params.get(side) or "" for side in ("a", "b")}
+        if not given["a"] or not given["b"]:
+            found, _ = _data.lineages(self.store, limit=MAX_PER_PAGE)
+            return self.page("compare_pick.html", lineages=found, **given)
+        a = parse_node(given["a"])
+        b = parse_node(given["b"])
         try:
             va, vb = self.store.values(a), self.store.values(b)
         except UnknownNodeError as err:
@@ -365,7 +380,7 @@ class Browser:
 
     def lineage_json(self, request: Request) -> JSONResponse:
         """The lineage's last node and its last values (what a live page polls)."""
-        name, nonce = _lineage(request.query_params.get("l"))
+        name, nonce = parse_lineage(request.query_params.get("l"))
         found, _ = _data.lineages(self.store, text=f"{name}~{nonce}", keys=DEFAULT_KEYS)
         for item in found:
             if item.key == f"{name}~{nonce}":
@@ -375,7 +390,7 @@ class Browser:
                         "last_seq": item.last_seq,
                         "nodes": item.nodes,
                         "status": item.status,
-                        "last": {k: _number(v) for k, v in item.last.items()},
+                        "last": {k: number(v) for k, v in item.last.items()},
                     }
                 )
         raise HTTPException(404, f"The store has no lineage {name}~{nonce}.")
@@ -429,31 +444,3 @@ def create_app(store: Store, allowed_hosts: list[str] | None = None) -> Starlett
         middleware=middleware,
         exception_handlers={HTTPException: not_found, StoreError: store_error},
     )
-
-
-class SecurityHeaders:
-    """ASGI middleware: the CSP and the other security headers on every response."""
-
-    HEADERS = (
-        (b"content-security-policy", CSP.encode()),
-        (b"x-content-type-options", b"nosniff"),
-        (b"referrer-policy", b"no-referrer"),
-        (b"cache-control", b"no-store"),
-    )
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                names = {name for name, _ in self.HEADERS}
-                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
-                message = {**message, "headers": kept + list(self.HEADERS)}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)

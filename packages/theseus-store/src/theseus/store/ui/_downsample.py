@@ -13,12 +13,12 @@ from typing import Any
 
 __all__ = ["downsample"]
 
-# Values a curve's min/max summary covers per block (see ``_memory._Curve``).
+# Values a curve's min/max summary covers per block (see ``_curve.Curve``).
 BLOCK = 64
 
 
 def _summary(ys: array[float]) -> tuple[array[float], array[float]]:
-    """Each block's smallest and largest value (see ``_memory._Curve``)."""
+    """Each block's smallest and largest value (see ``_curve.Curve``)."""
     mins, maxs = array("d"), array("d")
     for lo in range(0, len(ys), BLOCK):
         chunk = ys[lo : lo + BLOCK]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import sys
@@ -11,10 +12,12 @@ import time
 import webbrowser
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from theseus.store._errors import StoreError
 from theseus.store._store import MARKER, Store
 
-__all__ = ["LOOPBACK", "open_readonly", "running", "serve", "store_folder"]
+__all__ = ["LOOPBACK", "ServeError", "listen", "open_readonly", "running", "serve", "store_folder"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -63,33 +66,113 @@ def open_readonly(root: str | os.PathLike[str]) -> Store:
     return store
 
 
+class ServeError(StoreError):
+    """The browser cannot listen where it was asked to (a bad port or host, a busy port)."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``, checked before anything is announced.
+
+    Raises:
+        ServeError: the port is out of range, the host is no address of this machine,
+            or the port is taken (one line naming the option and how to fix it).
+    """
+    return _bind(host, port, _address(host, port))
+
+
+_Address = tuple[Any, Any, int, Any]
+
+
+def _address(host: str, port: int) -> _Address:
+    """Where ``host:port`` is: ``(family, type, proto, address)`` (checks both, binds nothing)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ServeError(
+            f"--port must be a whole number from 0 to 65535 (0: any free port); got {port!r}. "
+            "Pass --port 8765, or another free port."
+        )
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        return family, kind, proto, address
+    except (socket.gaierror, UnicodeError) as err:
+        raise ServeError(
+            f"--host must be an address or name of this machine; got {host!r} "
+            f"({getattr(err, 'strerror', None) or err}). Pass --host 127.0.0.1 (this machine "
+            "only) or the address of one of its network interfaces."
+        ) from None
+
+
+def _bind(host: str, port: int, where: _Address) -> socket.socket:
+    """A socket bound to ``where`` (see :func:`listen` for the errors)."""
+    family, kind, proto, address = where
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind(address)
+        sock.listen(2048)  # connections wait from now on (uvicorn's default backlog)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise ServeError(
+                f"port {port} on {host} is in use (another program listens there); "
+                "pass --port to choose another (--port 0 picks a free one)."
+            ) from None
+        if err.errno == errno.EACCES:
+            raise ServeError(
+                f"--port {port} needs privileges this user lacks (ports below 1024 are "
+                "reserved); pass --port with a number from 1024 to 65535."
+            ) from None
+        raise ServeError(
+            f"--host {host!r} is not an address of this machine ({err.strerror or err}); "
+            "pass --host 127.0.0.1 (this machine only) or the address of one of its "
+            "network interfaces."
+        ) from None
+    return sock
+
+
 def serve(
     root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8765, open_: bool = False
 ) -> None:
-    """Serve the browser of the store under ``root`` until interrupted."""
+    """Serve the browser of the store under ``root`` until interrupted.
+
+    The port is bound before the address is printed: a bad or busy one fails first.
+
+    Raises:
+        StoreError: the store under ``root`` cannot be read (see `open_readonly`).
+        ServeError: the browser cannot listen on ``host:port`` (see :func:`listen`).
+    """
     import uvicorn
 
     from theseus.store.ui._app import create_app
 
     store = open_readonly(root)
-    loopback = host in LOOPBACK
-    if not loopback:
-        print(
-            f"theseus-store ui: warning: serving on {host}, not 127.0.0.1: the store "
-            f"{store.root} becomes readable by anyone who can reach this machine on that "
-            "network (there is no login). Pass --host 127.0.0.1 to keep it local.",
-            file=sys.stderr,
-        )
-    allowed = ["127.0.0.1", "localhost", "[::1]"] if loopback else None
-    app = create_app(store, allowed_hosts=allowed)
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}/"
-    print(f"theseus-store ui: {store.root} (read-only) at {url}  (Ctrl-C stops)", flush=True)
-    if open_:
-        threading.Timer(1.0, webbrowser.open, (url,)).start()
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        where = _address(host, port)
+        loopback = host in LOOPBACK
+        if not loopback:
+            print(
+                f"theseus-store ui: warning: serving on {host}, not 127.0.0.1: the store "
+                f"{store.root} becomes readable by anyone who can reach this machine on that "
+                "network (there is no login). Pass --host 127.0.0.1 to keep it local.",
+                file=sys.stderr,
+            )
+        sock = _bind(host, port, where)
+    except BaseException:
+        store.close()
+        raise
+    try:
+        allowed = ["127.0.0.1", "localhost", "[::1]"] if loopback else None
+        app = create_app(store, allowed_hosts=allowed)
+        shown = f"[{host}]" if ":" in host else host
+        url = f"http://{shown}:{sock.getsockname()[1]}/"
+        print(f"theseus-store ui: {store.root} (read-only) at {url}  (Ctrl-C stops)", flush=True)
+        if open_:
+            threading.Timer(1.0, webbrowser.open, (url,)).start()
+        config = uvicorn.Config(app, log_level="warning")
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         store.close()
 
 

@@ -147,6 +147,14 @@ function curves() {
   const live = document.getElementById("live");
   let data = { series: [] };
   const chosen = () => Array.from(form.elements.l.selectedOptions).map((o) => o.value);
+  // The view (log scale, smoothing) lives in the address too: a reload or a shared link
+  // shows the same curves.
+  const remember = () => {
+    const params = new URLSearchParams(location.search);
+    if (logy.checked) params.set("log", "1"); else params.delete("log");
+    if (Number(smoothing.value) > 0) params.set("smooth", smoothing.value); else params.delete("smooth");
+    history.replaceState(null, "", `${location.pathname}?${params}`);
+  };
   const redraw = () => {
     document.getElementById("smooth-value").textContent = smoothing.value;
     draw(canvas, data.series, { log: logy.checked, smooth: Number(smoothing.value) });
@@ -164,8 +172,8 @@ function curves() {
     data = await getJSON(`/api/series?${params}`);
     redraw();
   };
-  logy.addEventListener("change", redraw);
-  smoothing.addEventListener("input", redraw);
+  logy.addEventListener("change", () => { remember(); redraw(); });
+  smoothing.addEventListener("input", () => { remember(); redraw(); });
   load();
   setInterval(() => { if (live.checked) load(); }, 4000);
 }
@@ -173,7 +181,8 @@ function curves() {
 // -- the time slider --------------------------------------------------------------------------
 
 async function slider() {
-  const { lineage, name } = document.body.dataset;
+  const { lineage, name, version } = document.body.dataset;
+  if (!name) { document.getElementById("frame-info").textContent = "no artifact to show"; return; }
   const input = document.getElementById("frame");
   const info = document.getElementById("frame-info");
   const image = document.getElementById("frame-image");
@@ -184,12 +193,13 @@ async function slider() {
   const show = () => {
     const f = frames[Number(input.value)];
     if (!f) { info.textContent = "no node holds this artifact"; return; }
-    info.textContent = `${Number(input.value) + 1}/${frames.length} · ${f.node} · seq ${f.seq} · step ${fmt(f.step)} · val/loss ${fmt(f.val_loss)}`;
+    const of = f.versions.length > 1 ? ` of ${f.versions.map((v) => `v${v}`).join(", ")}` : "";
+    info.textContent = `${Number(input.value) + 1}/${frames.length} · ${f.node} · seq ${f.seq} · step ${fmt(f.step)} · val/loss ${fmt(f.val_loss)} · v${f.version}${of}`;
     if (f.image) { image.src = f.image; image.classList.remove("hidden"); none.classList.add("hidden"); }
     else { image.classList.add("hidden"); none.classList.remove("hidden"); link.href = f.page; }
   };
   const load = async () => {
-    const params = new URLSearchParams({ l: lineage, name });
+    const params = new URLSearchParams({ l: lineage, name, version });
     const data = await getJSON(`/api/frames?${params}`);
     const atEnd = Number(input.value) >= frames.length - 1;
     frames = data.frames;

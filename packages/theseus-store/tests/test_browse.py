@@ -1,0 +1,117 @@
+"""The store's read API for the browser (``Store.data_version`` ... ``artifact_names``).
+
+Reference: what the test itself wrote (seqs, values, versions, the branch point), kept
+in plain Python as it writes; the store is read through a second, read-only ``Store``
+as the browser reads it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from theseus.store import Node, QueryError, Store
+
+
+@pytest.fixture
+def stores(tmp_path: Path):
+    root = tmp_path / "store"
+    with Store(root) as writer:
+        writer.touch(Node.new("seed"))
+        with Store(root, readonly=True) as reader:
+            yield writer, reader
+
+
+def test_a_lineage_its_branch_and_what_they_hold(stores, tmp_path: Path) -> None:
+    writer, reader = stores
+    base = Node.new("train", project="p", group="g")
+    node = base
+    for seq in range(6):
+        node = node.next() if seq else node
+        writer.log(node, {"val/loss": 1.0 / (seq + 1), "note": "x", "bad": math.nan})
+        if seq in (1, 4):
+            writer.put(node, "plot", "plot.json", b"{}")
+        if seq == 3:
+            folder = tmp_path / "ckpt"
+            folder.mkdir()
+            writer.checkpoint(node, folder)
+    writer.put(Node(base.name, base.nonce, 4), "plot", "plot-2.json", b"[]")
+    writer.record_job(Node(base.name, base.nonce, 2), "a/job", "lr: 1\n")
+    branch = Node.new("tune", project="p", group="g", parent=Node(base.name, base.nonce, 3))
+    writer.log(branch, {"val/loss": 0.1, "job/status": "running"})
+    writer.log(branch.next(), {"val/loss": 0.05, "job/status": "finished"})
+
+    assert reader.lineage_end(base.name, base.nonce) == 5
+    assert reader.lineage_end("p.g.none", "abcdef") is None
+    assert reader.branch_point(branch.name, branch.nonce) == (0, Node(base.name, base.nonce, 3))
+    assert reader.branch_point(base.name, base.nonce) is None
+    assert reader.lineage_chain(branch.name, branch.nonce) == [
+        (base.name, base.nonce, 3),
+        (branch.name, branch.nonce, 1),
+    ]
+    assert reader.numeric_series(base.name, base.nonce, "val/loss", 2, 4) == [
+        (2, 1 / 3),
+        (3, 1 / 4),
+        (4, 1 / 5),
+    ]
+    assert reader.numeric_series(base.name, base.nonce, "bad", 0, 5) == []  # NaN left out
+    assert reader.numeric_keys() == ["val/loss"]
+    assert reader.held_keys(["note", "nope", "val/loss"]) == ["note", "val/loss"]
+    assert reader.last_value(base.name, base.nonce, "val/loss") == (5, 1 / 6)
+    assert reader.last_value(branch.name, branch.nonce, "job/status") == (1, "finished")
+    assert reader.last_statuses() == {(branch.name, branch.nonce): (1, "finished")}
+    assert reader.status_values() == ["finished", "running"]
+    assert reader.job_in_lineage(Node(base.name, base.nonce, 5)) == ("a/job", "lr: 1\n")
+    assert reader.job_in_lineage(Node(base.name, base.nonce, 1)) is None
+
+    outline = reader.lineage_outline(base.name, base.nonce)
+    assert outline["seqs"] == [0, 1, 2, 3, 4, 5]
+    assert outline["checkpoints"] == [3]
+    assert outline["artifacts"] == [1, 4]
+    assert outline["jobs"] == [2]
+    assert outline["branch_points"] == [3]
+    assert outline["branch"] is None
+    assert outline["children"] == [(branch.name, branch.nonce)]
+
+    assert reader.artifact_names(branch.name, branch.nonce) == ["plot"]  # along the chain
+    frames = reader.artifact_frames(branch.name, branch.nonce, "plot")
+    assert [(f["seq"], f["versions"]) for f in frames] == [(1, [(1, "plot.json")])]
+    frames = reader.artifact_frames(base.name, base.nonce, "plot")
+    assert [(f["seq"], f["versions"]) for f in frames] == [
+        (1, [(1, "plot.json")]),
+        (4, [(1, "plot.json"), (2, "plot-2.json")]),
+    ]
+    growth = {(g.name, g.nonce): g for g in reader.lineage_growth()}
+    assert growth[(base.name, base.nonce)].nodes == 6
+    assert growth[(branch.name, branch.nonce)].last_seq == 1
+    rows, top, by_lineage = reader.holdings_by_lineage("artifacts")
+    assert rows == 3 and by_lineage == {(base.name, base.nonce): 3}
+    assert reader.holding_totals()["artifacts"] == (rows, top)
+    assert reader.holdings_by_lineage("artifacts", top) == (rows, top, {})
+    assert reader.holding_totals()["checkpoints"][0] == 1
+    with pytest.raises(QueryError, match="table must be one of checkpoints, artifacts"):
+        reader.holdings_by_lineage("vals")
+
+
+def test_what_changed_since_a_mark(stores) -> None:
+    writer, reader = stores
+    before = reader.data_version()
+    mark = reader.write_mark()
+    assert mark is not None and mark > -math.inf
+    assert reader.data_version() == before  # nothing committed since
+    time.sleep(0.01)
+    node = Node.new("train")
+    writer.log(node, {"job/status": "running"})
+    writer.log(node.next(), {"val/loss": 1.0})
+    assert reader.data_version() != before
+    written = reader.written_since(mark + 1e-6)
+    assert [(w.name, w.seq, w.has_status, w.status, w.branches) for w in written] == [
+        (node.name, 0, True, "running", False),
+        (node.name, 1, False, None, False),
+    ]
+    assert reader.numeric_values("val/loss", [w.id for w in written]) == {written[1].id: 1.0}
+    newest = reader.write_mark()
+    assert newest is not None and newest >= max(w.written for w in written)
