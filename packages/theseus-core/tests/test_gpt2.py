@@ -403,7 +403,7 @@ def test_the_command_imports_and_prints_what_to_run_next(pristine: Path, tmp_pat
     for run, message in [
         ("base", "run general.default.base already has lineage(s) general.default.base~"),
         ("x" * 300, "at most 200 characters"),
-        ("../x", "letters, digits"),
+        ("../x", "ASCII letters (A-Z, a-z), digits"),
     ]:
         refused = CliRunner().invoke(
             main, ["import", "gpt2", str(pristine), str(root), "--run", run]
