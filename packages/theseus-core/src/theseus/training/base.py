@@ -325,7 +325,8 @@ class BaseTrainer(BasicJob):
         dataset's error, and so does training.
         """
         try:
-            self._plan = plan(self.DATASET, self.spec.root, self.args.data_seed)
+            tokenizer = self.configuration.get("architecture/tokenizer")  # named in hints
+            self._plan = plan(self.DATASET, self.spec.root, self.args.data_seed, tokenizer)
         except DataNotPreparedError as missing:
             if self.data_required(mode):
                 raise
