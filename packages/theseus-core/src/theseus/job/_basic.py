@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 from theseus.config import Tree, configure, dump, load, using
 from theseus.errors import TheseusError
 from theseus.job._hosts import agree_on_nonce, from_host_zero, is_primary, open_store, sync_hosts
+from theseus.job._signals import deferred_stop, stop_on_signals
 from theseus.job._spec import JobSpec, store_root
 from theseus.registry import job_key
 from theseus.store import Node, Store
@@ -307,22 +308,35 @@ class BasicJob(abc.ABC):
         Returns:
             Whatever :meth:`run` returns.
 
+        SIGTERM and SIGHUP (a scheduler, preemption, a closed terminal) stop it as
+        Ctrl-C does: inside, they raise :class:`~theseus.job.Terminated` (see
+        ``theseus.job._signals``), recorded like any failure, and the process exits
+        with 128 + signum.
+
         Raises:
-            Exception: whatever setup or run raised, after recording
+            BaseException: whatever setup or run raised (``KeyboardInterrupt`` for
+                Ctrl-C, ``Terminated`` for a stop signal), after recording
                 ``job/status: failed`` and ``job/error`` on the job's nodes.
         """
+        with stop_on_signals():
+            return self._run_recorded(resume)
+
+    def _run_recorded(self, resume: bool) -> Any:
         sync_hosts(f"theseus/job/start/{self.spec.project}.{self.spec.group}.{self.spec.name}")
         if self._mode is None:
             self.setup(resume=resume)  # a failed fresh or branch setup records it itself
         with self.activated():
             self.before_run()  # a refusal records nothing: the node's history stays as it was
+        finished = False
         try:
             self._status({"job/status": "running"})
             with self.activated():
                 result = self.run()
-            self.finish()
+            with deferred_stop():  # checkpoints commit and the status is recorded whole
+                self.finish()
+                finished = True
         except BaseException as exc:
-            if self._node is not None:
+            if self._node is not None and not finished:
                 self._status({"job/status": "failed", "job/error": f"{type(exc).__name__}: {exc}"})
             raise
         sync_hosts(f"theseus/job/finish/{self.spec.project}.{self.spec.group}.{self.spec.name}")
