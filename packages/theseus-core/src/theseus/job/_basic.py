@@ -5,8 +5,8 @@ node in one of three modes and records the run; ``tick()`` moves the live node
 to its successor; ``__call__`` synchronizes hosts, sets up, runs and finishes,
 and records the outcome (``job/name``, ``job/status`` and, on failure,
 ``job/error``, in one record) on the node where the job started and on its last
-live node. Only host zero writes to
-the store.
+live node; inside it SIGTERM and SIGHUP stop the job as Ctrl-C does (recorded, exit
+code 128 + signum; ``theseus.job._signals``). Only host zero writes to the store.
 """
 
 from __future__ import annotations
