@@ -56,6 +56,20 @@ def test_a_signal_inside_a_deferred_block_is_raised_when_the_block_ends() -> Non
     assert done == ["rest of the step", "still"] and caught.value.code == 143
 
 
+def test_a_signal_while_an_error_is_handled_leaves_that_error_to_propagate() -> None:
+    recorded = []
+    with pytest.raises(ValueError, match="the run's own error"), stop_on_signals():
+        try:
+            raise ValueError("the run's own error")
+        except ValueError:
+            with deferred_stop(raise_at_end=False):  # closing and recording it
+                signal.raise_signal(signal.SIGTERM)
+                recorded.append("closed")
+            recorded.append("recorded")
+            raise
+    assert recorded == ["closed", "recorded"]
+
+
 def test_an_ignored_signal_stays_ignored_and_other_threads_install_nothing() -> None:
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     try:

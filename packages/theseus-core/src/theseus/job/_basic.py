@@ -337,7 +337,9 @@ class BasicJob(abc.ABC):
                 finished = True
         except BaseException as exc:
             if self._node is not None and not finished:
-                self._status({"job/status": "failed", "job/error": f"{type(exc).__name__}: {exc}"})
+                with deferred_stop(raise_at_end=False):  # both nodes get `exc`'s record
+                    error = f"{type(exc).__name__}: {exc}"
+                    self._status({"job/status": "failed", "job/error": error})
             raise
         sync_hosts(f"theseus/job/finish/{self.spec.project}.{self.spec.group}.{self.spec.name}")
         return result

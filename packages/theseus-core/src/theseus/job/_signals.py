@@ -131,12 +131,16 @@ def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterato
 
 
 @contextlib.contextmanager
-def deferred_stop() -> Iterator[None]:
+def deferred_stop(*, raise_at_end: bool = True) -> Iterator[None]:
     """Keep a stop signal that arrives inside the block, and raise it when the block ends.
 
     For work that must finish whole (a training step, a checkpoint). A block that ends
     in an error lets the error propagate (the signal stays pending for the enclosing
     block). Outside the main thread, or outside :func:`stop_on_signals`, it does nothing.
+
+    Args:
+        raise_at_end: False for the handling of another error (closing, recording
+            it): the signal stays pending and that error is the one that propagates.
 
     Raises:
         Terminated: a stop signal arrived inside the block (raised at its end).
@@ -149,5 +153,5 @@ def deferred_stop() -> Iterator[None]:
         yield
     finally:
         _state.deferring -= 1
-    if not _state.deferring and _state.pending is not None and not _state.stopping:
+    if raise_at_end and not _state.deferring and _state.pending is not None:
         _stop(_state.pending)

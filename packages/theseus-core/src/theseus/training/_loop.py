@@ -68,9 +68,10 @@ def run(trainer: BaseTrainer) -> Any:
                 step += 1
                 trainer._after_step(step, total, loss, meta, grad_norm, reporter)
     except BaseException as failure:
-        saved = isinstance(failure, Terminated) and save_before_stopping(trainer, start, step)
-        trainer._release_keeper()  # saves already started still commit and register
-        _tandem.drain(trainer._views)  # results already computed are still published
+        with deferred_stop(raise_at_end=False):  # a stop signal now waits; `failure` goes on
+            saved = isinstance(failure, Terminated) and save_before_stopping(trainer, start, step)
+            trainer._release_keeper()  # saves already started still commit and register
+            _tandem.drain(trainer._views)  # results already computed are still published
         if isinstance(failure, Terminated):
             kept = "its checkpoint is" if saved else "the checkpoints it began are"
             logger.warning(
