@@ -33,8 +33,10 @@ from dataclasses import dataclass
 
 __all__ = ["STOP_SIGNALS", "Terminated", "deferred_stop", "stop_on_signals"]
 
-#: What a scheduler or a closed terminal sends to end a process.
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
+#: What a scheduler or a closed terminal sends to end a process (SIGHUP where it exists).
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 class Terminated(SystemExit):
