@@ -302,16 +302,16 @@ class BasicJob(abc.ABC):
     def __call__(self, resume: bool = False) -> Any:
         """Synchronize hosts, set up (unless already set up), run, finish.
 
+        SIGTERM and SIGHUP (a scheduler, preemption, a closed terminal) stop it as
+        Ctrl-C does: inside, they raise :class:`~theseus.job.Terminated` (see
+        ``theseus.job._signals``), recorded like any failure, and the process exits
+        with 128 + signum.
+
         Args:
             resume: passed to :meth:`setup` when the job is not set up yet.
 
         Returns:
             Whatever :meth:`run` returns.
-
-        SIGTERM and SIGHUP (a scheduler, preemption, a closed terminal) stop it as
-        Ctrl-C does: inside, they raise :class:`~theseus.job.Terminated` (see
-        ``theseus.job._signals``), recorded like any failure, and the process exits
-        with 128 + signum.
 
         Raises:
             BaseException: whatever setup or run raised (``KeyboardInterrupt`` for
@@ -322,6 +322,7 @@ class BasicJob(abc.ABC):
             return self._run_recorded(resume)
 
     def _run_recorded(self, resume: bool) -> Any:
+        """`__call__`'s work, inside the stop signals' handlers."""
         sync_hosts(f"theseus/job/start/{self.spec.project}.{self.spec.group}.{self.spec.name}")
         if self._mode is None:
             self.setup(resume=resume)  # a failed fresh or branch setup records it itself

@@ -365,14 +365,14 @@ class BaseTrainer(BasicJob):
     checkpoint_path = _restore.checkpoint_path
 
     def read_checkpoint(self, path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
-        """`(state, meta)` of the checkpoint folder `path`, laid out as this trainer's state
-        (see `_restore.read_checkpoint`; with `surgery` when the trainer defines it)."""
+        """`(state, meta)` of the checkpoint folder `path` in this trainer's layout (and `surgery`)."""
         assert self._layout is not None, "setup() builds the state layout"
         return _restore.read_checkpoint(path, self._layout, getattr(self, "surgery", None))
 
     def restore_node(self, node: Node, saved: tuple[Any, dict[str, Any]] | None = None) -> None:
-        """Move a resumed trainer to `node`'s checkpoint (`saved`: it, read ahead), as resuming
-        it would; see `_restore` (raises `JobError` unless resumed, `TrainerError`)."""
+        """Move a resumed trainer to `node`'s checkpoint as resuming it would, reusing its
+        compiled programs; `saved` is that checkpoint when read ahead. Raises `JobError`
+        unless set up in resume mode, `TrainerError` when `node` has no checkpoint."""
         self._check_resumed()  # before anything is read
         if saved is None:
             saved = self.read_checkpoint(self.checkpoint_path(node))
