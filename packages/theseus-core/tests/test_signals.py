@@ -27,6 +27,7 @@ from theseus.store import Store
 JOBS = str(Path(__file__).with_name("trainer_jobs.py"))
 TINY = import_module_or_file(JOBS).TINY
 TOKENS_PER_STEP = TINY["training/batch_size"] * TINY["architecture/block_size"]
+STEPS = 100_000  # never reached: the signal comes a few steps in, however slow the reader
 
 
 # ------------------------------------------------------------------ in this process
@@ -133,14 +134,14 @@ def test_a_stopped_run_is_recorded_checkpointed_and_resumes(
     ]
     run = ["run", "stopped", str(config), str(root), *settings]
     child = subprocess.Popen(
-        [*_theseus(), "--import", JOBS, *run, f"training/tokens={500 * TOKENS_PER_STEP}"],
+        [*_theseus(), "--import", JOBS, *run, f"training/tokens={STEPS * TOKENS_PER_STEP}"],
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         assert child.stderr is not None
-        for line in child.stderr:  # "... step 3/500 loss ...": three updates are done
-            if " step 3/500 " in line:
+        for line in child.stderr:  # "... step 3/100000 loss ...": three updates are done
+            if f" step 3/{STEPS} " in line:
                 child.send_signal(signum)
                 break
         output = child.stderr.read()
@@ -154,14 +155,14 @@ def test_a_stopped_run_is_recorded_checkpointed_and_resumes(
     assert child.returncode == 128 + signum, output  # 143 for SIGTERM, 129 for SIGHUP
     values, saved = _lineage(root, "stopped")
     stopped = values[-1]["train/step"]
-    assert 3 <= stopped < 500 and len(values) == stopped  # one node per update
+    assert 3 <= stopped < STEPS and len(values) == stopped  # one node per update
     for node in (values[0], values[-1]):  # where the job started, and its last node
         assert node["job/status"] == "failed"
         assert node["job/error"].startswith(f"Terminated: stopped by {signum.name} (")
     # the update it stopped after was checkpointed (none was due) on its own node
     assert [(c.node.seq, c.step) for c in saved] == [(stopped - 1, stopped)]
     assert Path(saved[0].path).is_dir()
-    assert f"stopped by {signum.name} after step {stopped} of 500" in output, output
+    assert f"stopped by {signum.name} after step {stopped} of {STEPS}" in output, output
 
     resumed = CliRunner().invoke(
         main,
