@@ -307,6 +307,9 @@ def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
         f"(127.0.0.1:{port}), but process 1 never joined."
     ), error
     assert "its own --process-id (0 to 1)" in error and "--join-timeout" in error
+    # the error is the last word: not JAX's log of its abandoned join ("... timeout ... 1h")
+    assert log.rstrip().endswith("(Run with --debug for the traceback.)"), log
+    assert "coordination_service" not in log and "1h" not in log, log
     assert not (tmp_path / "root" / "store").exists()  # nothing ran
 
 

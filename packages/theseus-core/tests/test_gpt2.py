@@ -192,6 +192,13 @@ def test_a_prompt_that_does_not_fit_is_one_line(imported: tuple[Path, Path]) -> 
 
 
 @pytest.mark.slow  # lineage mechanics are the default suite's elsewhere; ~10 s
+def _gpt2_yaml(folder: Path) -> Path:
+    """`theseus configure gpt2` into `folder`: the file a fine-tuning `theseus run` reads."""
+    written = CliRunner().invoke(main, ["configure", "gpt2", str(folder / "gpt2.yaml")])
+    assert written.exit_code == 0, written.output
+    return folder / "gpt2.yaml"
+
+
 def test_fine_tuning_a_branch_on_text_in_gpt2s_tokens(
     imported: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -203,6 +210,13 @@ def test_fine_tuning_a_branch_on_text_in_gpt2s_tokens(
     with _open(root) as job:
         name = job.tokenizer.name
         start = jax.tree.map(np.asarray, job.state.params)
+    # no text prepared: the command the branch prints prepares it in GPT-2's ids
+    branch = CliRunner().invoke(
+        main, ["run", "tuned", str(_gpt2_yaml(tmp_path)), str(root), "--branch", "gpt2"]
+    )
+    assert branch.exit_code == 1 and "DataNotPreparedError" in branch.output, branch.output
+    hint = f"theseus data prepare text --root {shlex.quote(str(root))} --source DIR"
+    assert f"{hint} --tokenizer {name} (Run with --debug" in branch.output, branch.output
     # text in bytes is refused: the model reads GPT-2's ids
     TextFiles.prepare(root, source=corpus)
     with quick(root) as q, pytest.raises(TrainerError, match=f"--tokenizer {name}"):
@@ -403,7 +417,7 @@ def test_the_command_imports_and_prints_what_to_run_next(pristine: Path, tmp_pat
     for run, message in [
         ("base", "run general.default.base already has lineage(s) general.default.base~"),
         ("x" * 300, "at most 200 characters"),
-        ("../x", "letters, digits"),
+        ("../x", "ASCII letters (A-Z, a-z), digits"),
     ]:
         refused = CliRunner().invoke(
             main, ["import", "gpt2", str(pristine), str(root), "--run", run]

@@ -76,3 +76,13 @@ def test_new_rejects_bad_run_name_with_suggestion() -> None:
     with pytest.raises(InvalidNodeError, match=r"got 'my run'.*'my-run'"):
         Node.new("my run")
     assert isinstance(InvalidNodeError("x"), ValueError)
+
+
+def test_a_name_with_accented_letters_is_refused_as_not_ascii() -> None:
+    # "letters" alone reads as if "café" were fine: the message says ASCII, and the
+    # suggestion keeps the letter without its accent
+    with pytest.raises(InvalidNodeError) as caught:
+        Node.new("café-run")
+    message = str(caught.value)
+    assert "ASCII letters (A-Z, a-z)" in message and "no accents" in message
+    assert message.endswith("Rename it, e.g. 'cafe-run'.") and "\n" not in message

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +90,7 @@ class Dataset(abc.ABC):
 
     NAME: ClassVar[str]
     PREPARE_ARGS: ClassVar[str] = ""  # required options, shown in "not prepared" errors
+    TOKENIZER_OPTION: ClassVar[bool] = False  # whether `prepare` takes `--tokenizer NAME`
 
     @classmethod
     @abc.abstractmethod
@@ -96,9 +98,20 @@ class Dataset(abc.ABC):
         """Write the prepared files under `root`; returns the dataset folder."""
 
     @classmethod
-    def open(cls, root: str | os.PathLike[str]) -> PreparedData:
-        """Open the prepared files (raises `DataNotPreparedError` with the command to run)."""
-        return PreparedData.open(root, cls.NAME, prepare_args=cls.PREPARE_ARGS)
+    def open(cls, root: str | os.PathLike[str], tokenizer: str | None = None) -> PreparedData:
+        """Open the prepared files (raises `DataNotPreparedError` with the command to run).
+
+        Args:
+            root: the root the dataset was prepared under.
+            tokenizer: the tokenizer the model reads (`architecture/tokenizer`); when it
+                is not the default `bytes` and `prepare` takes `--tokenizer`, the command
+                in the "not prepared" error names it, so the data is prepared in the
+                model's ids.
+        """
+        args = cls.PREPARE_ARGS
+        if cls.TOKENIZER_OPTION and tokenizer not in (None, "bytes"):
+            args = f"{args} --tokenizer {shlex.quote(str(tokenizer))}".strip()
+        return PreparedData.open(root, cls.NAME, prepare_args=args)
 
 
 def _split(docs: list[np.ndarray], val_fraction: float) -> dict[str, np.ndarray]:
@@ -263,6 +276,7 @@ class LocalDocuments(Dataset):
     """
 
     PREPARE_ARGS = "--source DIR"
+    TOKENIZER_OPTION = True
     SUFFIXES: ClassVar[tuple[str, ...]]
     VAL_FRACTION: ClassVar[float]
 

@@ -1,4 +1,4 @@
-"""Jobs: ``BasicJob`` (the lifecycle), ``JobSpec`` (identity and root), hosts and clusters."""
+"""Jobs: ``BasicJob`` (the lifecycle), ``JobSpec`` (identity and root), hosts, clusters, signals."""
 
 from theseus.job._basic import BasicJob, JobError, JobTypeError, Mode
 from theseus.job._cluster import (
@@ -19,10 +19,12 @@ from theseus.job._hosts import (
     process_index,
     sync_hosts,
 )
+from theseus.job._signals import STOP_SIGNALS, Terminated, deferred_stop, stop_on_signals
 from theseus.job._spec import JobSpec, store_root
 from theseus.job._walk import CheckpointWalker
 
 __all__ = [
+    "STOP_SIGNALS",
     "BasicJob",
     "CheckpointWalker",
     "ClusterJoinError",
@@ -34,7 +36,9 @@ __all__ = [
     "JobSpec",
     "JobTypeError",
     "Mode",
+    "Terminated",
     "agree_on_nonce",
+    "deferred_stop",
     "from_host_zero",
     "is_primary",
     "join_cluster",
@@ -42,6 +46,7 @@ __all__ = [
     "plan_cluster",
     "process_count",
     "process_index",
+    "stop_on_signals",
     "store_root",
     "sync_hosts",
 ]

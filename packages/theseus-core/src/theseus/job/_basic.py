@@ -5,8 +5,8 @@ node in one of three modes and records the run; ``tick()`` moves the live node
 to its successor; ``__call__`` synchronizes hosts, sets up, runs and finishes,
 and records the outcome (``job/name``, ``job/status`` and, on failure,
 ``job/error``, in one record) on the node where the job started and on its last
-live node. Only host zero writes to
-the store.
+live node; inside it SIGTERM and SIGHUP stop the job as Ctrl-C does (recorded, exit
+code 128 + signum; ``theseus.job._signals``). Only host zero writes to the store.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 from theseus.config import Tree, configure, dump, load, using
 from theseus.errors import TheseusError
 from theseus.job._hosts import agree_on_nonce, from_host_zero, is_primary, open_store, sync_hosts
+from theseus.job._signals import deferred_stop, stop_on_signals
 from theseus.job._spec import JobSpec, store_root
 from theseus.registry import job_key
 from theseus.store import Node, Store
@@ -301,6 +302,11 @@ class BasicJob(abc.ABC):
     def __call__(self, resume: bool = False) -> Any:
         """Synchronize hosts, set up (unless already set up), run, finish.
 
+        SIGTERM and SIGHUP (a scheduler, preemption, a closed terminal) stop it as
+        Ctrl-C does: inside, they raise :class:`~theseus.job.Terminated` (see
+        ``theseus.job._signals``), recorded like any failure, and the process exits
+        with 128 + signum.
+
         Args:
             resume: passed to :meth:`setup` when the job is not set up yet.
 
@@ -308,22 +314,33 @@ class BasicJob(abc.ABC):
             Whatever :meth:`run` returns.
 
         Raises:
-            Exception: whatever setup or run raised, after recording
+            BaseException: whatever setup or run raised (``KeyboardInterrupt`` for
+                Ctrl-C, ``Terminated`` for a stop signal), after recording
                 ``job/status: failed`` and ``job/error`` on the job's nodes.
         """
+        with stop_on_signals():
+            return self._run_recorded(resume)
+
+    def _run_recorded(self, resume: bool) -> Any:
+        """`__call__`'s work, inside the stop signals' handlers."""
         sync_hosts(f"theseus/job/start/{self.spec.project}.{self.spec.group}.{self.spec.name}")
         if self._mode is None:
             self.setup(resume=resume)  # a failed fresh or branch setup records it itself
         with self.activated():
             self.before_run()  # a refusal records nothing: the node's history stays as it was
+        finished = False
         try:
             self._status({"job/status": "running"})
             with self.activated():
                 result = self.run()
-            self.finish()
+            with deferred_stop():  # checkpoints commit and the status is recorded whole
+                self.finish()
+                finished = True
         except BaseException as exc:
-            if self._node is not None:
-                self._status({"job/status": "failed", "job/error": f"{type(exc).__name__}: {exc}"})
+            if self._node is not None and not finished:
+                with deferred_stop(raise_at_end=False):  # both nodes get `exc`'s record
+                    error = f"{type(exc).__name__}: {exc}"
+                    self._status({"job/status": "failed", "job/error": error})
             raise
         sync_hosts(f"theseus/job/finish/{self.spec.project}.{self.spec.group}.{self.spec.name}")
         return result

@@ -9,9 +9,12 @@ until a process actually joins, and one machine with nothing set joins nothing.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -298,6 +301,24 @@ def _never_joined(plan: ClusterPlan) -> str:
     return f"{what} {fix}"
 
 
+def _silence_teardown() -> None:
+    """At the exit of a process whose join timed out: send file descriptor 2 to /dev/null.
+
+    The join left behind (its thread, and process 0's coordination service) fails as the
+    process exits, and JAX's C++ logs that straight to file descriptor 2: lines that say
+    the registration failed and that "the timeout is currently set to: 1h" (the
+    service's own deadline, not this one). After the one-line `ClusterJoinError` they
+    only mislead, so they are dropped; what Python printed before exit (the error, a
+    traceback with --debug) is already out.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+        sys.stdout.flush()
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 2)
+        os.close(quiet)
+
+
 def join_cluster(plan: ClusterPlan) -> None:
     """Join the cluster ``plan`` describes (``jax.distributed.initialize``).
 
@@ -305,8 +326,9 @@ def join_cluster(plan: ClusterPlan) -> None:
     gloo unless ``jax_cpu_collectives_implementation`` was chosen already. When the
     cluster does not form within ``plan.timeout`` seconds, every process that arrived
     raises :class:`ClusterJoinError` naming the processes that did not (JAX's own
-    deadline, a minute later, would end the process with a fatal log line instead).
-    Joining a second time does nothing.
+    deadline, a minute later, would end the process with a fatal log line instead), and
+    what JAX logs as the abandoned join is torn down at exit is silenced
+    (`_silence_teardown`). Joining a second time does nothing.
 
     Raises:
         ClusterJoinError: the cluster did not form in time, or JAX refused to join
@@ -346,6 +368,7 @@ def join_cluster(plan: ClusterPlan) -> None:
     worker.start()
     worker.join(plan.timeout)
     if worker.is_alive():
+        atexit.register(_silence_teardown)  # runs before JAX's own exit handlers
         raise ClusterJoinError(_never_joined(plan))
     if outcome:
         exc = outcome[0]

@@ -35,7 +35,7 @@ class JobSpec:
         group: the group name; ``None`` means ``default``.
 
     Raises:
-        theseus.store.InvalidNodeError: a name part is not letters, digits, ``_`` or ``-``.
+        theseus.store.InvalidNodeError: a name part is not ASCII letters, digits, ``_`` or ``-``.
 
     Example:
         >>> import tempfile

@@ -1,8 +1,8 @@
 """The inspection entry points: `find`, `debug` and `generate` on the live state.
 
-`BaseTrainer` binds `find`, `debug` and `generate` as its methods (`find =
-_inspection.find`), so their code and documentation live here, and its
-`inspection_batch` and `prompt_batch` use `first_micro_batch` and `prompt_batch`.
+`BaseTrainer` binds `find`, `debug`, `generate` and `prompt_batch` as its methods
+(`find = _inspection.find`), so their code and documentation live here, and its
+`inspection_batch` uses `first_micro_batch`.
 Each entry point works on any object with the trainer's interface (a tandem view
 included), calls `trace` through the object's class so an analysis's override is the
 one traced, and refuses with the fix before setup (`inspected`).
@@ -48,10 +48,14 @@ def first_micro_batch(rows: Batch, accumulate_steps: int) -> dict[str, Any]:
 
 
 def prompt_batch(trainer: BaseTrainer, text: str) -> Batch:
-    """`text` as one row per data-parallel shard: `x` its ids, `y` the next ids (the last -1).
+    """`text` as a batch: `x` its ids, `y` the next ids (the last one ignored).
+
+    Every data-parallel shard gets the same row (one row on one device), so a mean
+    over the batch is the prompt's own value. The length is the prompt's: each new
+    length compiles the traced programs once.
 
     Raises:
-        TrainerError: the prompt encodes to no tokens or to more than `block_size`.
+        TrainerError: the prompt encodes to no tokens or to more than the context.
     """
     tokenizer, block_size = trainer.tokenizer, trainer.block_size
     ids = tokenizer.encode(text).astype(np.int32)

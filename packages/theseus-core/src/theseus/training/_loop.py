@@ -6,15 +6,20 @@ runs the compiled `train_step` and hands the result to the trainer's `_after_ste
 then validation, evaluations and tandem analyses, then a checkpoint, and always the
 checkpoint keeper's `poll()`. A run that fails closes the keeper (saves already started
 still commit and register) and publishes the analyses' pending results before the
-error propagates.
+error propagates. Each step runs whole under `deferred_stop`: a stop signal (SIGTERM,
+SIGHUP; see `theseus.job._signals`) ends the run at the next step boundary, where the
+last update is checkpointed first (`save_before_stopping`), so a preempted run resumes
+from where it stopped.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from theseus.job import Terminated, deferred_stop, process_count
 from theseus.training import _tandem
 from theseus.training._steps import scalar_keys
 from theseus.training.reporting import Reporter
@@ -23,7 +28,10 @@ from theseus.training.sharding import state_bytes
 if TYPE_CHECKING:
     from theseus.training.base import BaseTrainer
 
-__all__ = ["after_step", "describe_memory", "due", "run"]
+__all__ = ["after_step", "describe_memory", "due", "run", "save_before_stopping"]
+
+# The trainer's own logger, as for the tandem analyses' records.
+logger = logging.getLogger("theseus.training.base")
 
 
 def due(step: int, interval: int, total: int) -> bool:
@@ -46,25 +54,69 @@ def run(trainer: BaseTrainer) -> Any:
         reporter.close()
         return trainer.state
     reporter.say(describe_memory(trainer))
-    train = trainer._compiled_train()
+    train, start = trainer._compiled_train(), step
     try:
         while step < total:
-            if trainer.cursor < trainer._next_cursor:
-                trainer.tick()  # the live node's batch is spent: the update gets a new node
-            placed = trainer.sharding.place_batch(trainer.batch("train"))
-            trainer.state, loss, meta, grad_norm = train(
-                trainer.state, placed, np.uint32(trainer.cursor)
+            with deferred_stop():  # a stop signal ends the run between steps, never inside
+                if trainer.cursor < trainer._next_cursor:
+                    trainer.tick()  # the live node's batch is spent: the update gets a new node
+                placed = trainer.sharding.place_batch(trainer.batch("train"))
+                trainer.state, loss, meta, grad_norm = train(
+                    trainer.state, placed, np.uint32(trainer.cursor)
+                )
+                trainer._next_cursor = trainer.cursor + 1
+                step += 1
+                trainer._after_step(step, total, loss, meta, grad_norm, reporter)
+    except BaseException as failure:
+        with deferred_stop(raise_at_end=False):  # a stop signal now waits; `failure` goes on
+            saved = isinstance(failure, Terminated) and save_before_stopping(trainer, start, step)
+            trainer._release_keeper()  # saves already started still commit and register
+            _tandem.drain(trainer._views)  # results already computed are still published
+        if isinstance(failure, Terminated):
+            kept = "its checkpoint is" if saved else "the checkpoints it began are"
+            logger.warning(
+                "%s stopped by %s after step %d of %d; %s registered. Continue the lineage "
+                "with theseus run ... --resume %s~%s (in Python q.find()...resume()).",
+                trainer.node.serialize(),
+                failure.signal_name,
+                step,
+                total,
+                kept,
+                trainer.node.name,
+                trainer.node.nonce,
             )
-            trainer._next_cursor = trainer.cursor + 1
-            step += 1
-            trainer._after_step(step, total, loss, meta, grad_norm, reporter)
-    except BaseException:
-        trainer._release_keeper()  # saves already started still commit and register
-        _tandem.drain(trainer._views)  # results already computed are still published
         raise
     finally:
         reporter.close()
     return trainer.state
+
+
+def save_before_stopping(trainer: BaseTrainer, start: int, step: int) -> bool:
+    """After a stop signal, at a step boundary: checkpoint the last update if it is not saved.
+
+    Preemption then loses no step. A process alone saves (on several hosts orbax's save
+    is a collective, and each host may stop after a different step, so there only the
+    saves already started are kept); a failed save is logged, and the stop goes on.
+
+    Args:
+        start: the step the run began at (nothing new to save when no update ran).
+        step: the last completed update's step (the state's).
+
+    Returns:
+        Whether a checkpoint of `step` exists now (saved here, or due at `step`).
+    """
+    if step == start:
+        return False
+    if due(step, trainer.args.checkpoint_interval, trainer.total_steps):
+        return True  # `after_step` saved it
+    if process_count() > 1:
+        return False
+    try:
+        trainer.save_checkpoint()
+    except Exception:
+        logger.warning("Saving a checkpoint after a stop signal failed", exc_info=True)
+        return False
+    return True
 
 
 def describe_memory(trainer: BaseTrainer) -> str:

@@ -2,11 +2,14 @@
 
 A resumed or branched trainer (and an analysis walking a lineage) finds its base's last
 checkpoint through the store (`checkpoint_path`, read on host zero and broadcast), reads
-it into the state's layout (`read_checkpoint`), and takes it as the live state with the
-data cursor the checkpoint sets (`take`, `cursors`); `restore_node` does all three for
-another node of a resumed lineage. `BaseTrainer` binds `checkpoint_path`,
-`read_checkpoint` and `restore_node` as its methods. The two refusals of this path live
-here too, each naming the checkpoint to use instead: a node without a checkpoint
+it into the state's layout (`read_checkpoint`, given the layout and the trainer's
+`surgery`), and takes it as the live state with the data cursor the checkpoint sets
+(`cursors`). `BaseTrainer` binds `checkpoint_path` as its method and wraps the others
+(its `read_checkpoint`, `restore_node` and `_take`): nothing here touches the trainer's
+private fields. `restore_node` moves a resumed trainer to another node through the same
+path as setup into the same layout, so programs compiled for the previous node are
+reused (an analysis walking a lineage compiles once). The two refusals of this path
+live here too, each naming the checkpoint to use instead: a node without a checkpoint
 (`no_checkpoint_message`) and a resume that would train over later checkpoints
 (`refuse_later_checkpoints`).
 """
@@ -14,6 +17,7 @@ here too, each naming the checkpoint to use instead: a node without a checkpoint
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from theseus.job import Mode, from_host_zero
@@ -30,8 +34,6 @@ __all__ = [
     "no_checkpoint_message",
     "read_checkpoint",
     "refuse_later_checkpoints",
-    "restore_node",
-    "take",
 ]
 
 
@@ -50,48 +52,17 @@ def checkpoint_path(trainer: BaseTrainer, node: Node, mode: Mode = Mode.RESUME) 
 
 
 def read_checkpoint(
-    trainer: BaseTrainer, path: str | os.PathLike[str]
+    path: str | os.PathLike[str],
+    layout: train_state.StateLayout,
+    surgery: Callable[[Any, Any], Any] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """`(state, meta)` of the checkpoint folder `path`, laid out as this trainer's state.
+    """`(state, meta)` of the checkpoint folder `path`, laid out as `layout`.
 
-    Reads only the folder (never the store), with `surgery` when the trainer has
+    Reads only the folder (never the store), through `surgery` when the trainer has
     one; on one process it may run on a background thread while the live state is
-    used (`restore_node` then takes what it read).
+    used (`BaseTrainer.restore_node` then takes what it read).
     """
-    assert trainer._layout is not None, "setup() builds the state layout"
-    return train_state.restore(path, trainer._layout, getattr(trainer, "surgery", None))
-
-
-def take(trainer: BaseTrainer, saved: tuple[Any, dict[str, Any]], mode: Mode) -> None:
-    """Make a restored checkpoint the live state, and set the data cursor from it."""
-    trainer.state, meta = saved
-    trainer._cursor_offset, trainer._next_cursor = cursors(meta, mode, trainer.node.seq)
-
-
-def restore_node(
-    trainer: BaseTrainer, node: Node, saved: tuple[Any, dict[str, Any]] | None = None
-) -> None:
-    """Move a resumed trainer to another checkpointed node, as resuming it would.
-
-    The live node becomes `node` (`BasicJob.resume_at`), and its checkpoint is
-    restored through the same path as setup (`checkpoint_path`, `read_checkpoint`)
-    into the same layout, so programs compiled for the previous node are reused
-    (an analysis walking a lineage compiles once).
-
-    Args:
-        node: a checkpointed node.
-        saved: what `read_checkpoint(checkpoint_path(node))` returned, when it was
-            read ahead; None reads it now.
-
-    Raises:
-        JobError: the trainer is not set up in resume mode.
-        TrainerError: `node` has no checkpoint.
-    """
-    trainer._check_resumed()  # before anything is read
-    if saved is None:
-        saved = trainer.read_checkpoint(trainer.checkpoint_path(node))
-    trainer.resume_at(node)
-    take(trainer, saved, Mode.RESUME)
+    return train_state.restore(path, layout, surgery)
 
 
 def cursors(meta: dict[str, Any], mode: Mode, seq: int) -> tuple[int, int]:

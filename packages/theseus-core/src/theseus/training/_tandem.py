@@ -52,8 +52,9 @@ def check_analyses(owner: str, analyses: Sequence[Any]) -> None:
         names[analysis.NAME] = analysis
 
 
-def analyze(trainer: BaseTrainer) -> None:
-    """Run each tandem view; a failure is logged and recorded, and training goes on.
+def analyze(trainer: BaseTrainer, views: Sequence[TandemView]) -> None:
+    """Run each of `trainer`'s tandem `views`; a failure is logged and recorded, and
+    training goes on.
 
     The compiled computation runs here; with `training/analysis_errors = "log"` its
     `plot()`, file, artifact and Comet copy are published on a background thread in
@@ -64,10 +65,10 @@ def analyze(trainer: BaseTrainer) -> None:
     analysis is tried again at the next validation. `training/analysis_errors = "raise"`
     stops the run instead.
     """
-    if not trainer._views:  # training/analyze = false, or not attached on this setup
+    if not views:  # training/analyze = false, or not attached on this setup
         return
     background = trainer.args.analysis_errors == "log"  # "raise" must raise right here
-    for analysis, view in zip(trainer.ANALYSIS, trainer._views, strict=True):
+    for analysis, view in zip(trainer.ANALYSIS, views, strict=True):
         try:
             view.run(background=background)
         except Exception as err:

@@ -29,6 +29,7 @@ layout, the mesh and strategies, the checkpoint lifecycle and every RNG key.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -44,6 +45,7 @@ from theseus.data.prepared import DataNotPreparedError
 from theseus.data.tokenizer import Tokenizer, get_tokenizer
 from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
 from theseus.model.models import GPT
+from theseus.store import Node
 from theseus.training import (
     _data,
     _inspection,
@@ -280,18 +282,6 @@ class BaseTrainer(BasicJob):
         rows = _inspection.first_micro_batch(self.batch("train"), self.accumulate_steps)
         return self.sharding.place_batch(rows)
 
-    def prompt_batch(self, text: str) -> Batch:
-        """`text` as a batch: `x` its ids, `y` the next ids (the last one ignored).
-
-        Every data-parallel shard gets the same row (one row on one device), so a mean
-        over the batch is the prompt's own value. The length is the prompt's: each new
-        length compiles the traced programs once.
-
-        Raises:
-            TrainerError: the prompt encodes to no tokens or to more than the context.
-        """
-        return _inspection.prompt_batch(self, text)
-
     @property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer of the model's ids: `architecture/tokenizer` (`bytes` by default).
@@ -307,6 +297,7 @@ class BaseTrainer(BasicJob):
     find = _inspection.find
     debug = _inspection.debug
     generate = _inspection.generate
+    prompt_batch = _inspection.prompt_batch
 
     def step_key(self) -> jax.Array:
         """The RNG key of the live node's update: a pure function of seed and cursor."""
@@ -325,7 +316,8 @@ class BaseTrainer(BasicJob):
         dataset's error, and so does training.
         """
         try:
-            self._plan = plan(self.DATASET, self.spec.root, self.args.data_seed)
+            tokenizer = self.configuration.get("architecture/tokenizer")  # named in hints
+            self._plan = plan(self.DATASET, self.spec.root, self.args.data_seed, tokenizer)
         except DataNotPreparedError as missing:
             if self.data_required(mode):
                 raise
@@ -339,9 +331,9 @@ class BaseTrainer(BasicJob):
             self._cursor_offset, self._next_cursor = 0, 0
         else:
             assert self.base is not None
-            saved = self.read_checkpoint(self.checkpoint_path(self.base, mode))
-            _restore.take(self, saved, mode)
-        self._attach_analyses()
+            self._take(self.read_checkpoint(self.checkpoint_path(self.base, mode)), mode)
+        if self.args.analyze:  # the tandem views of ANALYSIS (each checks its selection now)
+            self._views = [analysis.from_trainer(self) for analysis in self.ANALYSIS]
 
     def _optimizer(self) -> tuple[optax.GradientTransformation, optax.Schedule]:
         """`(tx, lr)`: `OPTIMIZER` built with `SCHEDULE` (constant `optimization/lr` if None)."""
@@ -368,16 +360,29 @@ class BaseTrainer(BasicJob):
         assert self._layout is not None
         return train_state.initialize(self._layout, self.args.seed)
 
-    def _attach_analyses(self) -> None:
-        """Create the tandem views of `ANALYSIS` (each checks its selection now)."""
-        if self.args.analyze:
-            self._views = [analysis.from_trainer(self) for analysis in self.ANALYSIS]
-
     # ------------------------------------------------------------------ restore
-    # where a resumed or branched state comes from (code and documentation: _restore)
+    # where a resumed or branched state comes from (the details: _restore)
     checkpoint_path = _restore.checkpoint_path
-    read_checkpoint = _restore.read_checkpoint
-    restore_node = _restore.restore_node
+
+    def read_checkpoint(self, path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
+        """`(state, meta)` of the checkpoint folder `path` in this trainer's layout (and `surgery`)."""
+        assert self._layout is not None, "setup() builds the state layout"
+        return _restore.read_checkpoint(path, self._layout, getattr(self, "surgery", None))
+
+    def restore_node(self, node: Node, saved: tuple[Any, dict[str, Any]] | None = None) -> None:
+        """Move a resumed trainer to `node`'s checkpoint as resuming it would, reusing its
+        compiled programs; `saved` is that checkpoint when read ahead. Raises `JobError`
+        unless set up in resume mode, `TrainerError` when `node` has no checkpoint."""
+        self._check_resumed()  # before anything is read
+        if saved is None:
+            saved = self.read_checkpoint(self.checkpoint_path(node))
+        self.resume_at(node)
+        self._take(saved, Mode.RESUME)
+
+    def _take(self, saved: tuple[Any, dict[str, Any]], mode: Mode) -> None:
+        """Make a read checkpoint the live state, with the data cursor it sets."""
+        self.state, meta = saved
+        self._cursor_offset, self._next_cursor = _restore.cursors(meta, mode, self.node.seq)
 
     # --------------------------------------------------------------------- loop
     def before_run(self) -> None:
@@ -439,7 +444,7 @@ class BaseTrainer(BasicJob):
 
     def _analyze(self) -> None:
         """Run each tandem view; a failure is logged and recorded, and training goes on."""
-        _tandem.analyze(self)
+        _tandem.analyze(self, self._views)
 
     # -------------------------------------------------------------- checkpoints
     def _open_keeper(self, check: Callable[[], None] | None = None) -> ckpt.CheckpointKeeper:

@@ -109,13 +109,16 @@ def make_mesh(shard: int = 1, devices: Sequence[jax.Device] | None = None) -> Me
     """A `(batch, shard)` mesh over all devices (of every process).
 
     Raises:
-        ValueError: the device count is not a multiple of `shard`.
+        ConfigError: `shard` does not divide the device count (the message lists the
+            values that do).
     """
     devices = list(jax.devices() if devices is None else devices)
     if shard < 1 or len(devices) % shard:
+        count = len(devices)
+        fits = ", ".join(str(d) for d in range(1, count + 1) if count % d == 0)
         raise ConfigError(
-            f"training/shard = {shard} must divide the number of devices ({len(devices)}); "
-            "choose a divisor such as 1"
+            f"training/shard = {shard} must divide the number of devices ({count}); "
+            f"set training/shard to one of {fits}"
         )
     grid = np.asarray(devices, dtype=object).reshape(len(devices) // shard, shard)
     return Mesh(grid, ("batch", "shard"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
+import unicodedata
 
 from theseus.store._errors import InvalidNodeError
 
@@ -44,14 +45,14 @@ def check_part(part: object, what: str) -> str:
         The part, unchanged.
 
     Raises:
-        InvalidNodeError: if it is not a non-empty string of letters, digits, ``_`` and ``-``
-            of at most ``MAX_PART`` characters.
+        InvalidNodeError: if it is not a non-empty string of ASCII letters, digits, ``_``
+            and ``-`` of at most ``MAX_PART`` characters.
     """
     if not isinstance(part, str) or not _PART.fullmatch(part):
         raise InvalidNodeError(
-            f"A {what} name must be a non-empty string of letters, digits, '_' and '-' "
-            f"(no dots, spaces or '~'); got {part!r}. Rename it, e.g. "
-            f"{re.sub(r'[^A-Za-z0-9_-]+', '-', str(part)).strip('-') or 'run'!r}."
+            f"A {what} name must be a non-empty string of ASCII letters (A-Z, a-z), digits, "
+            f"'_' and '-' (no accents, dots, spaces or '~'); got {part!r}. Rename it, e.g. "
+            f"{_suggest(part)!r}."
         )
     if len(part) > MAX_PART:
         raise InvalidNodeError(
@@ -61,12 +62,18 @@ def check_part(part: object, what: str) -> str:
     return part
 
 
+def _suggest(part: object) -> str:
+    """A valid name close to `part`: accents dropped (`café` -> `cafe`), other runs -> `-`."""
+    ascii_text = unicodedata.normalize("NFKD", str(part)).encode("ascii", "ignore").decode()
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", ascii_text).strip("-") or "run"
+
+
 @dataclasses.dataclass(frozen=True, order=True)
 class Node:
     """A point on a run's lineage.
 
     Args:
-        name: ``project.group.run``, three dotted parts of letters, digits, ``_``, ``-``.
+        name: ``project.group.run``, three dotted parts of ASCII letters, digits, ``_``, ``-``.
         nonce: lowercase letters and digits distinguishing lineages of one name.
         seq: the position on the lineage's clock, from 0.
         parent: the node this one follows (not part of the identity).

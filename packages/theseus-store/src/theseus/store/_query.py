@@ -92,7 +92,7 @@ class Query:
         """Keep nodes whose name parts match; ``*`` matches any run of characters in one part.
 
         Raises:
-            ValueTypeError: if a part has characters other than letters, digits, ``_-*``.
+            ValueTypeError: if a part has characters other than ASCII letters, digits, ``_-*``.
         """
         for column, pattern, what in (
             ("project", project, "project"),
@@ -103,7 +103,7 @@ class Query:
                 continue
             if not isinstance(pattern, str) or not _SPEC.fullmatch(pattern):
                 raise ValueTypeError(
-                    f"spec({what}=...) takes letters, digits, '_', '-' and '*' wildcards "
+                    f"spec({what}=...) takes ASCII letters, digits, '_', '-' and '*' wildcards "
                     f"within one dotted part; got {pattern!r}."
                 )
             self._add(f"n.{column} {'GLOB' if '*' in pattern else '='} ?", pattern)

@@ -62,9 +62,15 @@ def normalize(declaration: DatasetDeclaration) -> list[Sampling]:
 
 
 def plan(
-    declaration: DatasetDeclaration, root: str | os.PathLike[str], seed: int
+    declaration: DatasetDeclaration,
+    root: str | os.PathLike[str],
+    seed: int,
+    tokenizer: str | None = None,
 ) -> MixturePlan | None:
     """Open every declared dataset under `root` and return the batch plan (None for `[]`).
+
+    `tokenizer` is the model's (`architecture/tokenizer`): the command that prepares a
+    missing dataset names it (see `Dataset.open`).
 
     Raises:
         DataNotPreparedError: a declared dataset has not been prepared under `root`.
@@ -74,7 +80,7 @@ def plan(
     if not samplings:
         return None
     return MixturePlan(
-        [s.dataset.open(root) for s in samplings],
+        [s.dataset.open(root, tokenizer=tokenizer) for s in samplings],
         [s.rate for s in samplings],
         [s.style for s in samplings],
         seed=seed,

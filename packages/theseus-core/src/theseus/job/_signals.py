@@ -1,0 +1,159 @@
+"""Stop signals: SIGTERM and SIGHUP end a job the way Ctrl-C does, recorded, with 128+signum.
+
+Schedulers and preemption end a process with SIGTERM (SLURM, Kubernetes, `kill`), and a
+closed terminal sends SIGHUP. Left to their default action they end the process at
+once, and a job's node would say `job/status = running` forever. Inside
+:func:`stop_on_signals` each of them raises :class:`Terminated` in the main thread
+instead, like KeyboardInterrupt for Ctrl-C: the job records `failed` with the error
+(``Terminated: ...``) on its nodes, and an uncaught `Terminated` exits the process with
+the conventional code 128 + signum (143 for SIGTERM, 129 for SIGHUP), since it is a
+`SystemExit`.
+
+Work that must not be cut in the middle (a training step, whose state is donated to
+the compiled update; the final checkpoint) runs inside :func:`deferred_stop`: a signal
+that arrives there is kept and raised when the block ends, so the trainer stops at a
+step boundary with a whole state it can still checkpoint.
+
+The piece is small and reusable (a later scheduler integration adds SIGUSR2): handlers
+are installed only in the main thread (elsewhere both context managers do nothing), only
+over the default action (a signal ignored with `nohup`, or handled by the program
+itself, keeps its handler), and restored when the block ends. On several hosts every
+host gets the signal from its scheduler and stops on its own; host zero records. After
+the first stop signal, later ones are ignored: the process is already stopping, and
+SIGKILL still ends it at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+__all__ = ["STOP_SIGNALS", "Terminated", "deferred_stop", "stop_on_signals"]
+
+#: What a scheduler or a closed terminal sends to end a process (SIGHUP where it exists).
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+class Terminated(SystemExit):
+    """The process received a stop signal (SIGTERM, SIGHUP) inside :func:`stop_on_signals`.
+
+    A `SystemExit` whose code is 128 + signum: uncaught, the process exits with the
+    code a shell reports for a process ended by that signal (143 for SIGTERM).
+
+    Attributes:
+        signum: the signal's number.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        """The signal's name, e.g. ``SIGTERM``."""
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+    def __str__(self) -> str:
+        return (
+            f"stopped by {self.signal_name} (a scheduler, preemption, `kill` or a closed "
+            f"terminal), exit code {self.code}"
+        )
+
+
+@dataclass
+class _State:
+    """What the handlers share; touched only in the main thread, where signals run."""
+
+    installed: bool = False
+    deferring: int = 0  # depth of nested deferred_stop blocks
+    pending: int | None = None  # a signal that arrived while deferring
+    stopping: bool = False  # Terminated was raised: later signals are ignored
+
+
+_state = _State()
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _handle(signum: int, frame: object) -> None:
+    if _state.stopping:
+        return
+    if _state.deferring:
+        _state.pending = _state.pending or signum
+        return
+    _stop(signum)
+
+
+def _stop(signum: int) -> None:
+    _state.pending, _state.stopping = None, True
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterator[None]:
+    """Inside the block, each of `signals` raises :class:`Terminated` in the main thread.
+
+    Handlers are installed only in the main thread and only over a signal's default
+    action, and the previous ones are restored at the end. Nested blocks use the
+    outer one's handlers.
+
+    Args:
+        signals: the signals that stop the process (default :data:`STOP_SIGNALS`).
+
+    Raises:
+        Terminated: one of `signals` arrived (at the end of a :func:`deferred_stop`
+            block when it arrived inside one).
+    """
+    if not _in_main_thread() or _state.installed:
+        yield
+        return
+    previous = {
+        s: signal.signal(s, _handle) for s in signals if signal.getsignal(s) is signal.SIG_DFL
+    }
+    _state.installed = True
+    try:
+        yield
+        if _state.pending is not None:  # kept by a deferred block that ended in an error
+            _stop(_state.pending)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _state.installed, _state.deferring = False, 0
+        _state.pending, _state.stopping = None, False
+
+
+@contextlib.contextmanager
+def deferred_stop(*, raise_at_end: bool = True) -> Iterator[None]:
+    """Keep a stop signal that arrives inside the block, and raise it when the block ends.
+
+    For work that must finish whole (a training step, a checkpoint). A block that ends
+    in an error lets the error propagate (the signal stays pending for the enclosing
+    block). Outside the main thread, or outside :func:`stop_on_signals`, it does nothing.
+
+    Args:
+        raise_at_end: False for the handling of another error (closing, recording
+            it): the signal stays pending and that error is the one that propagates.
+
+    Raises:
+        Terminated: a stop signal arrived inside the block (raised at its end).
+    """
+    if not _in_main_thread() or not _state.installed:
+        yield
+        return
+    _state.deferring += 1
+    try:
+        yield
+    finally:
+        _state.deferring -= 1
+    if raise_at_end and not _state.deferring and _state.pending is not None:
+        _stop(_state.pending)

@@ -1,0 +1,174 @@
+"""SIGTERM and SIGHUP stop a run the way Ctrl-C does: recorded, checkpointed, exit 128+signum.
+
+The first tests drive the reusable piece (`stop_on_signals`, `deferred_stop`) in this
+process with `signal.raise_signal`. The last starts a real `theseus run`, sends it the
+signal a few steps in, and reads what it left: the exit code, the node's status and
+error in the store, a registered and complete checkpoint of the step it stopped at, and
+a resume that trains on from there.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from theseus.cli import main
+from theseus.data.datasets import Synthetic
+from theseus.job import Terminated, deferred_stop, stop_on_signals, store_root
+from theseus.registry import import_module_or_file
+from theseus.store import Store
+
+JOBS = str(Path(__file__).with_name("trainer_jobs.py"))
+TINY = import_module_or_file(JOBS).TINY
+TOKENS_PER_STEP = TINY["training/batch_size"] * TINY["architecture/block_size"]
+STEPS = 100_000  # never reached: the signal comes a few steps in, however slow the reader
+
+
+# ------------------------------------------------------------------ in this process
+
+
+def test_a_stop_signal_raises_terminated_with_128_plus_signum_and_handlers_come_back() -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with pytest.raises(Terminated) as caught, stop_on_signals():
+            signal.raise_signal(signum)
+            pytest.fail("the signal did not stop the block")  # pragma: no cover
+        assert caught.value.code == {signal.SIGTERM: 143, signal.SIGHUP: 129}[signum]
+        assert isinstance(caught.value, SystemExit)  # uncaught: the process exits with it
+        assert str(caught.value).startswith(f"stopped by {signum.name} (")
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_signal_inside_a_deferred_block_is_raised_when_the_block_ends() -> None:
+    done = []
+    with pytest.raises(Terminated) as caught, stop_on_signals():
+        with deferred_stop():
+            signal.raise_signal(signal.SIGTERM)
+            done.append("rest of the step")  # the step finishes whole
+            signal.raise_signal(signal.SIGHUP)  # while stopping: ignored
+            done.append("still")
+        pytest.fail("the kept signal was not raised")  # pragma: no cover
+    assert done == ["rest of the step", "still"] and caught.value.code == 143
+
+
+def test_a_signal_while_an_error_is_handled_leaves_that_error_to_propagate() -> None:
+    recorded = []
+    with pytest.raises(ValueError, match="the run's own error"), stop_on_signals():
+        try:
+            raise ValueError("the run's own error")
+        except ValueError:
+            with deferred_stop(raise_at_end=False):  # closing and recording it
+                signal.raise_signal(signal.SIGTERM)
+                recorded.append("closed")
+            recorded.append("recorded")
+            raise
+    assert recorded == ["closed", "recorded"]
+
+
+def test_an_ignored_signal_stays_ignored_and_other_threads_install_nothing() -> None:
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        with stop_on_signals():
+            signal.raise_signal(signal.SIGHUP)  # nothing happens
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        seen = []
+
+        def elsewhere() -> None:
+            with stop_on_signals(), deferred_stop():
+                seen.append(signal.getsignal(signal.SIGTERM))
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert seen == [signal.getsignal(signal.SIGTERM)]  # untouched from a worker thread
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+# ------------------------------------------------------------ a real theseus run
+
+
+def _theseus() -> list[str]:
+    script = Path(sys.executable).with_name("theseus")  # the console script of this venv
+    return (
+        [str(script)]
+        if script.exists()
+        else [sys.executable, "-c", "from theseus.cli import main; main()"]
+    )
+
+
+def _lineage(root: Path, run: str) -> tuple[list[dict], list]:
+    """Every node's values of `run`'s one lineage in seq order, and its checkpoints."""
+    with Store(store_root(root)) as store:
+        nodes = sorted(store.query().spec(run=run).all(), key=lambda n: n.seq)
+        assert len({n.nonce for n in nodes}) == 1
+        values = [store.values(n) for n in nodes]
+        report = store.fsck()
+        assert report.clean and not report.interrupted_checkpoints, report.render()
+        assert not report.unregistered_checkpoints, report.render()
+        return values, list(store.query().spec(run=run).checkpoints())
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)]
+)
+def test_a_stopped_run_is_recorded_checkpointed_and_resumes(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    root, config = tmp_path / "root", tmp_path / "tiny.yaml"
+    Synthetic.prepare(root, tokens=60_000, val_tokens=8_000)
+    written = CliRunner().invoke(
+        main, ["--import", JOBS, "configure", "test/synthetic/train", str(config)]
+    )
+    assert written.exit_code == 0, written.output
+    settings = [f"{key}={value}" for key, value in TINY.items()] + [
+        "logging/report_interval=1",  # a line per step, to aim the signal
+        "logging/checkpoint_interval=1000",  # none due: only the stop saves
+        "logging/validation_interval=1000",
+    ]
+    run = ["run", "stopped", str(config), str(root), *settings]
+    child = subprocess.Popen(
+        [*_theseus(), "--import", JOBS, *run, f"training/tokens={STEPS * TOKENS_PER_STEP}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stderr is not None
+        for line in child.stderr:  # "... step 3/100000 loss ...": three updates are done
+            if f" step 3/{STEPS} " in line:
+                child.send_signal(signum)
+                break
+        output = child.stderr.read()
+        child.wait(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stderr is not None:
+            child.stderr.close()
+    assert child.returncode == 128 + signum, output  # 143 for SIGTERM, 129 for SIGHUP
+    values, saved = _lineage(root, "stopped")
+    stopped = values[-1]["train/step"]
+    assert 3 <= stopped < STEPS and len(values) == stopped  # one node per update
+    for node in (values[0], values[-1]):  # where the job started, and its last node
+        assert node["job/status"] == "failed"
+        assert node["job/error"].startswith(f"Terminated: stopped by {signum.name} (")
+    # the update it stopped after was checkpointed (none was due) on its own node
+    assert [(c.node.seq, c.step) for c in saved] == [(stopped - 1, stopped)]
+    assert Path(saved[0].path).is_dir()
+    assert f"stopped by {signum.name} after step {stopped} of {STEPS}" in output, output
+
+    resumed = CliRunner().invoke(
+        main,
+        ["--import", JOBS, *run, "--resume", "stopped", f"training/tokens={(stopped + 2) * TOKENS_PER_STEP}"],
+    )  # fmt: skip
+    assert resumed.exit_code == 0, resumed.output
+    values, saved = _lineage(root, "stopped")
+    assert [v["train/step"] for v in values] == list(range(1, stopped + 3))
+    assert values[-1]["job/status"] == "finished" and saved[-1].step == stopped + 2
