@@ -98,7 +98,7 @@ def test_configure_notes_required_values(tmp_path: Path) -> None:
         "run", "r", str(out), str(tmp_path / "root"), "--import", str(tmp_path / "needs.py")
     )
     assert (
-        "MissingValueError" in message and "data/seed" in message and "data.seed=VALUE" in message
+        "ConfigError" in message and "data/seed" in message and "data.seed=VALUE" in message
     )
     result = ok(
         "run",

@@ -11,7 +11,6 @@ from theseus.config._errors import (
     ConfigError,
     ConfigRangeError,
     ConfigTypeError,
-    ConflictError,
     class_name,
 )
 from theseus.config._field import HELP_KEY, PATH_KEY, RANGE_KEY, RULES_KEY
@@ -140,7 +139,7 @@ def compose(classes: Iterable[type], own: type | None = None) -> dict[str, Entry
         ``{path: Entry}`` in declaration order.
 
     Raises:
-        ConflictError: two declarers disagree on a type, a default or a range, or a
+        ConfigError: two declarers disagree on a type, a default or a range, or a
             path is both a setting and a section.
         ConfigTypeError: a default does not fit its declared type, or a range is
             declared on a setting that holds no numbers.
@@ -182,7 +181,7 @@ def _merge_range(entry: Entry, leaf: Leaf) -> None:
             "numbers; drop ge=/gt=/le=/lt=/unbounded= there."
         )
     if declared is not None and entry.range is not None and declared != entry.range:
-        raise ConflictError(
+        raise ConfigError(
             f"Path {leaf.path!r} has range {entry.range.describe() or 'unbounded'} in "
             f"{class_name(entry.declarers[0])} and {declared.describe() or 'unbounded'} in "
             f"{class_name(leaf.owner)}. A path is one setting: declare the same range in both."
@@ -215,7 +214,7 @@ def _merge(entries: dict[str, Entry], leaf: Leaf, is_own: bool) -> None:
     if declarer not in entry.declarers:
         entry.declarers.append(declarer)
     if entry.type != leaf.type:
-        raise ConflictError(
+        raise ConfigError(
             f"Path {leaf.path!r} is declared as {describe(entry.type)} by "
             f"{class_name(entry.declarers[0])} and as {describe(leaf.type)} by "
             f"{class_name(declarer)}. A path is one setting: give both fields the same "
@@ -235,7 +234,7 @@ def _merge(entries: dict[str, Entry], leaf: Leaf, is_own: bool) -> None:
         entry.default, entry.default_from, entry.own = default, declarer, True
         return
     assert entry.default_from is not None
-    raise ConflictError(
+    raise ConfigError(
         f"Path {leaf.path!r} has default {entry.default!r} in "
         f"{class_name(entry.default_from)} and {default!r} in {class_name(declarer)}. "
         "Set the default once in the job's CONFIG (its default wins over the "
@@ -250,7 +249,7 @@ def _check_sections(entries: dict[str, Entry]) -> None:
             prefix = "/".join(parts[:i])
             if prefix in entries:
                 a, b = entries[prefix], entries[path]
-                raise ConflictError(
+                raise ConfigError(
                     f"Path {prefix!r} is a setting in {class_name(a.declarers[0])} and a "
                     f"section (it contains {path!r}) in {class_name(b.declarers[0])}. "
                     "Rename one of them."

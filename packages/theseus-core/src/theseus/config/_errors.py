@@ -31,14 +31,6 @@ class ConfigRangeError(ConfigError):
     """A number outside its setting's declared range, or settings that disagree (a rule)."""
 
 
-class ConflictError(ConfigError):
-    """Two declarers of one path disagree (type, default, or leaf versus section)."""
-
-
-class MissingValueError(ConfigError):
-    """A required setting (declared without a default) has no value."""
-
-
 def suggest(key: str, known: Iterable[str], n: int = 3) -> str:
     """Return a sentence naming the closest known keys, or an empty string.
 
@@ -63,3 +55,10 @@ def suggest(key: str, known: Iterable[str], n: int = 3) -> str:
 def class_name(cls: type) -> str:
     """A class's readable name for messages (its qualified name, without ``<locals>``)."""
     return cls.__qualname__.rsplit("<locals>.", 1)[-1]
+
+
+#: The earlier name of ConfigError (two declarers of one path disagree (type, default, or leaf versus section)), kept for old imports.
+ConflictError = ConfigError
+
+#: The earlier name of ConfigError (a required setting (declared without a default) has no value), kept for old imports.
+MissingValueError = ConfigError

@@ -59,7 +59,7 @@ def configure(cls: type[T], tree: Tree | None = None) -> T:
     Raises:
         UnknownKeyError: ``cls`` declares a path the configuration lacks (it was
             not composed into the job: add it to the job's ``config()``).
-        MissingValueError: a required value is unset.
+        ConfigError: a required value is unset.
 
     Example:
         >>> from dataclasses import dataclass

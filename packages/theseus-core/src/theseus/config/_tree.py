@@ -10,7 +10,6 @@ from theseus.config._compose import MISSING, Entry, compose
 from theseus.config._errors import (
     ConfigError,
     ConfigRangeError,
-    MissingValueError,
     UnknownKeyError,
     class_name,
     suggest,
@@ -131,12 +130,12 @@ class Tree:
 
         Raises:
             UnknownKeyError: unknown key.
-            MissingValueError: the setting is required and has no value.
+            ConfigError: the setting is required and has no value.
         """
         path = self.resolve(key)
         value = self._lookup(path)
         if value is MISSING:
-            raise MissingValueError(_missing_message([self._entries[path]]))
+            raise ConfigError(_missing_message([self._entries[path]]))
         return copy.deepcopy(value)
 
     def set(self, key: str, value: Any) -> None:
@@ -224,12 +223,12 @@ class Tree:
         """Check that every required setting has a value, then :meth:`check` the values.
 
         Raises:
-            MissingValueError: lists every unset required path and how to set it.
+            ConfigError: lists every unset required path and how to set it.
             ConfigRangeError: see :meth:`check`.
         """
         missing = [self._entries[p] for p in self.missing()]
         if missing:
-            raise MissingValueError(_missing_message(missing))
+            raise ConfigError(_missing_message(missing))
         self.check()
 
     def check(self) -> None:

@@ -32,10 +32,6 @@ class JobError(TheseusError, RuntimeError):
     """A job used out of order (not set up, set up twice in different modes, ...)."""
 
 
-class JobTypeError(JobError, TypeError):
-    """A job constructed with an argument of the wrong type."""
-
-
 class Mode(enum.StrEnum):
     """How ``setup()`` chose the live node."""
 
@@ -55,7 +51,7 @@ class BasicJob(abc.ABC):
         store: the store to use; ``None`` opens ``Store(ROOT/store)`` when first needed.
 
     Raises:
-        MissingValueError: a required setting has no value.
+        ConfigError: a required setting has no value.
         ConfigError: the configuration does not compose or hydrate.
 
     Attributes:
@@ -94,12 +90,12 @@ class BasicJob(abc.ABC):
         store: Store | None = None,
     ) -> None:
         if not isinstance(spec, JobSpec):
-            raise JobTypeError(
+            raise JobError(
                 f"{type(self).__name__} expects a JobSpec as its first argument; got "
                 f"{type(spec).__name__}. Build one with JobSpec(run_name, root=...)."
             )
         if base is not None and not isinstance(base, Node):
-            raise JobTypeError(
+            raise JobError(
                 f"base= must be a theseus.store.Node (e.g. from q.find()...first()); got "
                 f"{type(base).__name__}."
             )
@@ -380,3 +376,7 @@ class BasicJob(abc.ABC):
         return (
             f"<{type(self).__name__} {self.spec.project}.{self.spec.group}.{self.spec.name}{where}>"
         )
+
+
+#: The earlier name of JobError (a job constructed with an argument of the wrong type), kept for old imports.
+JobTypeError = JobError

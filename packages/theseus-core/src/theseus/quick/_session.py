@@ -139,7 +139,7 @@ class Quick:
 
         Raises:
             QuickError: before :meth:`build`.
-            MissingValueError: a required setting has no value.
+            ConfigError: a required setting has no value.
         """
         if self._job is None or self._spec is None:
             raise QuickError("q.create() needs a job: call q.build(JobClass, run_name) first.")

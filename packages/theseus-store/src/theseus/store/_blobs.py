@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from theseus.store._errors import BlobHashError, MissingBlobError, StorePermissionError
+from theseus.store._errors import CorruptStoreError, MissingBlobError, StorePermissionError
 
 __all__ = ["BlobFolder", "TempFile", "fsync_dir", "verified"]
 
@@ -129,8 +129,8 @@ class BlobFolder:
         """Return the bytes of blob ``digest``, checked against the digest.
 
         Raises:
-            MissingBlobError: if the file is absent.
-            BlobHashError: if its bytes do not hash to ``digest``.
+            CorruptStoreError: if the file is absent.
+            CorruptStoreError: if its bytes do not hash to ``digest``.
         """
         path = self.path(digest)
         try:
@@ -147,7 +147,7 @@ class BlobFolder:
         """Return a description of what is wrong with blob ``digest``, or None if it is sound."""
         try:
             self.read(digest, size)
-        except (MissingBlobError, BlobHashError) as err:
+        except CorruptStoreError as err:
             return str(err)
         return None
 
@@ -199,11 +199,11 @@ def verified(data: bytes, digest: str, size: int, where: str) -> bytes:
         where: what was read (``The blob file PATH``), for the message.
 
     Raises:
-        BlobHashError: if the bytes do not match.
+        CorruptStoreError: if the bytes do not match.
     """
     actual = hashlib.sha256(data).hexdigest()
     if actual != digest:
-        raise BlobHashError(
+        raise CorruptStoreError(
             f"{where} is corrupt: its bytes ({len(data)}) hash to {actual}, but the store "
             f"recorded {digest} ({size} bytes). Restore it from a backup; "
             "`theseus-store fsck ROOT` lists every damaged blob."

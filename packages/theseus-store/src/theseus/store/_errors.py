@@ -1,4 +1,4 @@
-"""The exceptions of theseus-store: one base class, one subclass per failure.
+"""The exceptions of theseus-store: one base class, one subclass per way a caller reacts.
 
 Every error says what was expected, what arrived and how to fix it, and names
 the file involved when there is one. Each subclasses a built-in exception as
@@ -40,11 +40,7 @@ class CorruptStoreError(StoreError):
 
 
 class MissingBlobError(CorruptStoreError, FileNotFoundError):
-    """A row names a blob that is not in the blob folder."""
-
-
-class BlobHashError(CorruptStoreError):
-    """A blob's bytes do not hash to the name the row records."""
+    """A row names a blob that is not there (also a ``FileNotFoundError``)."""
 
 
 class StorePermissionError(StoreError, PermissionError):
@@ -98,9 +94,12 @@ class UnknownNodeError(StoreError, KeyError):
         return str(self.args[0])
 
 
-class AmbiguousNodeError(InvalidNodeError):
-    """A run name alone was given, and the run has several lineages."""
-
-
 class CheckpointNotFoundError(StoreError, FileNotFoundError):
     """``checkpoint()`` was given a path that does not exist (yet)."""
+
+
+#: The earlier name of CorruptStoreError (a blob's bytes do not hash to the name the row records), kept for old imports.
+BlobHashError = CorruptStoreError
+
+#: The earlier name of InvalidNodeError (a run name alone was given, and the run has several lineages), kept for old imports.
+AmbiguousNodeError = InvalidNodeError

@@ -81,7 +81,7 @@ class StoreReader:
 
         Raises:
             MissingBlobError: if the bytes are missing.
-            BlobHashError: if they do not hash to ``digest``.
+            CorruptStoreError: if they do not hash to ``digest``.
         """
         if size > self.inline_max:
             return self.blobs.read(digest, size)
@@ -199,7 +199,7 @@ class StoreReader:
 
         Raises:
             InvalidNodeError: ``text`` is none of these forms.
-            AmbiguousNodeError: a run alone that has several lineages.
+            InvalidNodeError: a run alone that has several lineages.
             UnknownNodeError: the store has no such run, lineage or node in it; the
                 message names what it does have.
         """

@@ -172,7 +172,7 @@ class Artifact:
 
         Raises:
             MissingBlobError: if the blob file is gone.
-            BlobHashError: if the blob's bytes do not match the recorded hash.
+            CorruptStoreError: if the blob's bytes do not match the recorded hash.
         """
         return self._load(self.hash, self.size, self._inline)
 

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from theseus.store._errors import AmbiguousNodeError, UnknownNodeError
+from theseus.store._errors import InvalidNodeError, UnknownNodeError
 from theseus.store._node import Node
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def resolve(store: Store, text: str) -> Node:
 
     Raises:
         InvalidNodeError: ``text`` is none of these forms.
-        AmbiguousNodeError: a run alone that has several lineages (the message
+        InvalidNodeError: a run alone that has several lineages (the message
             lists them, each as ``name~nonce``).
         UnknownNodeError: the store has no such run, lineage or node in it; the
             message names what it does have (the lineage's full name when only its
@@ -95,7 +95,7 @@ def resolve_run(store: Store, text: str) -> Node:
             f"{_count(r['checkpoints'], 'checkpoint')})"
             for r in mine
         )
-        raise AmbiguousNodeError(
+        raise InvalidNodeError(
             f"Run {text!r} has {len(mine)} lineages: {listed}. Pass one of them as "
             "name~nonce (its last node) or name~nonce~seq."
         )

@@ -43,10 +43,6 @@ class RecordingNotFoundError(InspectorError, FileNotFoundError):
     """A recording file or folder to read does not exist or holds no recording."""
 
 
-class RecordingShapeError(InspectorError, ValueError):
-    """Repeated calls of one module cannot be concatenated along axis 0."""
-
-
 class KeyCollisionError(InspectorError, ValueError):
     """Two different arrays would be stored under one key."""
 
@@ -57,3 +53,7 @@ class CaptureTraceError(InspectorError, RuntimeError):
 
 class EmptyRecordingWarning(UserWarning):
     """A recording ended without a single array; the message lists the available paths."""
+
+
+#: The earlier name of InspectorOptionError (repeated calls of one module cannot be concatenated along axis 0), kept for old imports.
+RecordingShapeError = InspectorOptionError

@@ -21,7 +21,6 @@ from ._errors import (
     InspectorOptionError,
     KeyCollisionError,
     RecordingExistsError,
-    RecordingShapeError,
 )
 from ._paths import KeyMap
 from ._safetensors import file_regex, format_filename, write_file
@@ -214,7 +213,7 @@ class RecordingStore:
         Raises:
             KeyCollisionError: ``key_map`` sent two keys to one name (the second
                 key's arrays were dropped).
-            RecordingShapeError: some repeated calls could not be concatenated
+            InspectorOptionError: some repeated calls could not be concatenated
                 (their other arrays were written).
         """
         with self._lock:
@@ -225,7 +224,7 @@ class RecordingStore:
         if self.collisions:
             raise KeyCollisionError(" ".join(self.collisions))
         if self.errors:
-            raise RecordingShapeError(
+            raise InspectorOptionError(
                 "repeated calls cannot be concatenated along axis 0: "
                 + "; ".join(self.errors)
                 + ". Record with stack='separate' to keep each call as key#i."
