@@ -97,9 +97,7 @@ def test_configure_notes_required_values(tmp_path: Path) -> None:
     message = fail(
         "run", "r", str(out), str(tmp_path / "root"), "--import", str(tmp_path / "needs.py")
     )
-    assert (
-        "ConfigError" in message and "data/seed" in message and "data.seed=VALUE" in message
-    )
+    assert "ConfigError" in message and "data/seed" in message and "data.seed=VALUE" in message
     result = ok(
         "run",
         "r",

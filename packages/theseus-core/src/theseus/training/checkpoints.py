@@ -46,12 +46,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from theseus.errors import TheseusError
-from theseus.job import from_host_zero, sync_hosts
+from theseus.job import from_host_zero, store_root, sync_hosts
 from theseus.store import (
     COMMIT_MARKER,
     FolderBusyError,
     FolderLock,
     Node,
+    RootFolders,
     Store,
     canonical_path,
     open_lineage_folder,
@@ -80,10 +81,14 @@ class CheckpointMismatchError(TheseusError, ValueError):
 
 
 def checkpoint_dir(root: str | os.PathLike[str], node: Node) -> Path:
-    """The folder that holds every checkpoint of `node`'s lineage (canonical, as the store
-    keeps paths: any spelling of `root` gives the same folder)."""
+    """The folder that holds every checkpoint of `node`'s lineage, as the root's owner of
+    folders (`theseus.store.RootFolders`) places it: canonical, so any spelling of `root`
+    (or of a symlinked `checkpoints/`) gives the same folder."""
     project, group, run = node.name.split(".", 2)
-    return canonical_path(root) / "checkpoints" / project / group / run / node.nonce
+    folders = RootFolders(canonical_path(store_root(root)))
+    folder = folders.lineage_folder((project, group, run, node.nonce))
+    assert folder is not None, "a Theseus root's store folder is named store"
+    return folder
 
 
 class CheckpointKeeper:

@@ -67,12 +67,14 @@ class RootFolders:
         store: the store's folder, canonical (``Store.root``).
         lineages: returns the lineages the store knows (``(project, group, run,
             nonce)`` of its nodes); asked only for lineage folders without a
-            valid claim.
+            valid claim. None: where only the places are asked for (no lineage known).
     """
 
-    def __init__(self, store: Path, lineages: Callable[[], Iterable[Lineage]]) -> None:
+    def __init__(
+        self, store: Path, lineages: Callable[[], Iterable[Lineage]] | None = None
+    ) -> None:
         self.store = store
-        self._lineages = lineages
+        self._lineages = lineages or (lambda: ())
 
     # -- the places ------------------------------------------------------------------------
 
