@@ -7,6 +7,7 @@ on CPU, logits within 1e-5 of their scale (max |difference| <= 1e-5 max |logit|)
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import flax.linen as nn
@@ -15,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from theseus.cli import main
 from theseus.data.datasets import Synthetic
@@ -139,10 +142,62 @@ def test_sampling_is_reproducible_from_its_key_and_honours_top_k_and_top_p(
             assert token in top3
 
 
+def _stream(key: jax.Array, prompt: list[int], repeat: int = 0) -> jax.Array:
+    """The documented stream of a prompt, written out: the key folded with the first 31
+    bits of BLAKE2b over its ids (little-endian int64), then with its repeat count."""
+    digest = hashlib.blake2b(np.asarray(prompt, "<i8").tobytes(), digest_size=4).digest()
+    folded = jax.random.fold_in(key, int.from_bytes(digest, "little") & 0x7FFFFFFF)
+    return jax.random.fold_in(folded, repeat)
+
+
+def test_a_prompt_draws_from_its_own_documented_stream(model_and_params) -> None:
+    model, params = model_and_params
+    prompt, key = PROMPTS[1], jax.random.key(7)
+    new = generate(model, params, [PROMPTS[0], prompt, prompt], 6, temperature=1.5, key=key)
+    for repeat, row in enumerate(new[1:]):
+        stream = _stream(key, prompt, repeat)
+        for n, token in enumerate(row):  # reference: the plain forward and one draw
+            logits = _full_logits(model, params, prompt + row[:n]) / 1.5
+            assert token == int(jax.random.categorical(jax.random.fold_in(stream, n), logits))
+    assert new[1] != new[2]  # a repeated prompt gets a fresh stream
+
+
+SETTINGS = [
+    {"temperature": 1.0},
+    {"temperature": 2.0, "top_k": 5},
+    {"temperature": 1.3, "top_p": 0.9},
+    {"temperature": 0.8, "top_k": 8, "top_p": 0.95},
+]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    others=st.lists(
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12), min_size=1, max_size=3
+    ),
+    where=st.integers(0, 3),
+    chosen=st.sampled_from(SETTINGS),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_a_prompt_samples_the_same_alone_and_in_any_batch(
+    model_and_params, others, where, chosen, seed
+) -> None:
+    model, params = model_and_params
+    prompt = PROMPTS[2]
+    others = [p for p in others if p != prompt]  # (a repeat would get the next stream)
+    batch = [*others[:where], prompt, *others[where:]]
+    key = jax.random.key(seed)
+    alone = generate(model, params, [prompt], 6, key=key, **chosen)[0]  # type: ignore[arg-type]
+    together = generate(model, params, batch, 6, key=key, **chosen)  # type: ignore[arg-type]
+    assert together[batch.index(prompt)] == alone
+
+
 def test_one_compiled_step_serves_every_token_and_every_prompt_of_a_bucket(
     model_and_params,
 ) -> None:
     model, params = model_and_params
+    generation._prefill.clear_cache()  # earlier tests compiled batches of every shape
+    generation._step.clear_cache()
     generate(model, params, [[1, 2, 3], [4, 5]], 5, temperature=0)  # batch 2, bucket 8
     prefills, steps = generation._prefill._cache_size(), generation._step._cache_size()
     generate(model, params, [[7, 7, 7, 7, 7, 7], [9]], 20, temperature=0)  # same bucket
