@@ -8,6 +8,7 @@ on CPU, logits within 1e-5 of their scale (max |difference| <= 1e-5 max |logit|)
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import flax.linen as nn
@@ -25,6 +26,7 @@ from theseus.model import generation
 from theseus.model.generation import GenerationError, generate
 from theseus.model.models import GPT
 from theseus.quick import quick
+from theseus.registry import JOBS as REGISTERED
 from theseus.registry import import_module_or_file
 from theseus.store import Store
 
@@ -274,4 +276,61 @@ def test_a_trainer_generates_text_from_its_state(tmp_path: Path) -> None:
     too_long = runner.invoke(
         main, ["--import", JOBS, "sample", str(tmp_path), "writer", "x", "--max-new-tokens", "99"]
     )
-    assert too_long.exit_code == 1 and "exceeds the model's context" in too_long.output
+    assert too_long.exit_code == 2 and "exceeds the model's context" in too_long.output
+    _sample_command_checks(tmp_path, trainer)
+
+
+def _sample_command_checks(root: Path, trainer: object) -> None:
+    """`theseus sample`'s default, its options' ranges, and what it refuses before loading."""
+    runner = CliRunner()
+
+    def sample(*args: str, jobs_file: bool = True) -> object:
+        before = ["--import", JOBS] if jobs_file else []
+        return runner.invoke(main, [*before, "sample", str(root), "writer", *args])
+
+    # the default fits the context (block_size 32, a 4-token prompt: 28 new tokens) and says so
+    fitted = sample("the ", "--temperature", "0")
+    assert fitted.exit_code == 0, fitted.output
+    assert fitted.stdout == "the " + trainer.generate("the ", 28, temperature=0) + "\n"  # type: ignore[attr-defined]
+    assert (
+        "--max-new-tokens 28: what the model's context (architecture/block_size = 32) "
+        "leaves after the 4-token prompt" in fitted.stderr
+    )
+    # options out of their range are refused by the option, in one line that names it
+    for option, value, shown in [
+        ("--temperature", "nan", "the range x>=0"),
+        ("--temperature", "inf", "the range x>=0"),
+        ("--temperature", "-1", "the range x>=0"),
+        ("--top-p", "nan", "the range 0<x<=1"),
+        ("--top-p", "0", "the range 0<x<=1"),
+        ("--top-k", "0", "the range x>=1"),
+        ("--max-new-tokens", "0", "the range x>=1"),
+        ("--seed", str(2**64), "the range"),
+    ]:
+        refused = sample("the ", option, value)
+        assert refused.exit_code == 2, (option, value, refused.output)
+        line = refused.output.strip().splitlines()[-1]
+        assert line.startswith(f"Error: Invalid value for '{option}': ") and shown in line
+    # without the checkpoint, PROMPT and --max-new-tokens are still checked first
+    shutil.rmtree(root / "checkpoints")
+    for prompt, extra, message in [
+        ("", [], "Invalid value for PROMPT: is empty"),
+        ("x" * 40, [], "the prompt is 40 tokens and the model's context (architecture/block_size) "
+         "is 32, which leaves no room for a new token; keep it under 32 tokens"),
+        ("x" * 30, ["--max-new-tokens", "3"], "the prompt (30 tokens) plus 3 new tokens "
+         "exceeds the model's context, architecture/block_size = 32; ask for at most 2"),
+    ]:  # fmt: skip
+        refused = sample(prompt, *extra)
+        assert refused.exit_code == 2 and message in refused.output, refused.output
+    # a job this environment does not know: the message names the module its run recorded
+    cls = REGISTERED["test/synthetic/train"]
+    REGISTERED.unregister("test/synthetic/train")
+    try:
+        unknown = sample("the ", jobs_file=False)
+    finally:
+        REGISTERED.register("test/synthetic/train", cls)
+    assert unknown.exit_code == 1
+    assert (
+        "job 'test/synthetic/train', which this environment has not registered; its run "
+        f"recorded module {jobs.__name__!r}: pass --import {jobs.__name__}" in unknown.output
+    )
