@@ -286,7 +286,8 @@ def _run_over(
         job = q.create()
         result = job()
         click.echo(
-            f"{tree.job}: over run finished at {len(nodes)} checkpoint(s) of "
+            f"{tree.job}: over run finished at {len(nodes)} "
+            f"{'checkpoint' if len(nodes) == 1 else 'checkpoints'} of "
             f"{node.name}~{node.nonce}."
         )
         if is_primary():
