@@ -164,20 +164,15 @@ def test_a_prompt_draws_from_its_own_documented_stream(model_and_params) -> None
     assert new[1] != new[2]  # a repeated prompt gets a fresh stream
 
 
-SETTINGS = [
-    {"temperature": 1.0},
-    {"temperature": 2.0, "top_k": 5},
-    {"temperature": 1.3, "top_p": 0.9},
-    {"temperature": 0.8, "top_k": 8, "top_p": 0.95},
-]
+SETTINGS = [{"temperature": 1.3}, {"temperature": 0.8, "top_k": 8, "top_p": 0.95}]
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     others=st.lists(
-        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12), min_size=1, max_size=3
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=7), min_size=1, max_size=2
     ),
-    where=st.integers(0, 3),
+    where=st.integers(0, 2),
     chosen=st.sampled_from(SETTINGS),
     seed=st.integers(0, 2**31 - 1),
 )
