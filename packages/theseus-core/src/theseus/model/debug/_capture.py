@@ -93,7 +93,7 @@ def capture(
     the original class run untransformed on the same variables and arguments, a call
     below `nn.vmap`/`nn.scan` from the original class run under the same transform with
     its values returned stacked on a leading axis (one entry per mapped call or per
-    iteration) and its module wrapped in `nn.vmap` over that axis.
+    iteration) and its module mapped over that axis (`mapped_layer`), called like its class.
 
     Args:
         run: runs the model once (eagerly, or while tracing under `jax.jit`).
@@ -254,7 +254,7 @@ def _capture_once(
 
         The body records the selected calls below (at its own level) and returns their
         array arguments next to its output, so they leave the transform stacked on
-        axis 0; each is then taken with its module wrapped in `nn.vmap` over that axis.
+        axis 0; each is then taken with its module mapped over that axis (`mapped_layer`).
         """
         transform, trafo_args, trafo_kwargs = _lift_arguments(original)
         layer_mapping(kind, path, trafo_args, trafo_kwargs)  # refuses a variable carry first

@@ -47,7 +47,7 @@ def layer_mapping(
 
     The variables keep the transform's own axes (`variable_axes`; an `nn.scan`'s
     broadcast collections are shared), RNGs are split as the transform splits them,
-    and every positional argument and output is mapped over axis 0.
+    and the arrays given to a call and its output are mapped over axis 0.
     """
     if kind == "vmap":
         variable_axes, split_rngs = trafo_args
