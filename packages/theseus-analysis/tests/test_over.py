@@ -155,9 +155,18 @@ def test_a_result_of_another_configuration_is_recomputed(root, reference) -> Non
         q.find().spec(run="trained").seq(2).resume()
         q.config["training/validation_steps"] = 3
         q.create()()
-    _, nodes, result = _walk(root)
+    job, nodes, result = _walk(root)
     assert [r.node.seq for r in result.results] == [2]
     assert [n.seq for n in result.skipped] == [0, 1, 3]
+    lineage, store_at = f"{nodes[0].name}~{nodes[0].nonce}", root / "store"
+    assert job.outcome(result) == [
+        f"stats: analyzed 1 of 4 checkpoints of {lineage} (seq 0 to 3)",
+        "  3 skipped: they already hold 'stats' for this configuration (--force recomputes "
+        "them as a new version)",
+        f"  artifact 'stats' version 3 on node {nodes[2]}",
+        f"  file {result.results[0].path} holds its result (read it back: theseus-store get "
+        f"{store_at} {nodes[2]} stats -o FILE)",
+    ]
     with Store(root / "store") as store:
         assert [a.version for a in store.history(nodes[2], "stats")] == [1, 2, 3]
         assert store.get(nodes[2])["stats"].content == reference[2]
@@ -174,8 +183,18 @@ def test_a_resumed_run_is_skipped_by_a_walk_of_the_same_configuration(root) -> N
         q.build(jobs.Stats, "inspect")
         q.find().spec(run="trained").seq(1).resume()
         q.create()()
-    _, _, result = _walk(root)
+    job, nodes, result = _walk(root)
     assert [n.seq for n in result.skipped] == [1]
+    lines = job.outcome(result)
+    assert lines[1] == (
+        "  1 skipped: it already holds 'stats' for this configuration (--force recomputes it "
+        "as a new version)"
+    )
+    assert lines[-1] == (
+        f"  file {result.results[-1].path} holds the result of the last node analyzed, "
+        f"{nodes[3]}; each node keeps its own as the artifact above (read any back: "
+        f"theseus-store get {root / 'store'} NODE stats -o FILE)"
+    )
 
 
 def test_refused_walks_change_nothing(root) -> None:

@@ -133,6 +133,7 @@ def test_run_fresh_resume_and_branch(tmp_path: Path) -> None:
         "counter/value": 4.0,
         "job/status": "finished",
         "job/name": "tests/counter",
+        "job/module": "core_jobs",
     }
 
     resumed = ok(
@@ -366,6 +367,7 @@ def test_a_real_subprocess_runs_the_console_script(tmp_path: Path) -> None:
         "counter/value": 2.0,
         "job/status": "finished",
         "job/name": "tests/counter",
+        "job/module": "core_jobs",
     }
     crashed = subprocess.run(
         [

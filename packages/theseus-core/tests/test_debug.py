@@ -204,3 +204,59 @@ def test_capture_names_a_misspelt_path_and_refuses_a_path_that_is_not_a_string()
     ((body, inputs),) = debug.capture(run, ["body"])
     expected = x @ variables["params"]["body"]["kernel"] + variables["params"]["body"]["bias"]
     np.testing.assert_allclose(body(inputs["inputs"]), expected, rtol=1e-6)
+
+
+class _Scaled(nn.Module):
+    """A dense layer whose output doubles when not deterministic (a keyword a call passes)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+        return nn.Dense(3, name="d")(x) * (1.0 if deterministic else 2.0)
+
+    def shifted(self, x: jax.Array, *, by: float = 0.0) -> jax.Array:
+        return self(x) + by
+
+
+class _Step(nn.Module):
+    @nn.compact
+    def __call__(self, h: jax.Array, _: None) -> tuple[jax.Array, None]:
+        return jnp.tanh(_Scaled(name="inner")(h, deterministic=True)), None
+
+
+class _Scanned(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scan = nn.scan(_Step, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)
+        return scan(name="layers")(x, None)[0]
+
+
+def test_a_layer_captured_below_nn_scan_is_called_like_any_other() -> None:
+    model, x = _Scanned(), jax.random.normal(jax.random.key(1), (2, 3))
+    variables = model.init(jax.random.key(0), x)
+    ((layer, inputs),) = debug.capture(lambda: model.apply(variables, x), ["layers/inner"])
+    assert isinstance(layer, _Scaled) and sorted(inputs) == ["deterministic", "x"]
+    # reference: the iterations by hand, each with its own slice of the stacked kernel
+    dense = variables["params"]["layers"]["inner"]["d"]
+    h = np.asarray(x, np.float64)
+    for i in range(3):
+        kernel, bias = np.asarray(dense["kernel"][i]), np.asarray(dense["bias"][i])
+        out = h @ kernel + bias  # iteration i of the scan: its inner call's output
+        np.testing.assert_allclose(inputs.x[i], h, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(layer(**inputs)[i], out, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(layer(inputs.x)[i], out, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(layer(inputs.x, False)[i], 2 * out, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            layer(x=inputs.x, deterministic=False)[i], 2 * out, rtol=1e-5, atol=1e-6
+        )
+        np.testing.assert_allclose(layer.shifted(inputs.x, by=1.5)[i], out + 1.5, rtol=1e-5)
+        h = np.tanh(out)
+
+    # and under jax.jit, as the analysis engine calls it
+    def compiled(variables: dict, x: jax.Array) -> jax.Array:
+        run = lambda: model.apply(variables, x)  # noqa: E731
+        ((layer, inputs),) = debug.capture(run, ["layers/inner"])
+        return layer(**inputs)
+
+    np.testing.assert_allclose(
+        jax.jit(compiled)(variables, x), layer(**inputs), rtol=1e-5, atol=1e-6
+    )

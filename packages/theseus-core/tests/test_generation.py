@@ -7,6 +7,8 @@ on CPU, logits within 1e-5 of their scale (max |difference| <= 1e-5 max |logit|)
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 from pathlib import Path
 
 import flax.linen as nn
@@ -15,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from theseus.cli import main
 from theseus.data.datasets import Synthetic
@@ -22,6 +26,7 @@ from theseus.model import generation
 from theseus.model.generation import GenerationError, generate
 from theseus.model.models import GPT
 from theseus.quick import quick
+from theseus.registry import JOBS as REGISTERED
 from theseus.registry import import_module_or_file
 from theseus.store import Store
 
@@ -139,10 +144,57 @@ def test_sampling_is_reproducible_from_its_key_and_honours_top_k_and_top_p(
             assert token in top3
 
 
+def _stream(key: jax.Array, prompt: list[int], repeat: int = 0) -> jax.Array:
+    """The documented stream of a prompt, written out: the key folded with the first 31
+    bits of BLAKE2b over its ids (little-endian int64), then with its repeat count."""
+    digest = hashlib.blake2b(np.asarray(prompt, "<i8").tobytes(), digest_size=4).digest()
+    folded = jax.random.fold_in(key, int.from_bytes(digest, "little") & 0x7FFFFFFF)
+    return jax.random.fold_in(folded, repeat)
+
+
+def test_a_prompt_draws_from_its_own_documented_stream(model_and_params) -> None:
+    model, params = model_and_params
+    prompt, key = PROMPTS[1], jax.random.key(7)
+    new = generate(model, params, [PROMPTS[0], prompt, prompt], 6, temperature=1.5, key=key)
+    for repeat, row in enumerate(new[1:]):
+        stream = _stream(key, prompt, repeat)
+        for n, token in enumerate(row):  # reference: the plain forward and one draw
+            logits = _full_logits(model, params, prompt + row[:n]) / 1.5
+            assert token == int(jax.random.categorical(jax.random.fold_in(stream, n), logits))
+    assert new[1] != new[2]  # a repeated prompt gets a fresh stream
+
+
+SETTINGS = [{"temperature": 1.3}, {"temperature": 0.8, "top_k": 8, "top_p": 0.95}]
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    others=st.lists(
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=7), min_size=1, max_size=2
+    ),
+    where=st.integers(0, 2),
+    chosen=st.sampled_from(SETTINGS),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_a_prompt_samples_the_same_alone_and_in_any_batch(
+    model_and_params, others, where, chosen, seed
+) -> None:
+    model, params = model_and_params
+    prompt = PROMPTS[2]
+    others = [p for p in others if p != prompt]  # (a repeat would get the next stream)
+    batch = [*others[:where], prompt, *others[where:]]
+    key = jax.random.key(seed)
+    alone = generate(model, params, [prompt], 6, key=key, **chosen)[0]  # type: ignore[arg-type]
+    together = generate(model, params, batch, 6, key=key, **chosen)  # type: ignore[arg-type]
+    assert together[batch.index(prompt)] == alone
+
+
 def test_one_compiled_step_serves_every_token_and_every_prompt_of_a_bucket(
     model_and_params,
 ) -> None:
     model, params = model_and_params
+    generation._prefill.clear_cache()  # earlier tests compiled batches of every shape
+    generation._step.clear_cache()
     generate(model, params, [[1, 2, 3], [4, 5]], 5, temperature=0)  # batch 2, bucket 8
     prefills, steps = generation._prefill._cache_size(), generation._step._cache_size()
     generate(model, params, [[7, 7, 7, 7, 7, 7], [9]], 20, temperature=0)  # same bucket
@@ -219,4 +271,61 @@ def test_a_trainer_generates_text_from_its_state(tmp_path: Path) -> None:
     too_long = runner.invoke(
         main, ["--import", JOBS, "sample", str(tmp_path), "writer", "x", "--max-new-tokens", "99"]
     )
-    assert too_long.exit_code == 1 and "exceeds the model's context" in too_long.output
+    assert too_long.exit_code == 2 and "exceeds the model's context" in too_long.output
+    _sample_command_checks(tmp_path, trainer)
+
+
+def _sample_command_checks(root: Path, trainer: object) -> None:
+    """`theseus sample`'s default, its options' ranges, and what it refuses before loading."""
+    runner = CliRunner()
+
+    def sample(*args: str, jobs_file: bool = True) -> object:
+        before = ["--import", JOBS] if jobs_file else []
+        return runner.invoke(main, [*before, "sample", str(root), "writer", *args])
+
+    # the default fits the context (block_size 32, a 4-token prompt: 28 new tokens) and says so
+    fitted = sample("the ", "--temperature", "0")
+    assert fitted.exit_code == 0, fitted.output
+    assert fitted.stdout == "the " + trainer.generate("the ", 28, temperature=0) + "\n"  # type: ignore[attr-defined]
+    assert (
+        "--max-new-tokens 28: what the model's context (architecture/block_size = 32) "
+        "leaves after the 4-token prompt" in fitted.stderr
+    )
+    # options out of their range are refused by the option, in one line that names it
+    for option, value, shown in [
+        ("--temperature", "nan", "the range x>=0"),
+        ("--temperature", "inf", "the range x>=0"),
+        ("--temperature", "-1", "the range x>=0"),
+        ("--top-p", "nan", "the range 0<x<=1"),
+        ("--top-p", "0", "the range 0<x<=1"),
+        ("--top-k", "0", "the range x>=1"),
+        ("--max-new-tokens", "0", "the range x>=1"),
+        ("--seed", str(2**64), "the range"),
+    ]:
+        refused = sample("the ", option, value)
+        assert refused.exit_code == 2, (option, value, refused.output)
+        line = refused.output.strip().splitlines()[-1]
+        assert line.startswith(f"Error: Invalid value for '{option}': ") and shown in line
+    # without the checkpoint, PROMPT and --max-new-tokens are still checked first
+    shutil.rmtree(root / "checkpoints")
+    for prompt, extra, message in [
+        ("", [], "Invalid value for PROMPT: is empty"),
+        ("x" * 40, [], "the prompt is 40 tokens and the model's context (architecture/block_size) "
+         "is 32, which leaves no room for a new token; keep it under 32 tokens"),
+        ("x" * 30, ["--max-new-tokens", "3"], "the prompt (30 tokens) plus 3 new tokens "
+         "exceeds the model's context, architecture/block_size = 32; ask for at most 2"),
+    ]:  # fmt: skip
+        refused = sample(prompt, *extra)
+        assert refused.exit_code == 2 and message in refused.output, refused.output
+    # a job this environment does not know: the message names the module its run recorded
+    cls = REGISTERED["test/synthetic/train"]
+    REGISTERED.unregister("test/synthetic/train")
+    try:
+        unknown = sample("the ", jobs_file=False)
+    finally:
+        REGISTERED.register("test/synthetic/train", cls)
+    assert unknown.exit_code == 1
+    assert (
+        "job 'test/synthetic/train', which this environment has not registered; its run "
+        f"recorded module {jobs.__name__!r}: pass --import {jobs.__name__}" in unknown.output
+    )

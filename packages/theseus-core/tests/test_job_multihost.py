@@ -75,5 +75,6 @@ def test_two_hosts_share_one_lineage_and_host_zero_writes(tmp_path: Path) -> Non
         "counter/value": 8.0,
         "job/status": "finished",
         "job/name": "tests/counter",
+        "job/module": "core_jobs",
     }
     store.close()

@@ -23,11 +23,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from theseus.analysis._base import AnalysisBase, AnalysisResult, InterventionBase
+    from theseus.analysis._base import AnalysisBase
     from theseus.analysis._engine import Selection
     from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
-    from theseus.analysis._intervene import Call, Effect, InterventionError, Outcome, Site
+    from theseus.analysis._intervention_base import InterventionBase
     from theseus.analysis._over import OverResult
+    from theseus.analysis._result import AnalysisResult
+    from theseus.analysis._sites import Call, Effect, InterventionError, Outcome, Site
     from theseus.analysis._view import TrainerView
     from theseus.model.debug import DebugInputs, DebugLayer
 
@@ -53,14 +55,14 @@ __all__ = [
 # pay for them when it records a PyTorch model, so the engine's names load on first use.
 _LAZY = {
     "AnalysisBase": "theseus.analysis._base",
-    "AnalysisResult": "theseus.analysis._base",
+    "AnalysisResult": "theseus.analysis._result",
     "OverResult": "theseus.analysis._over",
-    "InterventionBase": "theseus.analysis._base",
-    "Call": "theseus.analysis._intervene",
-    "Effect": "theseus.analysis._intervene",
-    "InterventionError": "theseus.analysis._intervene",
-    "Outcome": "theseus.analysis._intervene",
-    "Site": "theseus.analysis._intervene",
+    "InterventionBase": "theseus.analysis._intervention_base",
+    "Call": "theseus.analysis._sites",
+    "Effect": "theseus.analysis._sites",
+    "InterventionError": "theseus.analysis._sites",
+    "Outcome": "theseus.analysis._sites",
+    "Site": "theseus.analysis._sites",
     "Selection": "theseus.analysis._engine",
     "AnalysisError": "theseus.analysis._errors",
     "AnalysisSelectionError": "theseus.analysis._errors",

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import abc
 import functools
-import json
 import logging
 import os
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -32,8 +30,8 @@ import numpy as np
 from theseus.analysis import _comet, _over
 from theseus.analysis._engine import Selection, compile_analysis, to_host
 from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
-from theseus.analysis._intervene import Effect, Hooks, Outcome, Site, compile_intervention
 from theseus.analysis._publish import figure_of, render, write_atomic
+from theseus.analysis._result import AnalysisResult
 from theseus.job import Mode, is_primary, process_count, store_root
 from theseus.store import Artifact, Node
 
@@ -43,7 +41,7 @@ if TYPE_CHECKING:
     from theseus.store import Store
     from theseus.training.sharding import ParameterShardingContext
 
-__all__ = ["AnalysisBase", "AnalysisResult", "InterventionBase"]
+__all__ = ["AnalysisBase", "AnalysisResult"]
 
 C = TypeVar("C")
 M = TypeVar("M")
@@ -51,42 +49,6 @@ M = TypeVar("M")
 log = logging.getLogger("theseus.analysis")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-@dataclass(frozen=True)
-class AnalysisResult:
-    """What one run of an analysis produced.
-
-    Attributes:
-        values: what `analyze()` returned, as NumPy arrays with their global shapes.
-        node: the node the result is attached to.
-        path: the file written under `spec.result()` (host zero; None when `plot()`
-            returned None or on other hosts).
-        artifact: the store record of that file (host zero), else None.
-        figure: the matplotlib Figure `plot()` returned (host zero), else None.
-
-    In Jupyter a result shows itself: its figure as an image, a JSON result as JSON.
-    """
-
-    values: Any
-    node: Node
-    path: Path | None
-    artifact: Artifact | None
-    figure: Any = field(default=None, repr=False, compare=False)
-
-    def _repr_png_(self) -> tuple[bytes, dict[str, float]] | None:
-        """The figure as PNG, for Jupyter (None: no figure, Jupyter shows the repr)."""
-        if self.figure is None:
-            return None
-        from theseus.plot import to_png
-
-        return to_png(self.figure), {"width": self.figure.get_figwidth() * 96}
-
-    def _repr_json_(self) -> Any:
-        """A JSON result's value, for Jupyter (None for a figure or nothing saved)."""
-        if self.artifact is None or not self.artifact.filename.endswith(".json"):
-            return None
-        return json.loads(self.artifact.content)
 
 
 class _PlotHelper:
@@ -499,105 +461,3 @@ def _agree_on_failure(error: BaseException | None, owner: str) -> None:
         raise AnalysisError(
             f"{owner}.plot() or writing its result failed on host zero; its log has the error"
         )
-
-
-class InterventionBase(AnalysisBase[C, M]):
-    """Base of interventions: `class A(InterventionBase, MyTrainer)`.
-
-    An intervention replaces what each selected call returns and lets the trace run on
-    to its end, inside the same compiled function as an observation. Declare `TARGET`
-    and `NAME` and implement `select`, `intervene` and `plot`, as for an analysis.
-
-    - `intervene(site)` returns the call's replacement (same shapes; see `Site`).
-      `theseus.analysis.interventions` has the common ones: `zero`, `mean`,
-      `steer`, `patch`, `ablate_head`, `patch_head`.
-    - `select()` returning a list sweeps: one intervened forward per selected path,
-      each with only that call replaced. `variants(layer)` returning `n` sweeps `n`
-      interventions at each path (`site.variant` says which: every head of a layer).
-    - `measure(outcome)` is what each forward is judged by (default: the loss).
-    - `analyze(effect)` turns the measures into the results (default: `effect.change`,
-      the measure with each intervention minus without).
-    - `corrupt(batch)`, when defined, makes the batch the interventions run on; the
-      batch itself is then the source, and `site.source` holds the call's arguments and
-      output on it (activation patching: clean source, corrupted target).
-    - `ESTIMATE = "linear"` estimates every effect from one forward and one backward
-      (attribution patching) instead of running each intervened forward.
-
-    All of these run under `jax.jit` and must compute with `jax.numpy` from what they
-    are given (fixed settings from `self.args`).
-    """
-
-    ESTIMATE: ClassVar[str] = "exact"
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        estimate = vars(cls).get("ESTIMATE")
-        if estimate is not None and estimate not in ("exact", "linear"):
-            raise TypeError(
-                f"{cls.__name__}.ESTIMATE = {estimate!r}; use 'exact' (run every intervened "
-                "forward) or 'linear' (attribution patching: one forward and one backward)"
-            )
-
-    @abc.abstractmethod
-    def intervene(self, site: Site) -> Any:
-        """The selected call's replacement output (shapes and dtypes of `site.output`)."""
-
-    def variants(self, layer: Any) -> int | None:
-        """How many interventions to sweep at this selected call (None: one, no axis)."""
-        return None
-
-    def measure(self, outcome: Outcome) -> Any:
-        """What each forward is judged by: a pytree of arrays (default: `outcome.loss`)."""
-        if outcome.loss is None:
-            raise AnalysisError(
-                f"{type(self).__name__}: the trace returns no loss to measure; override "
-                "measure(outcome) to read what it returns (outcome.output)"
-            )
-        return outcome.loss
-
-    def corrupt(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The batch the interventions run on (not defined: the batch itself, no source)."""
-        raise NotImplementedError  # never called unless a subclass defines it
-
-    def analyze(self, effect: Effect) -> Any:  # type: ignore[override]
-        """The results from the measures (default: `effect.change`)."""
-        return effect.change
-
-    def _compiled_analysis(self) -> Any:
-        if self._analysis_fn is None:
-            selection = self._prepare()
-            cls = type(self)
-
-            def count() -> None:
-                self.traces += 1
-
-            defines_corrupt = cls.corrupt is not InterventionBase.corrupt
-            hooks = Hooks(
-                intervene=self._traced("intervene"),
-                measure=self._traced("measure"),
-                analyze=self._traced("analyze"),
-                variants=self._traced("variants"),
-                corrupt=self._traced("corrupt") if defines_corrupt else None,
-                estimate=self.ESTIMATE,
-            )
-            self._analysis_fn = compile_intervention(
-                cls.trace,  # type: ignore[attr-defined]
-                hooks,
-                selection,
-                self.sharding,
-                cls.__name__,
-                on_trace=count,
-            )
-        return self._analysis_fn
-
-    def _traced(self, method: str) -> Any:
-        """`method`, called with reads of the mutable state and batch turned into errors."""
-
-        def call(*args: Any) -> Any:
-            self._in_analyze = method
-            try:
-                return self._call(method, *args)
-            finally:
-                self._in_analyze = False
-
-        return call

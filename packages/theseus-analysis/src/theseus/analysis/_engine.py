@@ -1,7 +1,9 @@
 """The compiled analysis: `trace` + capture of the selected calls + `analyze`, under one jit.
 
 `Selection` is what `select()` returned, checked against the discovered paths before
-anything compiles. `compile_analysis` builds `fn(state, batch, key) -> results`:
+anything compiles. `compile_program` is the one jit wrapper of every compiled analysis
+(trace counting, the results' check, replication), and `compile_analysis` builds
+`fn(state, batch, key) -> results` with it:
 it runs the trainer's pure `trace` until the first call at every selected path,
 hands the bound modules and their arguments to `analyze`, and returns its pytree,
 replicated on every device so that each host reads the global arrays. The caller
@@ -23,7 +25,7 @@ from theseus.model import debug as _debug
 from theseus.training import keys
 from theseus.training.sharding import ParameterShardingContext
 
-__all__ = ["Selection", "compile_analysis", "to_host"]
+__all__ = ["Selection", "compile_analysis", "compile_program", "to_host"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,39 @@ def _check_leaves(leaves: list[tuple[Any, Any]], owner: str) -> None:
             )
 
 
+def compile_program(
+    body: Callable[[Any, dict[str, Any], jax.Array | None], Any],
+    sharding: ParameterShardingContext,
+    owner: str,
+    on_trace: Callable[[], None] | None = None,
+) -> Any:
+    """`jax.jit` of `fn(state, batch, key) -> body(state, batch, key)`, results replicated.
+
+    The one wrapper of every compiled analysis (`compile_analysis`,
+    `_intervene.compile_intervention`): it counts traces, checks that the results are
+    a pytree of arrays and numbers, and replicates them on every device so that each
+    host reads the global arrays.
+
+    Args:
+        body: the program; `key` may be None (deterministic: no dropout).
+        sharding: the trainer's mesh and rules.
+        owner: the analysis class name, for messages.
+        on_trace: called each time the function is traced (to count compilations).
+
+    Returns:
+        The jitted function.
+    """
+
+    def run(state: Any, batch: dict[str, Any], key: jax.Array | None) -> Any:
+        if on_trace is not None:
+            on_trace()
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(body(state, batch, key))
+        _check_leaves(leaves, owner)
+        return jax.tree_util.tree_unflatten(treedef, [leaf for _, leaf in leaves])
+
+    return jax.jit(run, out_shardings=sharding.replicated())
+
+
 def compile_analysis(
     trace: Callable[..., Any],
     analyze: Callable[[Any, Any], Any],
@@ -86,7 +121,7 @@ def compile_analysis(
     owner: str,
     on_trace: Callable[[], None] | None = None,
 ) -> Any:
-    """`jax.jit` of `fn(state, batch, key) -> analyze(...)`, results replicated.
+    """`compile_program` of `trace` cut at the selected calls, then `analyze(layers, inputs)`.
 
     Args:
         trace: the trainer's `trace` classmethod.
@@ -100,9 +135,7 @@ def compile_analysis(
         The jitted function. `key` may be None (deterministic: no dropout).
     """
 
-    def run(state: Any, batch: dict[str, Any], key: jax.Array | None) -> Any:
-        if on_trace is not None:
-            on_trace()
+    def body(state: Any, batch: dict[str, Any], key: jax.Array | None) -> Any:
         captured = _debug.capture(
             lambda: trace(state, batch, key, sharding=sharding),
             selection.paths,
@@ -117,15 +150,14 @@ def compile_analysis(
             results = analyze(*chosen)
             # Flattened before the inputs close: a result may hold the DebugInputs
             # itself (or a part of it), which reads its values only while open.
-            leaves, treedef = jax.tree_util.tree_flatten_with_path(results)
+            leaves, treedef = jax.tree_util.tree_flatten(results)
         finally:  # the bound scopes and their tracers must not outlive analyze()
             for layer, given in zip(layers, inputs, strict=True):
                 layer.close()
                 given.close()
-        _check_leaves(leaves, owner)
-        return jax.tree_util.tree_unflatten(treedef, [leaf for _, leaf in leaves])
+        return jax.tree_util.tree_unflatten(treedef, leaves)
 
-    return jax.jit(run, out_shardings=sharding.replicated())
+    return compile_program(body, sharding, owner, on_trace)
 
 
 def to_host(results: Any) -> Any:

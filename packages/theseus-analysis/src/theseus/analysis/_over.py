@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 __all__ = ["OverResult", "configuration_digest", "stamp", "walk"]
 
 
+def counted(n: int, noun: str) -> str:
+    """`"1 checkpoint"`, `"2 checkpoints"`: `n` and the noun in the number it takes."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 @dataclass(frozen=True)
 class OverResult:
     """What one walk over a lineage's checkpoints produced.
@@ -176,9 +181,10 @@ def walk(
 
     if skipped:
         say(
-            f"{label}: {len(skipped)} of {len(nodes)} checkpoints already hold {name!r} for "
-            "this configuration and are skipped (recompute them with --force, in Python "
-            ".over(force=True))"
+            f"{label}: {len(skipped)} of {counted(len(nodes), 'checkpoint')} already "
+            f"{'holds' if len(skipped) == 1 else 'hold'} {name!r} for this configuration and "
+            f"{'is' if len(skipped) == 1 else 'are'} skipped (recompute with --force, in "
+            "Python .over(force=True))"
         )
     # Reads overlap only on one process: orbax's restore across hosts synchronizes
     # them, and those collectives must stay in one order with the analysis's own.
@@ -228,14 +234,21 @@ def outcome_lines(job: AnalysisBase[Any, Any], result: OverResult) -> list[str]:
     name = job.NAME
     first = result.nodes[0]
     lineage = f"{first.name}~{first.nonce}"
+    span = (
+        f"seq {first.seq}"
+        if len(result.nodes) == 1
+        else f"seq {first.seq} to {result.nodes[-1].seq}"
+    )
     lines = [
-        f"{name}: analyzed {len(result.results)} of the {len(result.nodes)} checkpoints of "
-        f"{lineage} (seq {first.seq} to {result.nodes[-1].seq})"
+        f"{name}: analyzed {len(result.results)} of {counted(len(result.nodes), 'checkpoint')} "
+        f"of {lineage} ({span})"
     ]
     if result.skipped:
+        one = len(result.skipped) == 1
         lines.append(
-            f"  {len(result.skipped)} skipped: they already hold {name!r} for this "
-            "configuration (--force recomputes them as a new version)"
+            f"  {len(result.skipped)} skipped: {'it' if one else 'they'} already "
+            f"{'holds' if one else 'hold'} {name!r} for this configuration (--force "
+            f"recomputes {'it' if one else 'them'} as a new version)"
         )
     written = [r for r in result.results if r.artifact is not None]
     for r in written:
@@ -244,10 +257,17 @@ def outcome_lines(job: AnalysisBase[Any, Any], result: OverResult) -> list[str]:
     if written:
         last = written[-1]
         root = shlex.quote(str(store_root(job.spec.root)))
-        lines.append(
-            f"  file {last.path} holds the last one (read any back: theseus-store get "
-            f"{root} NODE {name} -o FILE)"
-        )
+        if len(written) == 1:
+            lines.append(
+                f"  file {last.path} holds its result (read it back: theseus-store get "
+                f"{root} {last.node} {name} -o FILE)"
+            )
+        else:
+            lines.append(
+                f"  file {last.path} holds the result of the last node analyzed, "
+                f"{last.node}; each node keeps its own as the artifact above (read any back: "
+                f"theseus-store get {root} NODE {name} -o FILE)"
+            )
     elif result.results:
         lines.append("  plot() returned None, so no file and no artifact were written")
     return lines

@@ -21,7 +21,8 @@ import jax
 import numpy as np
 
 from theseus.analysis import interventions as iv
-from theseus.analysis._base import AnalysisBase, InterventionBase
+from theseus.analysis._base import AnalysisBase
+from theseus.analysis._intervention_base import InterventionBase
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.model.attention.base import SelfAttention
 from theseus.registry import analysis, job

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from theseus.analysis._intervene import InterventionError, Site
+from theseus.analysis._sites import InterventionError, Site
 
 __all__ = [
     "ablate_head",

@@ -1,10 +1,10 @@
 """The ``theseus`` command line: ``jobs``, ``configure``, ``run``, ``data prepare``, plug-ins."""
 
-from theseus.cli import _data, _verbs
+from theseus.cli import _data, _sample, _verbs
 from theseus.cli._app import ENTRY_POINT_GROUP, PluginError, TheseusGroup, common_options, main
 from theseus.cli._cluster import cluster_options
 
-del _data, _verbs  # imported for their verbs
+del _data, _sample, _verbs  # imported for their verbs
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -11,10 +11,10 @@ import click
 from theseus.cli._app import common_options, main
 from theseus.cli._cluster import cluster_options
 from theseus.config import ConfigError, dump, load, parse_overrides
-from theseus.job import BasicJob, CheckpointWalker, from_host_zero, is_primary, store_root
+from theseus.job import BasicJob, CheckpointWalker, from_host_zero, is_primary
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
-from theseus.store import MARKER, Node, Store
+from theseus.store import Node, Store
 
 
 def _job_class(name: str) -> type[BasicJob]:
@@ -287,85 +287,13 @@ def _run_over(
         job = q.create()
         result = job()
         click.echo(
-            f"{tree.job}: over run finished at {len(nodes)} checkpoint(s) of "
+            f"{tree.job}: over run finished at {len(nodes)} "
+            f"{'checkpoint' if len(nodes) == 1 else 'checkpoints'} of "
             f"{node.name}~{node.nonce}."
         )
         if is_primary():
             for line in job.outcome(result):
                 click.echo(line)
-
-
-@main.command("sample")
-@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("target")
-@click.argument("prompt")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
-@click.option(
-    "--temperature", default=1.0, show_default=True, type=click.FloatRange(0), help="0: greedy."
-)
-@click.option("--top-k", default=None, type=click.IntRange(1), help="Sample among the K likeliest.")
-@click.option(
-    "--top-p",
-    default=None,
-    type=click.FloatRange(0, 1, min_open=True),
-    help="Sample among the likeliest tokens whose probability reaches P.",
-)
-@click.option("--seed", default=0, show_default=True, type=int, help="The sampling key's seed.")
-@common_options
-def sample_command(
-    root: Path,
-    target: str,
-    prompt: str,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    seed: int,
-) -> None:
-    """Continue PROMPT with the model of TARGET's checkpoint under ROOT, streaming the text.
-
-    TARGET is a node (`name~nonce~seq`), a lineage (`name~nonce`) or a run name with one
-    lineage; a lineage means its latest checkpoint. Nothing is written to the store.
-    """
-    import jax
-
-    if not (store_root(root) / MARKER).is_file():
-        raise ConfigError(
-            f"{root} holds no store ({store_root(root) / MARKER} is missing); pass the ROOT "
-            "a training run wrote (`theseus run ... ROOT`)."
-        )
-    with quick(root) as q:
-        node = from_host_zero(lambda: _base_node(q.store, target))
-        saved = from_host_zero(lambda: q.store.job_config(node))
-        job_name = load(saved).get("job") if saved else None
-        if not isinstance(job_name, str):
-            raise ConfigError(
-                f"{target} ({node}) has no recorded job configuration, so its model is unknown; "
-                "sample from a node a theseus training job wrote."
-            )
-        project, group, run = node.name.split(".", 2)
-        q.build(_job_class(job_name), run, project=project, group=group)
-        q.find().node(node).resume()
-        job = q.create()
-        generate = getattr(job, "generate", None)
-        if generate is None:
-            raise ConfigError(
-                f"{job_name} ({type(job).__name__}) is not a trainer; it cannot sample."
-            )
-        click.echo(f"{node} (step {int(job.state.step)}):", err=True)  # type: ignore[attr-defined]
-        started: list[bool] = []
-
-        def show(piece: str) -> None:
-            if not started:  # the prompt once generation has begun (bad settings: nothing)
-                click.echo(prompt, nl=False)
-                started.append(True)
-            click.echo(piece, nl=False)
-
-        generate(
-            prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            key=jax.random.key(seed), stream=show,
-        )  # fmt: skip
-        click.echo("" if started else prompt)
 
 
 @main.group("import")

@@ -3,8 +3,8 @@
 Construction reads configuration only. ``setup(resume=False)`` picks the live
 node in one of three modes and records the run; ``tick()`` moves the live node
 to its successor; ``__call__`` synchronizes hosts, sets up, runs and finishes,
-and records the outcome (``job/name``, ``job/status`` and, on failure,
-``job/error``, in one record) on the node where the job started and on its last
+and records the outcome (``job/name``, ``job/module``, ``job/status`` and, on
+failure, ``job/error``, in one record) on the node where the job started and on its last
 live node; inside it SIGTERM and SIGHUP stop the job as Ctrl-C does (recorded, exit
 code 128 + signum; ``theseus.job._signals``). Only host zero writes to the store.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
+import sys
 from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
@@ -38,6 +39,17 @@ class Mode(enum.StrEnum):
     FRESH = "fresh"  # a new lineage at seq 0
     BRANCH = "branch"  # a new lineage whose first node's parent is the base
     RESUME = "resume"  # the live node is the base itself
+
+
+def module_of(cls: type) -> str:
+    """What `--import` takes to register `cls` again: its module's dotted name, or the
+    module's file when the name is made up (`__main__`, a file `--import`ed under a
+    `theseus_user_*` name), which no import by name would find."""
+    name = cls.__module__
+    file = getattr(sys.modules.get(name), "__file__", None)
+    if file and (name == "__main__" or name.startswith("theseus_user_")):
+        return str(file)
+    return name
 
 
 class BasicJob(abc.ABC):
@@ -366,6 +378,7 @@ class BasicJob(abc.ABC):
             return
         record = {  # whose status it is, then the status
             self.status_key("name"): job_key(type(self)),
+            self.status_key("module"): module_of(type(self)),
             **{self.status_key(key.removeprefix("job/")): value for key, value in values.items()},
         }
         for node in dict.fromkeys(n for n in (self._start, self._node) if n is not None):

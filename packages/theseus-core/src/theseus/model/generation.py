@@ -14,13 +14,18 @@ updates them in place.
 
 Sampling: temperature 0 is greedy (argmax). Otherwise the logits are divided by the
 temperature, cut to the `top_k` largest and to the smallest set whose probability
-reaches `top_p`, and token `n` is drawn with `fold_in(key, n)`: the same key, prompts
-and settings give the same tokens.
+reaches `top_p`, and each prompt draws from a stream of its own (`prompt_keys`): the
+key folded with a digest of the prompt's token ids and with how many equal prompts
+come before it in the list; its token `n` is drawn with `fold_in(stream, n)`. So a
+prompt's tokens depend on the key, the prompt and the settings only: the same alone
+as in any batch, at any position and under any padding (a repeated prompt gets a
+fresh stream each time it repeats).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +36,7 @@ import numpy as np
 
 from theseus.errors import TheseusError
 
-__all__ = ["GenerationError", "generate", "prompt_bucket"]
+__all__ = ["GenerationError", "generate", "prompt_bucket", "prompt_keys"]
 
 
 class GenerationError(TheseusError, ValueError):
@@ -42,6 +47,32 @@ def prompt_bucket(longest: int, room: int) -> int:
     """The padded prompt length: `longest` rounded up to a power of two (>= 8), <= `room`."""
     bucket = max(8, 1 << max(0, math.ceil(math.log2(max(longest, 1)))))
     return max(longest, min(bucket, room))
+
+
+def prompt_keys(key: jax.Array, prompts: Sequence[Sequence[int]]) -> jax.Array:
+    """Each prompt's own sampling stream: `[len(prompts)]` keys, one a prompt.
+
+    Prompt `p` gets `fold_in(fold_in(key, digest(p)), k)`, where `digest(p)` is the
+    first 31 bits of the BLAKE2b digest of its token ids (as little-endian int64) and
+    `k` counts the prompts equal to `p` before it in `prompts`. The stream depends on
+    the key and the prompt, not on the batch it is in, its row or its padding.
+
+    Args:
+        key: the sampling key.
+        prompts: token ids, one list per prompt.
+
+    Returns:
+        The keys, stacked (one compiled `_pick` serves every batch of this size).
+    """
+    seen: dict[bytes, int] = {}
+    keys = []
+    for prompt in prompts:
+        ids = np.asarray(prompt, np.int64).astype("<i8").tobytes()
+        digest = int.from_bytes(hashlib.blake2b(ids, digest_size=4).digest(), "little")
+        repeat = seen.get(ids, 0)
+        seen[ids] = repeat + 1
+        keys.append(jax.random.fold_in(jax.random.fold_in(key, digest & 0x7FFFFFFF), repeat))
+    return jnp.stack(keys)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
@@ -66,7 +97,8 @@ def _step(
 @functools.partial(jax.jit, static_argnames=("greedy", "top_k", "nucleus"))
 def _pick(
     logits: jax.Array,
-    key: jax.Array,
+    keys: jax.Array,
+    n: jax.Array,
     temperature: jax.Array,
     top_p: jax.Array,
     *,
@@ -74,7 +106,11 @@ def _pick(
     top_k: int | None,
     nucleus: bool,
 ) -> jax.Array:
-    """The next token of each row (`[batch]` int32) from its logits `[batch, vocab]`."""
+    """The next token of each row (`[batch]` int32) from its logits `[batch, vocab]`.
+
+    Row `b` draws its token `n` with `fold_in(keys[b], n)`, one row at a time (`vmap`),
+    so its draw does not depend on the other rows.
+    """
     logits = logits.astype(jnp.float32)
     if greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -89,7 +125,11 @@ def _pick(
         )  # probability of the tokens ranked above each one
         kept = jnp.where(before < top_p, ordered, jnp.inf).min(axis=-1, keepdims=True)
         logits = jnp.where(logits < kept, -jnp.inf, logits)
-    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+    def draw(key: jax.Array, row: jax.Array) -> jax.Array:
+        return jax.random.categorical(jax.random.fold_in(key, n), row)
+
+    return jax.vmap(draw)(keys, logits).astype(jnp.int32)
 
 
 def _check(
@@ -166,7 +206,9 @@ def generate(
         temperature: 0 is greedy; higher flattens the distribution.
         top_k: sample only among the `top_k` most likely tokens.
         top_p: sample only among the most likely tokens whose probability reaches `top_p`.
-        key: the sampling key (default `jax.random.key(0)`); unused when greedy.
+        key: the sampling key (default `jax.random.key(0)`); unused when greedy. Each
+            prompt samples from its own stream of it (`prompt_keys`), so a prompt's
+            tokens are the same alone as in any batch, at any position.
         on_token: called with each step's new tokens (`[batch]` NumPy ints) as soon as
             they are known, to stream them.
 
@@ -187,7 +229,7 @@ def generate(
         tokens[row, start[row] :] = np.asarray(prompt)
     start_j = jnp.asarray(start)
     logits, caches = _prefill(model, params, jnp.asarray(tokens), start_j, cfg.block_size)
-    key = jax.random.key(0) if key is None else key
+    keys = prompt_keys(jax.random.key(0) if key is None else key, prompts)
     pick = functools.partial(
         _pick,
         temperature=jnp.float32(max(temperature, 1e-6)),
@@ -198,7 +240,7 @@ def generate(
     )
     new: list[np.ndarray] = []
     for n in range(max_new_tokens):
-        token = pick(logits, jax.random.fold_in(key, n))
+        token = pick(logits, keys, jnp.int32(n))
         host = np.asarray(token)
         new.append(host)
         if on_token is not None:

@@ -1,0 +1,96 @@
+"""The time-travel debugger: find module calls by type, replay one, get it back bound.
+
+A trainer's `trace(state, batch, key, sharding=...)` is one pure model call. Flax
+linen reports every module method call to `nn.intercept_methods`; this module
+listens there and names each call by its module path (`"blocks_0/attn"`, the root
+module is `""`):
+
+- `discover(run, target)` lists the paths of every `__call__` of a module of type
+  `target` (subclasses too), in call order, each once. Callers run it under
+  `jax.eval_shape`, so discovery costs no FLOPs.
+- `capture(run, paths)` runs the call until the first `__call__` at each of `paths`
+  has happened and returns, for each, the module bound to its real variables and
+  the call's arguments by name (`DebugInputs`). The rest of the forward pass is not
+  run. Used eagerly by `BaseTrainer.debug` and under `jax.jit` by the analysis engine.
+
+Calls inside a Flax lifted transform (`nn.remat`, `nn.vmap`, `nn.scan`, ...) run in the
+transform's own trace, so their values cannot leave it. `capture` therefore takes
+them at the transformed module's own call, outside the transform (classes made inside
+`setup` or a compact method included: they are hooked as Flax creates them): a
+selected transformed module (`nn.remat(Block)` at `"blocks_0"`, `nn.vmap(MLP)`,
+`nn.scan(...)`) is captured bound as it is, so calling it runs the transform on its
+real arguments; a call inside `nn.remat`/`nn.checkpoint` or `nn.jit` (value-transparent)
+is captured by running the original class untransformed on the same variables and
+arguments; a call below `nn.vmap` or `nn.scan` is captured by running the original class
+under the same transform, with the body returning the call's array arguments next to
+its output, so they leave stacked on a leading axis (one entry per mapped call or per
+iteration; Python values stay as they are); its module maps over that axis (variables
+on the transform's own axes), so calling it gives every entry's output. That module is called like the class itself, positionally or by keyword
+(`layer(**inputs)`): array arguments are mapped, other values (`deterministic=True`)
+passed to every entry. A call below any other transform, or below an `nn.scan` that
+carries variables, is a `TransformedCallError` naming the module to select.
+
+`DebugSession` is what `trainer.debug(path)` returns: unpack it
+(`layer, inputs = trainer.debug(path)`) or use it as a context manager; `close()`
+releases the layer and inputs, and using either afterwards is a `DebugClosedError`.
+
+The package is split by concept: `_discovery` (`discover`, path checks, the errors),
+`_session` (`DebugLayer`, `DebugInputs`, `DebugSession`), `_lifted` (Flax lifted
+classes: hooks, `call_lifted`, `trace_state`, `subtree`), `_mapped` (the module of a
+call below `nn.vmap`/`nn.scan`) and `_capture` (`capture`). Every public name is
+imported from here; the analysis engine's interventions use `trace_state`,
+`arguments`, `subtree`, `lifted`, `lifted_calls`, `lifted_call_around` and
+`call_lifted`.
+"""
+
+from theseus.model.debug._capture import arguments, capture, named_arguments
+from theseus.model.debug._discovery import (
+    DebugClosedError,
+    DebugTargetError,
+    TransformedCallError,
+    UnknownArgumentError,
+    UnknownPathError,
+    check_paths,
+    check_target,
+    discover,
+    join,
+    path_of,
+)
+from theseus.model.debug._lifted import (
+    attributes,
+    call_lifted,
+    lifted,
+    lifted_call_around,
+    lifted_calls,
+    subtree,
+    trace_state,
+)
+from theseus.model.debug._mapped import mapped_layer
+from theseus.model.debug._session import DebugInputs, DebugLayer, DebugSession
+
+__all__ = [
+    "DebugClosedError",
+    "DebugInputs",
+    "DebugLayer",
+    "DebugSession",
+    "DebugTargetError",
+    "TransformedCallError",
+    "UnknownArgumentError",
+    "UnknownPathError",
+    "arguments",
+    "attributes",
+    "call_lifted",
+    "capture",
+    "check_paths",
+    "check_target",
+    "discover",
+    "join",
+    "lifted",
+    "lifted_call_around",
+    "lifted_calls",
+    "mapped_layer",
+    "named_arguments",
+    "path_of",
+    "subtree",
+    "trace_state",
+]
