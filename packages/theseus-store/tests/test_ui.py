@@ -9,7 +9,6 @@ decoder for the rendered PDF page.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import itertools
 import json
@@ -24,6 +23,7 @@ import pytest
 pytest.importorskip("starlette", reason="the ui extra is not installed (theseus-store[ui])")
 pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
 
+import _ui_store
 import numpy as np
 from starlette.testclient import TestClient
 
@@ -33,17 +33,6 @@ from theseus.store.ui import CSP, create_app, downsample, open_readonly, running
 from theseus.store.ui._data import stitched_series
 from theseus.store.ui._serve import store_folder
 
-
-def _helper(name: str):
-    """Load a helper module beside this file (tests import in importlib mode)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_ui_store = _helper("_ui_store")
 HOSTILE, HOSTILE_IMG, build = _ui_store.HOSTILE, _ui_store.HOSTILE_IMG, _ui_store.build
 
 

@@ -13,7 +13,6 @@ browser download is not used). Without it the tests skip, except under CI (the
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -29,21 +28,12 @@ import pytest
 pytest.importorskip("starlette", reason="the ui extra is not installed (theseus-store[ui])")
 pytest.importorskip("playwright", reason="playwright is not installed (the dev group has it)")
 
+import _ui_store
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from theseus.store import Node, Store
 from theseus.store.ui import running
 
-
-def _helper(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_ui_store = _helper("_ui_store")
 HOSTILE = _ui_store.HOSTILE
 
 

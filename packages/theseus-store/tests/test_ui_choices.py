@@ -11,7 +11,6 @@ mechanical check that the browser holds no SQL of its own.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -22,22 +21,12 @@ import pytest
 pytest.importorskip("starlette", reason="the ui extra is not installed (theseus-store[ui])")
 pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
 
+import _ui_store
 from starlette.testclient import TestClient
 
 import theseus.store.ui
 from theseus.store import Node, Store
 from theseus.store.ui import create_app, open_readonly
-
-
-def _helper(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_ui_store = _helper("_ui_store")
 
 
 @pytest.fixture(scope="module")

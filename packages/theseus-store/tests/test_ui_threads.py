@@ -10,7 +10,6 @@ colour the PDF was drawn with, decoded by Pillow.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -29,13 +28,9 @@ N = 48
 
 
 def _tiny_pdf():
-    spec = importlib.util.spec_from_file_location(
-        "_ui_store", Path(__file__).with_name("_ui_store.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.tiny_pdf
+    import _ui_store  # this folder is on sys.path: see conftest.py
+
+    return _ui_store.tiny_pdf
 
 
 CHILD = textwrap.dedent(
