@@ -7,6 +7,7 @@ Nodes and records, and the SQL behind it lives in ``_lineage``.
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ __all__ = ["StoreReader", "check_node"]
 T = TypeVar("T")
 
 
-class StoreReader:
+class StoreReader(abc.ABC):
     """What a store answers; :class:`~theseus.store.Store` opens it and adds the writes.
 
     Attributes:
@@ -45,15 +46,13 @@ class StoreReader:
     folders: RootFolders
     inline_max: int
 
-    def read(self, fn: Callable[[Any], T]) -> T:  # pragma: no cover - the Store's
-        """Run ``fn(conn)`` in one read snapshot."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def read(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(conn)`` in one read snapshot (the Store's transaction)."""
 
-    def read_one(
-        self, sql: str, params: Sequence[Any]
-    ) -> list[tuple[Any, ...]]:  # pragma: no cover
-        """Run one SELECT statement."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def read_one(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Run one SELECT statement (the Store's connection)."""
 
     def checkpoint_path(self, path: str, relative: int) -> Path:
         """The checkpoint path a row's stored ``(path, relative)`` names (``RootFolders.path``)."""
