@@ -58,6 +58,8 @@ def test_bare_slider_and_compare_offer_pickers(client: TestClient, built) -> Non
     assert len(picked) == 1
     offered = re.findall(r'<option value="([^"]+)"', picked[0])
     assert sorted(offered) == sorted(_key(nodes[n]) for n in ("base0", "tune0"))
+    # the lineage selected at first is one that holds artifacts (the branch holds none)
+    assert offered[0] == _key(nodes["base0"]) and "· 0 artifacts" in picked[0]
 
     compare = client.get("/compare")
     assert compare.status_code == 200, compare.text

@@ -291,6 +291,8 @@ class Browser:
     def slider(self, request: Request) -> HTMLResponse:
         if not request.query_params.get("l"):
             found, _ = _data.lineages(self.store, limit=MAX_PER_PAGE)
+            # lineages that hold artifacts first: the one selected is one worth sliding
+            found = sorted(found, key=lambda item: item.artifacts == 0)
             return self.page("slider_pick.html", lineages=found)
         name, nonce = parse_lineage(request.query_params.get("l"))
         if self.store.lineage_end(name, nonce) is None:
