@@ -33,7 +33,7 @@ def _digest(folder: Path) -> dict[str, str]:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != ".writer.lock"
+        if p.is_file()  # the writer lock's file too: a refused run must not even open it
     }
 
 

@@ -56,9 +56,13 @@ def test_fsck_reports_then_repairs_checkpoint_leftovers(tmp_path: Path) -> None:
     store, folder, _ = _theseus_root(tmp_path)
     _step(folder, "8", "committed, never indexed")
     _step(folder, "12.orbax-checkpoint-tmp-99", "half written")
-    # a lineage killed before its first registration: found through ROOT/checkpoints
+    # a lineage killed before its first registration: its run had claimed the folder
     early = tmp_path / "checkpoints" / "p" / "g" / "other" / "zz9"
+    store.folders.take(early)
     _step(early, "4")
+    # a folder of a lineage the store does not know, which this root never claimed
+    # (another root's through a checkpoints/ that is a symlink into this one): left alone
+    unknown = _step(tmp_path / "checkpoints" / "p" / "g" / "else" / "yy8", "4")
 
     report = store.fsck()
     assert report.clean  # leftovers, not problems: every row still has what it names
@@ -77,6 +81,7 @@ def test_fsck_reports_then_repairs_checkpoint_leftovers(tmp_path: Path) -> None:
     )
     assert (folder / "unregistered" / "8" / "state").read_text() == "committed, never indexed"
     assert (folder / "4" / "state").read_text() == "weights"  # the registered one stays
+    assert unknown.is_dir() and [f for f, _ in repaired.foreign_folders] == [unknown.parent]
     after = store.fsck()
     assert not after.unregistered_checkpoints and not after.interrupted_checkpoints
     store.close()

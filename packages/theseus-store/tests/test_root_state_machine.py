@@ -78,6 +78,8 @@ class Root:
         self.shared = shared
         #: lineage (run, nonce) -> the last step written
         self.lineages: dict[tuple[str, str], int] = {}
+        #: the lineages its store knows (a checkpoint of theirs was registered)
+        self.known: set[tuple[str, str]] = set()
 
 
 class TwoRoots(RuleBasedStateMachine):
@@ -92,8 +94,8 @@ class TwoRoots(RuleBasedStateMachine):
         self.roots: dict[str, Root] = {}
         #: every folder the model wrote (steps, interrupted saves, set-aside ones) -> digest
         self.files: dict[Path, str] = {}
-        #: physical lineage folder -> id of the root that owns it
-        self.owner: dict[Path, int] = {}
+        #: physical lineage folder -> id of the root that owns it (None: no root can place it)
+        self.owner: dict[Path, int | None] = {}
         self.counter = itertools.count()
 
     def teardown(self) -> None:
@@ -196,8 +198,8 @@ class TwoRoots(RuleBasedStateMachine):
                 assert {p: _digest(p) for p in self.files} == before
                 return
             moved = open_lineage_folder(store, folder)
+            self.owner[physical] = root.id  # taken: a folder nobody could place is its now
             self._accept_set_aside(root, moved)
-            self.owner[physical] = root.id
             last = root.lineages.get((run, nonce), 0)
             for step in range(last + 1, last + steps + 1):
                 path = physical / str(step)
@@ -207,6 +209,7 @@ class TwoRoots(RuleBasedStateMachine):
                 if step == last + steps and crash == "unregistered":
                     continue
                 store.checkpoint(Node(f"general.default.{run}", nonce, step), path, step=step)
+                root.known.add((run, nonce))
             if crash == "interrupted":
                 self._write(physical / f"{last + steps + 1}{TEMP}{next(self.counter)}")
         root.lineages[(run, nonce)] = last + steps
@@ -227,7 +230,7 @@ class TwoRoots(RuleBasedStateMachine):
         src = self.roots[source]
         dst = Root(self.base / f"{target}-{next(self.counter)}", src.shared)
         shutil.copytree(src.path, dst.path, symlinks=True)
-        dst.lineages = dict(src.lineages)
+        dst.lineages, dst.known = dict(src.lineages), set(src.known)
         self.roots[target] = dst
         if not src.shared:
             for path in [p for p in self.files if src.path in p.parents]:
@@ -235,7 +238,10 @@ class TwoRoots(RuleBasedStateMachine):
             for folder in [
                 f for f, o in self.owner.items() if o == src.id and src.path in f.parents
             ]:
-                self.owner[dst.path / folder.relative_to(src.path)] = dst.id
+                # the copy's own folder when its store knows the lineage; a folder of a
+                # lineage that never registered a checkpoint nobody can place
+                known = (folder.parent.name, folder.name) in dst.known
+                self.owner[dst.path / folder.relative_to(src.path)] = dst.id if known else None
 
     @rule(source=st.sampled_from(SLOTS))
     def copy_partly(self, source: str) -> None:
@@ -244,6 +250,7 @@ class TwoRoots(RuleBasedStateMachine):
         self._remove(target)
         src = self.roots[source]
         dst = Root(self.base / f"{target}-{next(self.counter)}", shared=False)
+        dst.known = set(src.known)
         shutil.copytree(src.path / "store", dst.path / "store")
         rows = self._rows(src)
         for (run, nonce), _ in src.lineages.items():

@@ -141,6 +141,9 @@ class CheckpointKeeper:
         Anything that fails here releases the lock again.
         """
         assert self.store is not None, "only host zero, which holds the store, locks"
+        # another root's folder (a shared checkpoints/) is refused before its lock file
+        # is opened: nothing of it is written, not even the lock's holder
+        self.store.folders.refuse_foreign(self.directory)
         lock = FolderLock(self.directory)
         if not lock.acquire():
             holder = lock.holder()

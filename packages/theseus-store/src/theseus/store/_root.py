@@ -29,8 +29,8 @@ names another folder than the one it sits in and is stale (the copy's own, if
 its store knows the lineage); a lineage folder that two roots see through a
 shared ``checkpoints/`` keeps its inode, so the claim names the root that took it
 and every other root leaves it alone. A lineage folder without a valid claim
-(written before claims existed, or copied) is the root's when its ``checkpoints/``
-is a real folder of its own, and otherwise only when its store knows the lineage.
+(written before claims existed, or copied) is the root's only when its store knows
+the lineage: a folder nobody can place is reported and never touched.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from theseus.store._errors import StorePermissionError
@@ -88,11 +88,6 @@ class RootFolders:
         """The canonical checkpoint tree of a Theseus root (a symlink resolved), else None."""
         spelled = self.spelled_tree
         return None if spelled is None else canonical_path(spelled)
-
-    def tree_is_own(self) -> bool:
-        """Whether ``ROOT/checkpoints`` is a folder of the root's own, not a symlink elsewhere."""
-        spelled = self.spelled_tree
-        return spelled is not None and spelled.is_dir() and not spelled.is_symlink()
 
     def lineage_folder(self, lineage: Lineage) -> Path | None:
         """``ROOT/checkpoints/<project>/<group>/<run>/<nonce>``, canonical; None for a bare store."""
@@ -165,63 +160,71 @@ class RootFolders:
 
         None when the folder is this root's: its claim names this store's folder (by
         inode; the path may have changed with ``mv``), or it has no valid claim
-        (none, damaged, or one that travelled with a copy) and either the root's
-        ``checkpoints/`` is a folder of its own (not a symlink that other roots may
-        share) or the store knows its lineage. Otherwise the phrase says whose it
-        is, for a message.
+        (none, damaged, or one that travelled with a copy) and the store knows its
+        lineage. Otherwise the phrase says whose it is, for a message.
         """
-        lineage = self.layout(folder)
-        if lineage is None:
+        if self.layout(folder) is None:
             return "a folder outside this root's checkpoint tree"
         claim = _read_claim(folder)
         if claim is not None and claim.get("folder") == _inode(folder):
             if claim.get("store") == _inode(self.store):
                 return None
-            return f"the root whose store was at {claim.get('path', '?')} (its claim there)"
-        if self.tree_is_own() or lineage in set(self._lineages()):
+            return f"claimed by the root whose store was at {claim.get('path', '?')}"
+        if self.layout(folder) in set(self._lineages()):
             return None
-        return "no lineage of this store, in a checkpoints/ reached through a symlink"
+        return "no lineage of this store, and no claim of this root"
 
     def owns(self, folder: Path) -> bool:
         """Whether lineage folder ``folder`` (canonical) is this root's (see :meth:`claimant`)."""
         return self.claimant(folder) is None
 
+    def refuse_foreign(self, folder: Path) -> None:
+        """Refuse, before anything there is touched, a lineage folder another root has claimed.
+
+        Raises:
+            StorePermissionError: naming the root that holds ``folder`` and how to take it
+                back if that root is gone.
+        """
+        folder = canonical_path(folder)
+        claim = _read_claim(folder)
+        if claim is None or claim.get("folder") != _inode(folder):
+            return
+        if claim.get("store") == _inode(self.store):
+            return
+        raise StorePermissionError(
+            f"The checkpoint folder {folder} belongs to the root whose store was at "
+            f"{claim.get('path', '?')}: this root's checkpoints/ reaches the same folder "
+            "(a shared or symlinked checkpoints/, or a copy made with its symlinks). Continue "
+            "that lineage from its own root, or branch it into a new lineage here; if that "
+            f"root no longer exists (deleted, or moved to another disk), delete {folder / CLAIM} "
+            "and this root takes the folder."
+        )
+
     def take(self, folder: Path) -> None:
         """Claim lineage folder ``folder`` for this root before writing checkpoints there.
 
-        Called with the folder's writer lock held (``FolderLock``). A folder that a
-        copy brought along, or that has no claim yet, becomes this root's; one that
-        another root holds is refused.
+        Called with the folder's writer lock held (``FolderLock``), after
+        :meth:`refuse_foreign` was asked before taking the lock. A folder that a copy
+        brought along, or that has no claim yet, becomes this root's; one that another
+        root holds is refused.
 
         Raises:
             StorePermissionError: ``folder`` is not in this root's checkpoint tree, or
                 another root holds it (the message names that root).
         """
         folder = canonical_path(folder)
-        lineage = self.layout(folder)
-        if lineage is None:
+        if self.layout(folder) is None:
             raise StorePermissionError(
                 f"{folder} is not a lineage folder of the root {self.store.parent} (expected "
                 f"{self.spelled_tree or self.store.parent / 'checkpoints'}/PROJECT/GROUP/RUN/NONCE); "
                 "checkpoints of this store are written only there."
             )
+        self.refuse_foreign(folder)
         folder.mkdir(parents=True, exist_ok=True)
         claim = _read_claim(folder)
-        if claim is not None and claim.get("folder") == _inode(folder):
-            if claim.get("store") != _inode(self.store):
-                raise StorePermissionError(
-                    f"The checkpoint folder {folder} belongs to the root whose store was at "
-                    f"{claim.get('path', '?')}: this root's checkpoints/ reaches the same folder "
-                    "(a shared or symlinked checkpoints/, or a copy made with its symlinks). "
-                    "Continue that lineage from its own root, or branch it into a new "
-                    "lineage here."
-                )
-            if claim.get("path") == str(self.store):
-                return
-        _write_claim(
-            folder,
-            {"path": str(self.store), "store": _inode(self.store), "folder": _inode(folder)},
-        )
+        mine = {"path": str(self.store), "store": _inode(self.store), "folder": _inode(folder)}
+        if claim != mine:
+            _write_claim(folder, mine)
 
     def lineage_folders(self) -> tuple[list[Path], list[tuple[Path, str]]]:
         """The tree's lineage folders that hold steps: ``(this root's, [(other, whose)])``.
@@ -262,7 +265,7 @@ def _read_claim(folder: Path) -> dict[str, object] | None:
     return claim if isinstance(claim, dict) else None
 
 
-def _write_claim(folder: Path, claim: dict[str, object]) -> None:
+def _write_claim(folder: Path, claim: Mapping[str, object]) -> None:
     """Write the claim atomically: a file of this process's own, renamed into place."""
     tmp = folder / f"{CLAIM}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
