@@ -69,10 +69,12 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
     assert match and int(match.group(1)) < 2 and int(match.group(2)) < 4
 
 
-def test_demo_refuses_a_step_count_below_one(tmp_path: Path) -> None:
-    for steps in ("0", "-3"):
+def test_demo_refuses_a_step_count_out_of_range(tmp_path: Path) -> None:
+    # 2**31 steps overflowed the 32-bit step counter after the store and data were written
+    for steps in ("0", "-3", str(2**31)):
         result = CliRunner().invoke(main, ["demo", str(tmp_path / "d"), "--steps", steps])
-        assert result.exit_code == 2 and "at least 1" in result.output
+        assert result.exit_code == 2, result.output
+        assert f"{steps} is not in the range 1<=x<=2147483647" in result.output
     assert not (tmp_path / "d").exists()
 
 

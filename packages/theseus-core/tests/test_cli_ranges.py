@@ -65,6 +65,10 @@ def _nothing_written(root: Path) -> None:
             "'logging/validation_interval' must be an integer >= 1; got 0.",
         ),
         ("optimization.lr=-1", "'optimization/lr' must be a finite number > 0; got -1.0."),
+        (  # before the bound: a failed lineage and JAX's OverflowError at the first step
+            f"training.tokens={2**31 * 256}",
+            "'training/tokens' must be at most 2,147,483,647 steps of 256 tokens",
+        ),
     ],
 )
 def test_run_refuses_a_number_out_of_range_before_writing(

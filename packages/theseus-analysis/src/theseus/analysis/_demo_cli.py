@@ -49,7 +49,13 @@ def _command(name: str) -> str:
 
 @click.command("demo")
 @click.argument("root", default="theseus-demo", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--steps", default=600, show_default=True, help="Optimizer steps to train.")
+@click.option(
+    "--steps",
+    type=click.IntRange(1, 2**31 - 1),  # the step counter is 32-bit (training/_rules.MAX_STEPS)
+    default=600,
+    show_default=True,
+    help="Optimizer steps to train.",
+)
 @cluster_options
 @common_options
 def demo(root: Path, steps: int) -> None:
@@ -65,9 +71,6 @@ def demo(root: Path, steps: int) -> None:
     from theseus.data.prepared import DataNotPreparedError
     from theseus.job import is_primary, process_count, process_index, sync_hosts
     from theseus.quick import quick
-
-    if steps < 1:
-        raise click.BadParameter(f"must be at least 1; got {steps}", param_hint="--steps")
 
     root = root.absolute()
     # Host zero prepares first; the others then find its files (a shared ROOT) or, on a

@@ -10,16 +10,26 @@ from __future__ import annotations
 
 from theseus.config import rule
 
-__all__ = ["MAX_SEED", "micro_batches", "one_batch"]
+__all__ = ["MAX_SEED", "MAX_STEPS", "micro_batches", "one_batch"]
 
 #: The largest seed (`training/seed`, `data/seed`): JAX keys and numpy generators take 63 bits.
 MAX_SEED = 2**63 - 1
+#: The most optimizer steps a run may take: the step counter is a 32-bit integer on the device.
+MAX_STEPS = 2**31 - 1
 
 
 @rule("training/tokens", "training/batch_size", "architecture/block_size")
 def one_batch(tokens: int, batch_size: int, block_size: int) -> str | None:
-    """`training/tokens` covers at least one batch (`total_steps` = tokens // batch tokens)."""
+    """`training/tokens` covers at least one batch (`total_steps` = tokens // batch tokens) and
+    at most `MAX_STEPS` of them."""
     batch = batch_size * block_size
+    if tokens // batch > MAX_STEPS:
+        return (
+            f"Configuration value for 'training/tokens' must be at most {MAX_STEPS:,} steps of "
+            f"{batch} tokens ({MAX_STEPS * batch:,} tokens: the step counter is a 32-bit "
+            f"integer); got {tokens:,}. Set `training.tokens={MAX_STEPS * batch}` or less, or make "
+            "the batch larger."
+        )
     if tokens >= batch:
         return None
     return (
