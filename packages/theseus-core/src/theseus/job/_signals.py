@@ -18,14 +18,20 @@ The piece is small and reusable (a later scheduler integration adds SIGUSR2): ha
 are installed only in the main thread (elsewhere both context managers do nothing), only
 over the default action (a signal ignored with `nohup`, or handled by the program
 itself, keeps its handler), and restored when the block ends. On several hosts every
-host gets the signal from its scheduler and stops on its own; host zero records. After
-the first stop signal, later ones are ignored: the process is already stopping, and
-SIGKILL still ends it at once.
+host gets the signal from its scheduler and stops on its own; host zero records.
+
+A Python handler runs only when the main thread runs Python. A process blocked in native
+code (a compiled step that never returns, a collective waiting for a host that died)
+would never see the first signal, so a second stop signal ends the process at once with
+128 + signum (nothing more is recorded): each stop signal's number reaches a watchdog
+thread through `signal.set_wakeup_fd`, which the interpreter writes from its C-level
+handler whatever the main thread is doing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator, Sequence
@@ -75,7 +81,7 @@ class _State:
     installed: bool = False
     deferring: int = 0  # depth of nested deferred_stop blocks
     pending: int | None = None  # a signal that arrived while deferring
-    stopping: bool = False  # Terminated was raised: later signals are ignored
+    stopping: bool = False  # Terminated was raised: later signals leave it to the watchdog
 
 
 _state = _State()
@@ -99,13 +105,62 @@ def _stop(signum: int) -> None:
     raise Terminated(signum)
 
 
+def _watch(read_fd: int, stops: frozenset[int]) -> None:
+    """Read signal numbers from the wakeup pipe; end the process at the second stop signal."""
+    seen = 0
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        if not data:  # the block ended: the write end is closed
+            return
+        for signum in data:
+            if signum in stops:
+                seen += 1
+                if seen >= 2:
+                    os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def _wakeup_watchdog(signals: Sequence[signal.Signals]) -> Iterator[None]:
+    """A thread that ends the process at the second of `signals`, even while the main
+    thread is blocked in native code (see the module's notes)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        previous: int | None = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter
+        previous = None
+    if previous is None:
+        os.close(read_fd)
+        os.close(write_fd)
+        yield
+        return
+    watcher = threading.Thread(
+        target=_watch,
+        args=(read_fd, frozenset(int(s) for s in signals)),
+        name="theseus-stop-watchdog",
+        daemon=True,
+    )
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(write_fd)  # the watchdog reads the end of the pipe and returns
+        watcher.join(timeout=5)
+        os.close(read_fd)
+
+
 @contextlib.contextmanager
 def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterator[None]:
     """Inside the block, each of `signals` raises :class:`Terminated` in the main thread.
 
     Handlers are installed only in the main thread and only over a signal's default
     action, and the previous ones are restored at the end. Nested blocks use the
-    outer one's handlers.
+    outer one's handlers. A second stop signal ends the process at once (exit code
+    128 + signum), also while the main thread is blocked in native code.
 
     Args:
         signals: the signals that stop the process (default :data:`STOP_SIGNALS`).
@@ -122,7 +177,8 @@ def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterato
     }
     _state.installed = True
     try:
-        yield
+        with _wakeup_watchdog(list(previous)):
+            yield
         if _state.pending is not None:  # kept by a deferred block that ended in an error
             _stop(_state.pending)
     finally:
