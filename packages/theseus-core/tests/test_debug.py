@@ -7,7 +7,9 @@ checked against numbers it did not produce. Tolerances: float32 on CPU, 1e-6.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -260,3 +262,76 @@ def test_a_layer_captured_below_nn_scan_is_called_like_any_other() -> None:
     np.testing.assert_allclose(
         jax.jit(compiled)(variables, x), layer(**inputs), rtol=1e-5, atol=1e-6
     )
+
+
+class _Cell(nn.Module):
+    @nn.compact
+    def __call__(self, carry: jax.Array, x: jax.Array, scale: float) -> tuple[jax.Array, jax.Array]:
+        h = nn.Dense(4, name="dense")(carry + x) * scale
+        return h, h.sum(-1)
+
+
+class _Recurrent(nn.Module):
+    @nn.compact
+    def __call__(self, xs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        scan = nn.scan(
+            _Cell,
+            variable_broadcast="params",
+            split_rngs={"params": False},
+            in_axes=(1, nn.broadcast),
+            out_axes=1,
+        )
+        return scan(name="rnn")(jnp.zeros((xs.shape[0], 4)), xs, 0.5)
+
+
+class _Member(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array, *, gain: float = 1.0) -> jax.Array:
+        return nn.Dense(3, name="d")(x) * gain
+
+
+class _Ensemble(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        vmap = nn.vmap(
+            _Member,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=None,
+            out_axes=0,
+            axis_size=4,
+        )
+        return vmap(name="ens")(x)
+
+
+@pytest.mark.parametrize(
+    ("model", "x", "path", "positional"),
+    [
+        (_Recurrent(), jax.random.normal(jax.random.key(1), (2, 5, 4)), "rnn", ["carry", "x", "scale"]),
+        (_Ensemble(), jax.random.normal(jax.random.key(1), (2, 5)), "ens", ["x"]),
+    ],
+)  # fmt: skip
+def test_a_selected_nn_scan_or_nn_vmap_module_is_called_by_keyword_like_its_class(
+    model: nn.Module, x: jax.Array, path: str, positional: list[str]
+) -> None:
+    variables = model.init(jax.random.key(0), x)
+    reference = jax.tree.leaves(model.apply(variables, x))  # the model's own output
+    ((layer, inputs),) = debug.capture(lambda: model.apply(variables, x), [path])
+
+    def check(out: Any, tolerance: float = 1e-6) -> None:
+        leaves = jax.tree.leaves(out)
+        assert len(leaves) == len(reference)
+        for ours, expected in zip(leaves, reference, strict=True):
+            np.testing.assert_allclose(ours, expected, rtol=tolerance, atol=1e-6)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Flax warns when a transform drops keywords
+        check(layer(**inputs))
+    check(layer(*(inputs[name] for name in positional)))
+
+    # and under jax.jit, as the analysis engine calls it
+    def compiled(variables: dict, x: jax.Array) -> Any:
+        ((layer, inputs),) = debug.capture(lambda: model.apply(variables, x), [path])
+        return layer(**inputs)
+
+    check(jax.jit(compiled)(variables, x), 1e-5)

@@ -137,6 +137,10 @@ def test_sampling_is_reproducible_from_its_key_and_honours_top_k_and_top_p(
     greedy = generate(model, params, PROMPTS, 10, temperature=0)
     assert sample(1, top_k=1) == greedy  # only the most likely token is left
     assert sample(1, top_p=1e-6) == greedy  # the smallest set reaching p is the top token
+    # a top_p that float32 rounds to 0 still keeps the top token (not token 0, drawn
+    # when the nucleus kept nothing)
+    assert any(token != 0 for row in greedy for token in row)
+    assert sample(1, top_p=1e-300) == greedy
     # with top_k=3 every drawn token is among the 3 most likely under the plain forward
     for prompt, new in zip(PROMPTS, sample(5, top_k=3, temperature=2.0), strict=True):
         for n, token in enumerate(new):

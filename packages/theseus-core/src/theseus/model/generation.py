@@ -14,7 +14,7 @@ updates them in place.
 
 Sampling: temperature 0 is greedy (argmax). Otherwise the logits are divided by the
 temperature, cut to the `top_k` largest and to the smallest set whose probability
-reaches `top_p`, and each prompt draws from a stream of its own (`prompt_keys`): the
+reaches `top_p` (never fewer than the most likely token), and each prompt draws from a stream of its own (`prompt_keys`): the
 key folded with a digest of the prompt's token ids and with how many equal prompts
 come before it in the list; its token `n` is drawn with `fold_in(stream, n)`. So a
 prompt's tokens depend on the key, the prompt and the settings only: the same alone
@@ -123,7 +123,9 @@ def _pick(
         before = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) - jax.nn.softmax(
             ordered, axis=-1
         )  # probability of the tokens ranked above each one
-        kept = jnp.where(before < top_p, ordered, jnp.inf).min(axis=-1, keepdims=True)
+        # the most likely token always stays (a top_p below float32's range rounds to 0)
+        keep = (before < top_p) | (jnp.arange(ordered.shape[-1]) == 0)
+        kept = jnp.where(keep, ordered, jnp.inf).min(axis=-1, keepdims=True)
         logits = jnp.where(logits < kept, -jnp.inf, logits)
 
     def draw(key: jax.Array, row: jax.Array) -> jax.Array:

@@ -18,9 +18,11 @@ transform's own trace, so their values cannot leave it. `capture` therefore take
 them at the transformed module's own call, outside the transform (classes made inside
 `setup` or a compact method included: they are hooked as Flax creates them): a
 selected transformed module (`nn.remat(Block)` at `"blocks_0"`, `nn.vmap(MLP)`,
-`nn.scan(...)`) is captured bound as it is, so calling it runs the transform on its
-real arguments; a call inside `nn.remat`/`nn.checkpoint` or `nn.jit` (value-transparent)
-is captured by running the original class untransformed on the same variables and
+`nn.scan(...)`) is captured bound to its variables, so calling it runs the transform
+on its real arguments; it is called like its class, by keyword too (`layer(**inputs)`:
+the arguments are bound to the original `__call__` and passed on positionally, since
+`nn.scan` and `nn.vmap` ignore keywords); a call inside `nn.remat`/`nn.checkpoint` or
+`nn.jit` (value-transparent) is captured by running the original class untransformed on the same variables and
 arguments; a call below `nn.vmap` or `nn.scan` is captured by running the original class
 under the same transform, with the body returning the call's array arguments next to
 its output, so they leave stacked on a leading axis (one entry per mapped call or per

@@ -2,7 +2,7 @@
 
 Calls inside a Flax lifted transform are taken at the transformed module's own call,
 outside the transform (see `theseus.model.debug`): a selected transformed module is
-returned bound as it is; a call below `nn.remat`/`nn.jit` comes from the original class
+returned bound, called like its class (`_lifted.called_by_name`); a call below `nn.remat`/`nn.jit` comes from the original class
 run untransformed on the same variables and arguments; a call below `nn.vmap`/`nn.scan`
 from a probe that runs the original class under the same transform and returns the
 call's array arguments stacked (`_mapped.mapped_layer` makes its module).
@@ -37,6 +37,7 @@ from theseus.model.debug._lifted import (
     _lifted_call_around,
     _lifted_subclasses,
     attributes,
+    called_by_name,
     lifted,
     subtree,
     trace_state,
@@ -88,8 +89,8 @@ def capture(
     """Run `run()` until the first `__call__` at each of `paths`; return them bound.
 
     Calls inside Flax lifted transforms are taken at the transformed module's own
-    call (see the module docstring): a transformed module itself is returned bound as
-    it is (calling it runs the transform), a call inside `nn.remat`/`nn.jit` comes from
+    call (see the module docstring): a transformed module itself is returned bound
+    (calling it runs the transform; it takes its arguments by keyword too), a call inside `nn.remat`/`nn.jit` comes from
     the original class run untransformed on the same variables and arguments, a call
     below `nn.vmap`/`nn.scan` from the original class run under the same transform with
     its values returned stacked on a leading axis (one entry per mapped call or per
@@ -317,7 +318,10 @@ def _capture_once(
         if pending(path):
             named = named_arguments(inspect.signature(cls.__call__), (module, *args), kwargs)
             named.pop(next(iter(named)))  # self
-            take(module, path, named)
+            if kind:  # called like its class: `layer(**inputs)` (a transform drops keywords)
+                take(called_by_name(module, rngs), path, named, bound=True)
+            else:
+                take(module, path, named)
         below = [p for p in wanted if pending(p) and p.startswith(path + "/" if path else "")]
         if below and kind in _TRANSPARENT:
             copy = cls(parent=None, **attributes(module)).bind(dict(module.variables), rngs=rngs)

@@ -6,8 +6,9 @@ inside cannot leave it. These functions let a caller see such calls from outside
 calls of lifted classes to a callback while a block runs (hooking classes Flax makes
 meanwhile), `lifted_call_around` names the one the Python stack is inside, and
 `call_lifted` runs a lifted call's own transform with a body of the caller's around
-the method, so values computed inside leave as outputs. `trace_state` tells whether
-a call runs in the trace a caller started in; `subtree` and `attributes` copy a
+the method, so values computed inside leave as outputs; `called_by_name` lets a
+captured lifted module take its arguments by keyword. `trace_state` tells whether a
+call runs in the trace a caller started in; `subtree` and `attributes` copy a
 submodule's variables and a module's constructor fields. The debugger's `capture`
 and the engine's interventions share them.
 """
@@ -252,6 +253,44 @@ def call_lifted(
         transform, inside, *trafo_args, **trafo_kwargs
     )
     return lifted_body(module, *args, **kwargs)
+
+
+def called_by_name(module: nn.Module, rngs: dict[str, Any] | None) -> nn.Module:
+    """A lifted module, bound as `module` is, whose call also takes its arguments by name.
+
+    Flax's transformed `__call__` hands keyword arguments to the transform, and
+    `nn.scan` and `nn.vmap` ignore them (with a warning), so `layer(**inputs)` would
+    miss every argument. The returned module, of a subclass of the lifted class, binds
+    its arguments to the original class's `__call__` signature (defaults applied) and
+    passes them on positionally, as the model's own call does; a keyword-only argument
+    is passed by keyword (the transform ignores it, as it does in the model) unless it
+    is its default, which is left out.
+
+    Args:
+        module: a bound module of a lifted class (`lifted(type(module))` is not None).
+        rngs: RNG streams to bind (none: deterministic use).
+
+    Returns:
+        A module of the same transform, variables and RNGs, called like the original class.
+    """
+    lifted_cls = type(module)
+    signature = inspect.signature(lifted(lifted_cls)[1].__call__)  # type: ignore[index]
+
+    def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        named = {
+            name: value
+            for name, value in bound.kwargs.items()
+            if name not in signature.parameters or value is not signature.parameters[name].default
+        }
+        return lifted_cls.__call__(self, *bound.args[1:], **named)
+
+    __call__.__qualname__ = f"{lifted_cls.__qualname__}.__call__"
+    __call__.method_handler_wrapped = True  # type: ignore[attr-defined]  # Flax: not wrapped
+    by_name = type(lifted_cls.__name__, (lifted_cls,), {"__call__": __call__})
+    copy = by_name(parent=None, **attributes(module))
+    return copy.bind(dict(module.variables), rngs=rngs)
 
 
 def attributes(module: nn.Module) -> dict[str, Any]:
