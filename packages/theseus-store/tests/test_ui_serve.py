@@ -1,8 +1,9 @@
 """``theseus-store ui`` checks where it listens before it says where it listens.
 
-The real command in a subprocess: a port out of range, a host that is no address, and a
-port another socket holds each fail in one line naming the option (status 2) and never
-print the "at http://..." line; a good one announces the port it really listens on,
+The real command in a subprocess: a port out of range, a host that is no address (of
+this machine: then without the warning meant for a host others can reach), and a port
+another socket holds each fail in one line naming the option (status 2) and never print
+the "at http://..." line; a good one announces the port it really listens on,
 checked by fetching the page from it.
 """
 
@@ -61,6 +62,13 @@ def test_a_host_that_is_no_address_fails_in_one_line(root: Path) -> None:
     line = _fails(root, "--host", "no-such-host.invalid", "--port", "0")
     assert "--host" in line and "'no-such-host.invalid'" in line
     assert "--host 127.0.0.1" in line
+
+
+def test_a_host_of_another_machine_fails_without_the_warning(root: Path) -> None:
+    # 192.0.2.1 (TEST-NET-1, RFC 5737) is a valid address that no machine of ours has: the
+    # host check refuses it before the "readable by anyone" warning is printed.
+    line = _fails(root, "--host", "192.0.2.1", "--port", "0")
+    assert "--host '192.0.2.1' is not an address of this machine" in line
 
 
 def test_a_busy_port_says_to_pass_another(root: Path) -> None:

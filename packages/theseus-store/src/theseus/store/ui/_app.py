@@ -12,8 +12,9 @@ read-only. Safety, in one place:
   and images from the server itself only (no inline script, no inline style;
   :mod:`theseus.store.ui._web`);
 - an unknown node, lineage, key, artifact or version is a 404 page that names the
-  choices, a damaged PDF included, never a traceback; a page opened without its
-  parameters (``/slider``, ``/compare``) offers a picker instead.
+  choices, a damaged PDF or a damaged blob included, never a traceback; a page opened
+  without its parameters (``/slider``, ``/compare``) offers a picker instead; under
+  ``/api/`` every error is JSON ``{"error": "..."}`` with its status.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from theseus.store._errors import StoreError, UnknownNodeError
+from theseus.store._errors import CorruptStoreError, StoreError, UnknownNodeError
 from theseus.store._node import Node
 from theseus.store._records import Artifact
 from theseus.store._store import Store
@@ -44,6 +45,7 @@ from theseus.store.ui._web import (
     SecurityHeaders,
     choices,
     environment,
+    log_scale,
     no_version,
     number,
     parse_lineage,
@@ -76,8 +78,21 @@ class Browser:
         html = self.env.get_template(template).render(root=str(self.store.root), **context)
         return HTMLResponse(html)
 
+    def known_lineage(self, text: str | None) -> tuple[str, str]:
+        """``(name, nonce)`` of a lineage the store holds, named ``project.group.run~nonce``;
+        else a 404 naming it and the closest lineages the store holds."""
+        name, nonce = parse_lineage(text)
+        if self.store.lineage_end(name, nonce) is None:
+            found, _ = _data.lineages(self.store, limit=MAX_PER_PAGE)
+            held = [item.key for item in found]
+            raise HTTPException(
+                404, f"The store has no lineage {name}~{nonce}. {choices(f'{name}~{nonce}', held)}"
+            )
+        return name, nonce
+
     def artifact(self, request: Request) -> tuple[Node, Artifact]:
-        """The artifact version a request names by ``node``, ``name`` and ``version``."""
+        """The artifact version a request names by ``node``, ``name`` and ``version``, its
+        bytes read and checked (a missing or corrupt blob is a 404 naming the artifact)."""
         node = parse_node(request.query_params.get("node"))
         name = request.query_params.get("name", "")
         try:
@@ -89,6 +104,14 @@ class Browser:
         version = whole(request, "version", versions[-1].version)
         for artifact in versions:
             if artifact.version == version:
+                try:
+                    artifact.content  # noqa: B018 (read once and checked here: cached)
+                except CorruptStoreError as err:
+                    raise HTTPException(
+                        404,
+                        f"Artifact {name!r} (v{version}) of {node.serialize()} cannot be read: "
+                        f"{err}",
+                    ) from None
                 return node, artifact
         raise HTTPException(
             404,
@@ -159,10 +182,8 @@ class Browser:
         return JSONResponse({"total": context["total"], "rows": rows})
 
     def lineage(self, request: Request) -> HTMLResponse:
-        name, nonce = parse_lineage(request.path_params["lineage"])
+        name, nonce = self.known_lineage(request.path_params["lineage"])
         family = _data.lineage_family(self.store, name, nonce)
-        if not family["root"]["seqs"]:
-            raise HTTPException(404, f"The store has no lineage {name}~{nonce}.")
         artifacts = _data.artifact_names(self.store, name, nonce)
         return self.page(
             "lineage.html",
@@ -253,13 +274,16 @@ class Browser:
 
     def curves(self, request: Request) -> HTMLResponse:
         chosen = request.query_params.getlist("l")
+        for text in chosen:
+            self.known_lineage(text)
         found, _ = _data.lineages(self.store, limit=500)
         keys = _data.lineage_keys(self.store)
         key = request.query_params.get("key")
         if key is None or key == "":
             key = "val/loss" if "val/loss" in keys or not keys else keys[0]
-        elif key not in keys:
-            raise HTTPException(404, f"No numeric key {key!r} in the store. {choices(key, keys)}")
+        else:
+            self.known_key(key, keys)
+        log = log_scale(request)
         smooth_text = request.query_params.get("smooth") or "0"
         try:
             smooth = float(smooth_text)
@@ -275,16 +299,23 @@ class Browser:
             key=key,
             chosen=chosen,
             lineages=[item.key for item in found],
-            log=request.query_params.get("log", "") not in ("", "0"),
+            log=log,
             smooth=smooth_text,
         )
 
+    @staticmethod
+    def known_key(key: str, keys: list[str]) -> None:
+        """Nothing when ``key`` is one of ``keys`` (the numeric keys); else a 404 naming them."""
+        if key not in keys:
+            raise HTTPException(404, f"No numeric key {key!r} in the store. {choices(key, keys)}")
+
     def series(self, request: Request) -> JSONResponse:
         key = request.query_params.get("key", "")
+        self.known_key(key, _data.lineage_keys(self.store))
         cap = whole(request, "max", MAX_POINTS, low=4, high=MAX_POINTS)
         out = []
         for text in request.query_params.getlist("l")[:12]:
-            name, nonce = parse_lineage(text)
+            name, nonce = self.known_lineage(text)
             out.append({"lineage": text, **_data.series(self.store, name, nonce, key, cap)})
         return JSONResponse({"key": key, "series": out})
 
@@ -294,17 +325,10 @@ class Browser:
             # lineages that hold artifacts first: the one selected is one worth sliding
             found = sorted(found, key=lambda item: item.artifacts == 0)
             return self.page("slider_pick.html", lineages=found)
-        name, nonce = parse_lineage(request.query_params.get("l"))
-        if self.store.lineage_end(name, nonce) is None:
-            raise HTTPException(404, f"The store has no lineage {name}~{nonce}.")
+        name, nonce = self.known_lineage(request.query_params.get("l"))
         names = _data.artifact_names(self.store, name, nonce)
         artifact = request.query_params.get("name") or (names[0] if names else "")
-        if artifact and artifact not in names:
-            raise HTTPException(
-                404,
-                f"Lineage {name}~{nonce} holds no artifact {artifact!r} (along its branch "
-                f"points too). {choices(artifact, names)}",
-            )
+        self.known_artifact(name, nonce, artifact, names)
         version = self.version(request)
         every = _data.artifact_frames(self.store, name, nonce, artifact) if artifact else []
         held = sorted({v for frame in every for v in frame["versions"]})
@@ -334,9 +358,21 @@ class Browser:
                 400, f"version must be a whole number or 'newest'; got {raw!r}."
             ) from None
 
+    @staticmethod
+    def known_artifact(name: str, nonce: str, artifact: str, names: list[str]) -> None:
+        """Nothing when ``artifact`` is one of the lineage's ``names`` (or empty while it holds
+        none); else a 404 naming them."""
+        if (artifact or names) and artifact not in names:
+            raise HTTPException(
+                404,
+                f"Lineage {name}~{nonce} holds no artifact {artifact!r} (along its branch "
+                f"points too). {choices(artifact, names)}",
+            )
+
     def frames(self, request: Request) -> JSONResponse:
-        name, nonce = parse_lineage(request.query_params.get("l"))
+        name, nonce = self.known_lineage(request.query_params.get("l"))
         artifact = request.query_params.get("name", "")
+        self.known_artifact(name, nonce, artifact, _data.artifact_names(self.store, name, nonce))
         version = self.version(request)
         frames = _data.artifact_frames(self.store, name, nonce, artifact, version)
         if version is not None and not frames:
@@ -382,7 +418,7 @@ class Browser:
 
     def lineage_json(self, request: Request) -> JSONResponse:
         """The lineage's last node and its last values (what a live page polls)."""
-        name, nonce = parse_lineage(request.query_params.get("l"))
+        name, nonce = self.known_lineage(request.query_params.get("l"))
         found, _ = _data.lineages(self.store, text=f"{name}~{nonce}", keys=DEFAULT_KEYS)
         for item in found:
             if item.key == f"{name}~{nonce}":
@@ -409,17 +445,14 @@ def create_app(store: Store, allowed_hosts: list[str] | None = None) -> Starlett
     browser = Browser(store)
     env = browser.env
 
-    async def not_found(request: Request, exc: Exception) -> Response:
+    async def error(request: Request, exc: Exception) -> Response:
+        """The error page; under /api/ JSON ``{"error": detail}`` (a 500 for a StoreError)."""
         code = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": detail}, status_code=code)
         html = env.get_template("error.html").render(root=str(store.root), code=code, detail=detail)
         return HTMLResponse(html, status_code=code)
-
-    async def store_error(request: Request, exc: Exception) -> Response:
-        html = env.get_template("error.html").render(
-            root=str(store.root), code=500, detail=str(exc)
-        )
-        return HTMLResponse(html, status_code=500)
 
     routes = [
         Route("/", browser.runs),
@@ -444,5 +477,5 @@ def create_app(store: Store, allowed_hosts: list[str] | None = None) -> Starlett
     return Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers={HTTPException: not_found, StoreError: store_error},
+        exception_handlers={HTTPException: error, StoreError: error},
     )

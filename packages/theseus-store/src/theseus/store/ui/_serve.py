@@ -77,7 +77,9 @@ def listen(host: str, port: int) -> socket.socket:
         ServeError: the port is out of range, the host is no address of this machine,
             or the port is taken (one line naming the option and how to fix it).
     """
-    return _bind(host, port, _address(host, port))
+    where = _address(host, port)
+    _check_host(host, where)
+    return _bind(host, port, where)
 
 
 _Address = tuple[Any, Any, int, Any]
@@ -101,6 +103,13 @@ def _address(host: str, port: int) -> _Address:
             f"({getattr(err, 'strerror', None) or err}). Pass --host 127.0.0.1 (this machine "
             "only) or the address of one of its network interfaces."
         ) from None
+
+
+def _check_host(host: str, where: _Address) -> None:
+    """Nothing when ``host`` is an address of this machine (a throwaway socket binds to it,
+    at a free port); else the ServeError of :func:`listen`. A busy port is not checked here."""
+    family, kind, proto, address = where
+    _bind(host, 0, (family, kind, proto, (address[0], 0, *address[2:]))).close()
 
 
 def _bind(host: str, port: int, where: _Address) -> socket.socket:
@@ -136,7 +145,9 @@ def serve(
 ) -> None:
     """Serve the browser of the store under ``root`` until interrupted.
 
-    The port is bound before the address is printed: a bad or busy one fails first.
+    Checked in order before the address is printed: the port's range and the host
+    (an address of this machine), then the warning for a host others can reach, then
+    the port bound (a busy one fails after the warning).
 
     Raises:
         StoreError: the store under ``root`` cannot be read (see `open_readonly`).
@@ -149,6 +160,7 @@ def serve(
     store = open_readonly(root)
     try:
         where = _address(host, port)
+        _check_host(host, where)
         loopback = host in LOOPBACK
         if not loopback:
             print(

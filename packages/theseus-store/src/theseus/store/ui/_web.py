@@ -3,8 +3,9 @@
 - :class:`SecurityHeaders` puts the Content-Security-Policy (:data:`CSP`: scripts,
   styles and images from the server itself only) and the other security headers on
   every response;
-- :func:`parse_node`, :func:`parse_lineage` and :func:`whole` read a request's
-  parameters, answering 404 (an unknown node or lineage) or 400 (a malformed number);
+- :func:`parse_node`, :func:`parse_lineage`, :func:`whole` and :func:`log_scale` read a
+  request's parameters, answering 404 (a malformed node or lineage, explained in the
+  browser's terms) or 400 (a malformed number or switch);
 - :func:`environment` is the Jinja2 environment (autoescape on every template) and
   :func:`static_table` the fixed table of static files read at start.
 """
@@ -30,6 +31,7 @@ __all__ = [
     "SecurityHeaders",
     "choices",
     "environment",
+    "log_scale",
     "no_version",
     "number",
     "parse_lineage",
@@ -82,23 +84,40 @@ def when(stamp: float) -> str:
     return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
+# How the browser names a node's parts (the Node class's own messages speak Python).
+PARTS = (
+    "project, group and run of ASCII letters, digits, '_' and '-', a nonce of lowercase "
+    "letters and digits"
+)
+
+
 def parse_node(text: str | None) -> Node:
-    """The node a request names (``name~nonce~seq``), or a 404."""
+    """The node a request names (``project.group.run~nonce~seq``), or a 404 in the browser's
+    terms (how to write a node in the address, not how to build one in Python)."""
     try:
         return Node.deserialize(text or "")
-    except (InvalidNodeError, ValueError) as err:
-        raise HTTPException(404, f"No node {text!r}: {err}") from err
+    except (InvalidNodeError, ValueError):
+        raise HTTPException(
+            404,
+            f"No node {text!r}: the browser names a node project.group.run~nonce~seq ({PARTS}, "
+            "a seq from 0), e.g. lm.base.train~3f9a2c~12; the lineage pages link every node.",
+        ) from None
 
 
 def parse_lineage(text: str | None) -> tuple[str, str]:
-    """The lineage a request names (``name~nonce``), or a 404."""
+    """The lineage a request names (``project.group.run~nonce``), or a 404 in the browser's
+    terms."""
     parts = (text or "").split("~")
-    if len(parts) != 2:
-        raise HTTPException(404, f"No lineage {text!r} (expected project.group.run~nonce).")
     try:
+        if len(parts) != 2:
+            raise ValueError(text)
         Node(parts[0], parts[1], 0)
-    except (InvalidNodeError, ValueError) as err:
-        raise HTTPException(404, f"No lineage {text!r}: {err}") from err
+    except (InvalidNodeError, ValueError):
+        raise HTTPException(
+            404,
+            f"No lineage {text!r}: the browser names a lineage project.group.run~nonce ({PARTS}), "
+            "e.g. lm.base.train~3f9a2c; the runs page lists every lineage.",
+        ) from None
     return parts[0], parts[1]
 
 
@@ -111,6 +130,17 @@ def whole(request: Request, name: str, default: int, low: int = 0, high: int = 1
     except ValueError as err:
         raise HTTPException(400, f"{name} must be a whole number; got {raw!r}.") from err
     return min(max(value, low), high)
+
+
+def log_scale(request: Request) -> bool:
+    """Whether a curves request asks for a log scale (``log``: 1 yes, 0 or absent no), or a 400."""
+    raw = request.query_params.get("log") or "0"
+    if raw not in ("0", "1"):
+        raise HTTPException(
+            400,
+            f"log must be 0 (linear) or 1 (log scale); got {raw!r}. Pass log=1 or leave it out.",
+        )
+    return raw == "1"
 
 
 def choices(wanted: str, names: list[str]) -> str:

@@ -167,6 +167,7 @@ function curves() {
     }));
   };
   const load = async () => {
+    if (!form.elements.key.value) return;  // a store with no numeric key: nothing to draw
     const params = new URLSearchParams({ key: form.elements.key.value });
     for (const l of chosen()) params.append("l", l);
     data = await getJSON(`/api/series?${params}`);
