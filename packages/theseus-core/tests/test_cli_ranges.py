@@ -125,3 +125,24 @@ def test_data_prepare_refuses_an_option_out_of_range(
     assert says in line
     assert f"`theseus data prepare synthetic --root ROOT {option[0]} " in line
     assert not root.exists()
+
+
+def test_a_run_whose_loss_is_no_longer_finite_fails_and_says_so(tmp_path: Path) -> None:
+    """`optimization/lr=1e30` is in range (> 0) but diverges: the run trained to a NaN loss
+    and ended `finished` with exit 0. Now the first report of a non-finite loss fails it."""
+    root, config = _root_with_data(tmp_path)
+    settings = [*TINY, "optimization.lr=1e30", "logging.report_interval=1"]
+    settings = [s for s in settings if not s.startswith("training.tokens=")]
+    args = ["run", "diverge", str(config), str(root), *settings, "training.tokens=2560"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    assert "the run diverged. Lower optimization/lr (now 1e+30)" in result.output
+    from theseus.store import Store
+
+    with Store(root / "store") as store:
+        nodes = sorted(store.query().spec(run="diverge").all(), key=lambda n: n.seq)
+        last = store.values(nodes[-1])
+        assert last["job/status"] == "failed" and "diverged" in str(last["job/error"])
+        losses = [store.values(n).get("train/loss") for n in nodes]
+        assert any(loss is not None and loss != loss for loss in losses)  # NaN recorded
+        assert len(nodes) < 10  # stopped at the first report, not after all 10 steps

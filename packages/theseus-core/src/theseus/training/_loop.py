@@ -21,6 +21,7 @@ import numpy as np
 
 from theseus.job import Terminated, deferred_stop, process_count
 from theseus.training import _tandem
+from theseus.training._errors import TrainerError
 from theseus.training._steps import scalar_keys
 from theseus.training.reporting import Reporter
 from theseus.training.sharding import state_bytes
@@ -173,6 +174,13 @@ def after_step(
         values.update({f"train/{k}": float(meta[k]) for k in scalar_keys(meta)})
         trainer.log(values)
         reporter.report(step, loss_value, rate)
+        if not np.isfinite(loss_value):
+            raise TrainerError(
+                f"The training loss is {loss_value} at step {step} of {total} (train/grad_norm "
+                f"{float(grad_norm)}, train/lr {values['train/lr']}): the run diverged. Lower "
+                f"optimization/lr (now {cfg.lr}) or clip gradients (optimization/clip_norm), "
+                "and resume from an earlier checkpoint or start again."
+            )
     else:
         reporter.advance(step)
     if due(step, cfg.validation_interval, total):
