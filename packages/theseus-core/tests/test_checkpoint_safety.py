@@ -246,6 +246,9 @@ def test_a_failed_run_frees_its_lineage_for_a_resume_in_the_same_process(root: P
     with Store(store_root(root)) as store:  # the saves it started were finished and listed
         listed = [c.step for c in store.query().nonce(first.node.nonce).checkpoints()]
         assert listed == [1, 2, 3]
+        # the record says what stopped it (a bare KeyboardInterrupt has no message)
+        error = store.values(first.node)["job/error"]
+        assert error == "KeyboardInterrupt: stopped by Ctrl-C (SIGINT)"
     with quick(root) as q:  # same process, e.g. the next notebook cell
         q.build(jobs.SyntheticTrainer, "notebook")
         q.find().spec(run="notebook").checkpoint().latest().resume()

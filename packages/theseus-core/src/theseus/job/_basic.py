@@ -41,6 +41,14 @@ class Mode(enum.StrEnum):
     RESUME = "resume"  # the live node is the base itself
 
 
+def describe(exc: BaseException) -> str:
+    """What `job/error` records for `exc`: its class and message (Ctrl-C says so: a
+    KeyboardInterrupt has no message of its own)."""
+    if isinstance(exc, KeyboardInterrupt) and not str(exc):
+        return "KeyboardInterrupt: stopped by Ctrl-C (SIGINT)"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def module_of(cls: type) -> str:
     """What `--import` takes to register `cls` again: its module's dotted name, or the
     module's file when the name is made up (`__main__`, a file `--import`ed under a
@@ -214,7 +222,7 @@ class BasicJob(abc.ABC):
         except BaseException as exc:
             # A new lineage that failed to set up says so; a resumed node keeps its record.
             if wanted is not Mode.RESUME:
-                error = f"{type(exc).__name__}: {exc}"
+                error = describe(exc)
                 # `job/failed_in: setup`: it never started (`theseus-store runs` lists it apart)
                 self._status({"job/status": "failed", "job/error": error, "job/failed_in": "setup"})
             self._node = self._start = None
@@ -347,7 +355,7 @@ class BasicJob(abc.ABC):
         except BaseException as exc:
             if self._node is not None and not finished:
                 with deferred_stop(raise_at_end=False):  # both nodes get `exc`'s record
-                    error = f"{type(exc).__name__}: {exc}"
+                    error = describe(exc)
                     self._status({"job/status": "failed", "job/error": error})
             raise
         sync_hosts(f"theseus/job/finish/{self.spec.project}.{self.spec.group}.{self.spec.name}")
