@@ -109,7 +109,7 @@ def test_theseus_run_over_analyzes_every_checkpoint_of_a_lineage(tmp_path: Path,
     with caplog.at_level("INFO", logger="theseus.training"):
         ran = runner.invoke(main, [*command, "--over", "trained"])  # a run with one lineage
     assert ran.exit_code == 0, ran.output
-    assert f"over run finished at 3 checkpoints of {name}~{nonce}." in ran.output
+    assert f"over run finished; it walked the 3 checkpoints of {name}~{nonce} (" in ran.output
     for node in nodes:
         assert f"artifact 'stats' version 1 on node {node}\n" in ran.output
     progress = [

@@ -287,9 +287,9 @@ def _run_over(
         job = q.create()
         result = job()
         click.echo(
-            f"{tree.job}: over run finished at {len(nodes)} "
+            f"{tree.job}: over run finished; it walked the {len(nodes)} "
             f"{'checkpoint' if len(nodes) == 1 else 'checkpoints'} of "
-            f"{node.name}~{node.nonce}."
+            f"{node.name}~{node.nonce} (each analyzed or skipped, as listed above)."
         )
         if is_primary():
             for line in job.outcome(result):
