@@ -37,12 +37,6 @@ HOSTILE, HOSTILE_IMG, build = _ui_store.HOSTILE, _ui_store.HOSTILE_IMG, _ui_stor
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Node]]:
-    root = tmp_path_factory.mktemp("ui") / "store"
-    return root, build(root)
-
-
-@pytest.fixture(scope="module")
 def client(built: tuple[Path, dict[str, Node]]):
     store = open_readonly(built[0])
     with TestClient(create_app(store, allowed_hosts=["testserver"])) as c:

@@ -26,21 +26,7 @@ import _ui_store
 from starlette.testclient import TestClient
 
 from theseus.store import Node, Store
-from theseus.store.ui import create_app, open_readonly
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Node]]:
-    root = tmp_path_factory.mktemp("errors") / "store"
-    return root, _ui_store.build(root)
-
-
-@pytest.fixture(scope="module")
-def client(built: tuple[Path, dict[str, Node]]):
-    store = open_readonly(built[0])
-    with TestClient(create_app(store)) as c:
-        yield c
-    store.close()
+from theseus.store.ui import create_app
 
 
 def _key(node: Node) -> str:
