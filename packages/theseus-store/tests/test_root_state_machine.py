@@ -235,11 +235,10 @@ class TwoRoots(RuleBasedStateMachine):
         if not src.shared:
             for path in [p for p in self.files if src.path in p.parents]:
                 self.files[dst.path / path.relative_to(src.path)] = self.files[path]
-            for folder in [
-                f for f, o in self.owner.items() if o == src.id and src.path in f.parents
-            ]:
-                # the copy's own folder when its store knows the lineage; a folder of a
-                # lineage that never registered a checkpoint nobody can place
+            for folder in [f for f in self.owner if src.path in f.parents and f.exists()]:
+                # every lineage folder the copy brought (the source's own, or one nobody
+                # could place): the copy's own when its store knows the lineage, else
+                # nobody's (a lineage that never registered a checkpoint)
                 known = (folder.parent.name, folder.name) in dst.known
                 self.owner[dst.path / folder.relative_to(src.path)] = dst.id if known else None
 
