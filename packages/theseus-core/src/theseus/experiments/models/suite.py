@@ -1,0 +1,330 @@
+"""A published training suite as one lineage: `import_suite` (`theseus import hf --revisions`).
+
+`import_suite(src, root, run, revisions)` finds the suite's revisions (a Hugging Face
+cache folder or one subfolder per revision, `_revisions.py`), reads each chosen one
+whole and hashes its tensors (`_integrity.py`) before anything is written, then writes
+each revision as one node of the run's one lineage, ordered by step: the node's seq is
+the revision's step (a name without a step goes after the last step), so a revision
+imported later falls into its place. Each node holds its checkpoint and the values
+`import/revision`, `import/step`, `import/tokens` (where the name gives them),
+`import/sha256` (weights digest), `import/shards` (the shard digests) and
+`import/source`, plus what the integrity check found (`import/duplicate_of`,
+`import/shared_shards_with`, `import/missing_before`), which the returned table prints.
+Importing again into a root that has the run's lineage adds only the missing revisions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from theseus.config import load
+from theseus.data.tokenizer import install_tokenizer
+from theseus.experiments.models import _integrity
+from theseus.experiments.models._revisions import Revision, RevisionError, discover, select
+from theseus.experiments.models._suite_job import Planned, RevisionWriter
+from theseus.experiments.models.gpt2 import GPT2
+from theseus.job import JobSpec, store_root
+from theseus.registry import job
+from theseus.store import MARKER, Node, Store
+
+__all__ = ["GPT2Suite", "SuiteImport", "import_suite"]
+
+logger = logging.getLogger(__name__)
+
+# The values a revision's node holds that the integrity check may change later.
+_FINDINGS = ("import/duplicate_of", "import/shared_shards_with", "import/missing_before")
+
+
+@job("gpt2/suite")
+class GPT2Suite(RevisionWriter, GPT2):
+    """GPT-2 revisions of a training suite as one lineage; resume or branch fine-tunes."""
+
+
+@dataclass(frozen=True)
+class SuiteImport:
+    """What `import_suite` did.
+
+    Attributes:
+        lineage: `name~nonce`.
+        nodes: the nodes written now, in step order.
+        kept: revisions the lineage held already (not written again).
+        findings: the integrity check over the whole lineage.
+        table: the printed table (revision, step, tokens, sha256, flags).
+    """
+
+    lineage: str
+    nodes: list[Node]
+    kept: list[str]
+    findings: _integrity.Findings
+    table: str
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How one model family's folder is read and imported."""
+
+    job: type[RevisionWriter]
+    read: Callable[[Path], Any]
+    prefix: str  # the tokenizer's name under ROOT/tokenizers
+    source_key: str
+
+
+def _family(revision: Revision) -> _Family:
+    from theseus.model.gpt2 import read_gpt2
+
+    config = revision.folder / "config.json"
+    try:
+        kind = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        raise RevisionError(f"revision {revision.name}: {config} is not a JSON object") from None
+    if kind == "gpt2":
+        return _Family(GPT2Suite, read_gpt2, "gpt2", "gpt2/source")
+    raise RevisionError(
+        f"revision {revision.name} is model_type {kind!r}; suites import gpt2 folders"
+    )
+
+
+def _weight_files(folder: Any) -> list[Path]:
+    return sorted({file for file, _ in folder.tensors.values()})
+
+
+@dataclass(frozen=True)
+class _Lineage:
+    """The run's lineage as the root holds it (none yet: `nonce` None)."""
+
+    nonce: str | None
+    held: dict[str, tuple[Node, dict[str, Any]]]  # revision -> (node, values)
+    config: str | None  # the configuration saved at its last revision
+
+
+def _existing(root: Path, name: str) -> _Lineage:
+    """The run's lineage and the revisions it holds."""
+    if not (store_root(root) / MARKER).is_file():
+        return _Lineage(None, {}, None)
+    with Store(store_root(root)) as store:
+        nodes = store.query().name(name).all()
+        nonces = sorted({n.nonce for n in nodes})
+        if len(nonces) > 1:
+            raise RevisionError(
+                f"run {name} has {len(nonces)} lineages under {root} "
+                f"({', '.join(f'{name}~{n}' for n in nonces)}); a suite is one lineage: import "
+                "under another --run"
+            )
+        held: dict[str, tuple[Node, dict[str, Any]]] = {}
+        for node in nodes:
+            values = store.values(node)
+            revision = values.get("import/revision")
+            if isinstance(revision, str):
+                held[revision] = (node, values)
+        if nodes and not held:
+            raise RevisionError(
+                f"run {name} under {root} is not an imported suite (no node holds "
+                "import/revision); import under another --run"
+            )
+        config = store.job_config(max(n for n, _ in held.values())) if held else None
+    return _Lineage(nonces[0] if nonces else None, held, config)
+
+
+def import_suite(
+    src: str | os.PathLike[str],
+    root: str | os.PathLike[str],
+    run: str,
+    revisions: str = "all",
+    *,
+    project: str | None = None,
+    group: str | None = None,
+) -> SuiteImport:
+    """Import the revisions `revisions` of the suite at `src` as one lineage of `run`.
+
+    Everything is checked and hashed before the root is touched: the revisions named,
+    each folder (configuration, every tensor, tokenizer), one architecture and one
+    tokenizer for all (the lineage's own when it exists).
+
+    Args:
+        src: a Hugging Face cache folder (`models--ORG--NAME`) or a folder with one
+            subfolder per revision.
+        root: the Theseus root.
+        run: the run; its one lineage is the suite (made, or added to).
+        revisions: `all` (every revision whose name carries a step) or `R1,R2,...`.
+
+    Returns:
+        A `SuiteImport` (its `table` says what the integrity check found).
+
+    Raises:
+        RevisionError: a revision, folder or choice that cannot be imported.
+        GPT2FolderError: a revision's folder is not a model this family loads.
+    """
+    root = Path(root)
+    found = discover(Path(src))
+    chosen = select(found, revisions)
+    name = Node.new(run, project=project, group=group).name
+    lineage = _existing(root, name)
+    nonce, held = lineage.nonce, lineage.held
+    todo = [r for r in chosen if r.name not in held]
+    families = {id(r): _family(r) for r in todo}
+    folders = {r.name: families[id(r)].read(r.folder) for r in todo}
+    family = families[id(todo[0])] if todo else None
+    _check_one_model(todo, folders, lineage.config)
+    prints = {
+        r.name: _integrity.fingerprint(r.name, r.step, _weight_files(folders[r.name])) for r in todo
+    }
+    for revision, (_node, values) in held.items():
+        shards = tuple(str(values.get("import/shards", "")).split(","))
+        prints[revision] = _integrity.Fingerprint(
+            revision, values.get("import/step"), str(values.get("import/sha256")), shards
+        )
+    seqs = _seqs(todo, held)
+    order = sorted(prints, key=lambda r: seqs[r])
+    schedule = sorted(
+        {(r.step, r.name) for r in found if r.step is not None}
+        | {(p.step, p.name) for p in prints.values() if p.step is not None}
+    )
+    findings = _integrity.check([prints[r] for r in order], schedule)
+    steps = {r.name: (r.step, r.tokens) for r in todo} | {
+        r: (v.get("import/step"), v.get("import/tokens")) for r, (_, v) in held.items()
+    }
+    table = _integrity.table(
+        [(r, *steps[r], prints[r].sha256) for r in order], findings, {r.name for r in todo}
+    )
+    for revision in order:
+        if findings.flags(revision):
+            logger.warning("suite %s: %s %s", name, revision, findings.flags(revision))
+    if family is None:
+        assert nonce is not None
+        return SuiteImport(f"{name}~{nonce}", [], list(held), findings, table)
+    nodes = _write(root, run, project, group, nonce, family, todo, folders, seqs, prints, findings)
+    _update_held(root, held, findings)
+    return SuiteImport(f"{name}~{nodes[0].nonce}", nodes, list(held), findings, table)
+
+
+def _check_one_model(todo: list[Revision], folders: dict[str, Any], saved: str | None) -> None:
+    """Every revision has the first's architecture and tokenizer (and the lineage's)."""
+    if not todo:
+        return
+    first = folders[todo[0].name]
+    for revision in todo[1:]:
+        folder = folders[revision.name]
+        for key, value in first.settings.items():
+            if folder.settings.get(key) != value:
+                raise RevisionError(
+                    f"revision {revision.name} has {key} = {folder.settings.get(key)!r} and "
+                    f"{todo[0].name} {value!r}; a suite is one model: import them as two runs"
+                )
+        if folder.tokenizer != first.tokenizer:
+            raise RevisionError(
+                f"revisions {todo[0].name} and {revision.name} have different tokenizers; a "
+                "suite is one model: import them as two runs"
+            )
+    if saved is None:
+        return
+    settings = load(saved)
+    for key, value in first.settings.items():
+        have: Any = settings
+        for part in key.split("/"):
+            have = have.get(part) if isinstance(have, dict) else None
+        if have != value:
+            raise RevisionError(
+                f"revision {todo[0].name} has {key} = {value!r}, but the lineage was imported "
+                f"with {have!r}; a suite is one model: import it under another --run"
+            )
+
+
+def _seqs(todo: list[Revision], held: dict[str, tuple[Node, dict[str, Any]]]) -> dict[str, int]:
+    """Each revision's seq: its step; names without one after the last step, in order."""
+    seqs = {revision: node.seq for revision, (node, _) in held.items()}
+    taken = {seq: revision for revision, seq in seqs.items()}
+    last = max([*seqs.values(), *(r.step for r in todo if r.step is not None)], default=-1)
+    for revision in todo:
+        seq = revision.step if revision.step is not None else last + 1
+        if seq in taken:
+            raise RevisionError(
+                f"revision {revision.name} goes at seq {seq}, which the lineage's "
+                f"{taken[seq]} holds; import it under another --run"
+            )
+        if revision.step is None:
+            last = seq
+        seqs[revision.name] = seq
+        taken[seq] = revision.name
+    return seqs
+
+
+def _write(
+    root: Path,
+    run: str,
+    project: str | None,
+    group: str | None,
+    nonce: str | None,
+    family: _Family,
+    todo: list[Revision],
+    folders: dict[str, Any],
+    seqs: dict[str, int],
+    prints: dict[str, _integrity.Fingerprint],
+    findings: _integrity.Findings,
+) -> list[Node]:
+    """Write `todo` as nodes of the lineage (`nonce`, or a new one)."""
+    from theseus.quick import quick
+
+    with quick(root) as q:
+        tree = q.build(family.job, run, project=project, group=group)
+        first = folders[todo[0].name]
+        for key, value in first.settings.items():
+            tree[key] = value
+        tree["architecture/tokenizer"] = install_tokenizer(root, first.tokenizer, family.prefix)
+        tree[family.source_key] = str(first.path)
+        name = Node.new(run, project=project, group=group).name
+        nonce = nonce or Node.new(run).nonce
+        occupied = sorted(node.seq for node in q.store.query().name(name).nonce(nonce).all())
+        plan = []
+        for revision in sorted(todo, key=lambda r: seqs[r.name]):
+            seq = seqs[revision.name]
+            before = [s for s in occupied if s < seq]
+            parent = Node(name, nonce, before[-1]) if before else None
+            values: dict[str, Any] = {
+                "import/revision": revision.name,
+                "import/sha256": prints[revision.name].sha256,
+                "import/shards": ",".join(prints[revision.name].shards),
+                "import/source": str(revision.folder),
+            }
+            if revision.step is not None:
+                values["import/step"] = revision.step
+            if revision.tokens is not None:
+                values["import/tokens"] = revision.tokens
+            if revision.commit is not None:
+                values["import/commit"] = revision.commit
+            values.update(findings.values(revision.name))
+            plan.append(
+                Planned(
+                    Node(name, nonce, seq, parent=parent),
+                    seq,
+                    folders[revision.name].params,
+                    values,
+                )
+            )
+            occupied = sorted([*occupied, seq])
+        spec_job = family.job(JobSpec(run, root, project, group), config=tree, store=q.store)
+        spec_job.plan = plan
+        spec_job()
+    return [p.node for p in plan]
+
+
+def _update_held(
+    root: Path, held: dict[str, tuple[Node, dict[str, Any]]], findings: _integrity.Findings
+) -> None:
+    """Bring the findings on revisions imported before up to date (a key that no longer
+    applies is set to None)."""
+    if not held:
+        return
+    with Store(store_root(root)) as store:
+        for revision, (node, values) in held.items():
+            now: dict[str, Any] = dict(findings.values(revision))
+            for key in _FINDINGS:
+                if key in values and values[key] is not None and key not in now:
+                    now[key] = None
+            if now:
+                store.log(node, now)
