@@ -13,8 +13,9 @@ shard file's digest (the same over that file's tensors alone). `check` compares 
 - two revisions with different weights but a shard digest in common: each gets
   `import/shared_shards_with`, the other revisions' names;
 - gaps: where the steps follow a regular schedule (the most common difference between
-  consecutive steps, seen at least twice), a difference that is a multiple of it
-  leaves schedule steps missing; the revision after the gap gets
+  consecutive steps, at least twice and for at least half of the differences, as
+  Pythia's every 1000 after its log-spaced start), a difference that is a multiple of
+  it leaves schedule steps missing; the revision after the gap gets
   `import/missing_before`, how many.
 """
 
@@ -185,12 +186,14 @@ def check(prints: list[Fingerprint], schedule: list[tuple[int, str]]) -> Finding
             findings.shared_shards_with[item.name] = others
     steps = sorted(dict(schedule).items())
     differences = [b - a for (a, _), (b, _) in itertools.pairwise(steps)]
-    common = Counter(d for d in differences if d > 0).most_common(1)
-    if common and common[0][1] >= 2:
-        stride = findings.stride = common[0][0]
-        for difference, (_, name) in zip(differences, steps[1:], strict=True):
-            if difference > stride and difference % stride == 0:
-                findings.missing_before[name] = difference // stride - 1
+    counts = Counter(d for d in differences if d > 0)
+    if counts:
+        count, stride = max((n, d) for d, n in counts.items())  # a tie: the wider step
+        if count >= 2 and 2 * count >= len(differences):
+            findings.stride = stride
+            for difference, (_, name) in zip(differences, steps[1:], strict=True):
+                if difference > stride and difference % stride == 0:
+                    findings.missing_before[name] = difference // stride - 1
     return findings
 
 

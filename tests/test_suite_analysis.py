@@ -1,0 +1,155 @@
+"""An imported training suite works as a trained lineage: `--over`, `q.find()`, the store's
+command line and the browser's curves and time slider read it.
+
+Reference: each revision's attention probabilities written in float64 NumPy from the
+model's definition over that revision's own folder (theseus-core's tests/gpt2_folder.py),
+within 1e-5; the lineage's nodes and values as the import wrote them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from theseus.analysis import AnalysisBase
+from theseus.cli import main
+from theseus.experiments.models.gpt import PretrainGPT
+from theseus.experiments.models.suite import import_suite
+from theseus.model.attention.base import SelfAttention
+from theseus.quick import quick
+from theseus.registry import import_module_or_file
+from theseus.store import Store
+from theseus.store.cli import main as store_main
+
+pytestmark = pytest.mark.tokenizers
+
+CORE = Path(__file__).parents[1] / "packages" / "theseus-core"
+folders = import_module_or_file(str(CORE / "tests" / "gpt2_folder.py"))
+suites = import_module_or_file(str(CORE / "tests" / "suite_folders.py"))
+PROMPT = "All that glitters is not gold"
+
+
+class LastLayer(AnalysisBase, PretrainGPT):
+    """The last layer's head-averaged attention on the prompt (a JSON result)."""
+
+    TARGET = SelfAttention
+    NAME = "attention"
+
+    def select(self, paths):  # type: ignore[no-untyped-def]
+        return paths[-1]
+
+    def analyze(self, layer, inputs):  # type: ignore[no-untyped-def]
+        return layer.weights(inputs.x[:1])[0].mean(axis=0)
+
+    def plot(self, values):  # type: ignore[no-untyped-def]
+        return values.tolist()  # published as JSON
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path], str]:
+    """A cache of three GPT-2 revisions (step2000 a copy of step1000) imported as `tiny`."""
+    base = tmp_path_factory.mktemp("suite")
+    revisions = {
+        name: folders.write_gpt2_folder(
+            base / "src" / name, n_layer=2, n_embd=16, n_head=2, seed=seed
+        )
+        for name, seed in (("step0", 0), ("step1000", 1), ("step2000", 1))
+    }
+    cache = suites.hf_cache(base / "models--org--tiny", revisions)
+    result = import_suite(cache, base / "root", "tiny")
+    return base / "root", revisions, result.lineage
+
+
+def test_over_an_imported_suite_reads_each_revisions_weights(
+    suite: tuple[Path, dict[str, Path], str],
+) -> None:
+    root, revisions, _ = suite
+    with quick(root) as q:
+        q.build(LastLayer, "look")
+        nodes = q.find().spec(run="tiny").over()
+        q.config["inspection/prompt"] = PROMPT
+        job = q.create()
+        ids = job.tokenizer.encode(PROMPT).tolist()
+        result = job()
+    assert [n.seq for n in nodes] == [0, 1000, 2000]
+    assert [r.node for r in result.results] == nodes
+    for answer, revision in zip(result.results, ("step0", "step1000", "step2000"), strict=True):
+        _, attention = folders.reference_forward(revisions[revision], ids)
+        np.testing.assert_allclose(answer.values, attention[-1].mean(axis=0), atol=1e-5)
+    np.testing.assert_array_equal(result.results[1].values, result.results[2].values)
+
+
+def test_the_store_command_line_and_the_browser_read_the_suite(
+    suite: tuple[Path, dict[str, Path], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _, lineage = suite
+    assert store_main(["show", str(root / "store"), f"{lineage}~2000"]) == 0
+    shown = capsys.readouterr().out
+    assert "import/duplicate_of" in shown and "step1000" in shown
+    assert store_main(["lineage", str(root / "store"), lineage]) == 0
+    assert "~1000" in capsys.readouterr().out
+    from starlette.testclient import TestClient
+
+    from theseus.store.ui import create_app, open_readonly
+
+    store = open_readonly(root / "store")
+    try:
+        with TestClient(create_app(store)) as client:
+            answer = client.get("/api/series", params={"key": "import/step", "l": lineage})
+            assert answer.status_code == 200, answer.text
+            (series,) = answer.json()["series"]
+            assert series["x"] == series["y"] == [0, 1000, 2000]  # x is the seq: the step
+            assert series["node"] == [f"{lineage}~{seq}" for seq in (0, 1000, 2000)]
+            page = client.get("/curves", params={"l": lineage, "key": "import/step"})
+            assert page.status_code == 200
+    finally:
+        store.close()
+
+
+def test_theseus_run_over_the_suite_from_the_command_line(
+    suite: tuple[Path, dict[str, Path], str], tmp_path: Path
+) -> None:
+    root, _, lineage = suite
+    runner = CliRunner()
+    config = tmp_path / "ablation.yaml"
+    imports = ["--import", "theseus.analysis.demo"]
+    made = runner.invoke(main, ["configure", "demo/intervene/head-ablation", str(config), *imports])
+    assert made.exit_code == 0, made.output
+    ran = runner.invoke(
+        main,
+        [
+            "run",
+            "ablation",
+            str(config),
+            str(root),
+            "--over",
+            lineage.split(".")[-1],
+            *imports,
+            f"inspection/prompt={PROMPT}",
+        ],
+    )
+    assert ran.exit_code == 0, ran.output
+    assert f"analyzed 3 of 3 checkpoints of {lineage} (seq 0 to 2000)" in ran.stdout
+    with Store(root / "store") as store:
+        held: dict[int, Any] = {
+            n.seq: store.get(n).get("head-ablation") for n in store.query().all()
+        }
+    assert all(held[seq] is not None for seq in (0, 1000, 2000))
+    from starlette.testclient import TestClient
+
+    from theseus.store.ui import create_app, open_readonly
+
+    store = open_readonly(root / "store")
+    try:
+        with TestClient(create_app(store)) as client:  # the time slider's frames
+            answer = client.get("/api/frames", params={"l": lineage, "name": "head-ablation"})
+            assert answer.status_code == 200, answer.text
+            frames = answer.json()["frames"]
+            assert [f["node"] for f in frames] == [f"{lineage}~{s}" for s in (0, 1000, 2000)]
+            assert client.get("/slider", params={"l": lineage}).status_code == 200
+    finally:
+        store.close()
