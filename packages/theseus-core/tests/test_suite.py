@@ -43,7 +43,7 @@ SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 
 # ------------------------------------------------------------------------ names
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, database=None)
 @given(
     step=st.integers(0, 10**9),
     tokens=st.none() | st.tuples(st.integers(0, 10**6), st.sampled_from(sorted(SUFFIX))),
