@@ -66,6 +66,7 @@ BENCHMARKS = (
     Benchmark("store_scale", "store at scale: latest checkpoint and get(node) p99"),
     Benchmark("generation", "generation: KV-cache decoding vs full recompute"),
     Benchmark("backfill", "backfill: one --over run vs a --resume run per checkpoint"),
+    Benchmark("suite_over", "suite: --over an imported 10-revision suite vs 10 x --resume"),
     Benchmark("interventions", "intervention sweep vs n + 1 forwards; attribution patching"),
     Benchmark("strategies", "dp, zero1, fsdp on 4 and 8 virtual devices: bytes kept, step time"),
     Benchmark("ui", "store browser: page, series and PDF-render latency at scale"),

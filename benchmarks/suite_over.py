@@ -1,0 +1,142 @@
+"""An imported training suite: one `--over` run vs one `--resume` run per revision.
+
+Run: ``uv run python benchmarks/suite_over.py [--revisions 10 --rounds 3] [--quick]
+[--json PATH]`` (about 5 minutes on the shared 2-core CPU machine; ``--quick``: one
+round over 4 revisions, about a minute).
+
+A suite of ``--revisions`` random GPT-2 revisions (2 layers, n_embd 32, 2 heads,
+context 64; `step0`, `step1000`, ...) is written as a Hugging Face cache folder and
+imported once, in-process (`import_suite`, what ``theseus import hf --revisions all``
+runs). Then, as a user would type them, each a ``theseus`` subprocess (as in
+backfill.py: this environment's console script, one CPU device):
+
+* ours: ``theseus run backfill stats.yaml ROOT --over LINEAGE --force
+  inspection/prompt=...``: one process walks every revision, compiled once;
+* theirs: ``theseus run backfill stats.yaml ROOT --resume LINEAGE~STEP
+  inspection/prompt=...`` for each revision, one after another.
+
+Both write the same JSON result to every node, so both do the same work per node;
+theirs also starts Python, imports JAX and compiles once per revision. A round runs
+both sides in alternating order; the row's ratios are theirs / ours per round (goal
+>= 10). Before timing, one ``--over`` and one ``--resume`` of the same revision must
+leave byte-identical artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
+from benchmarks import _report
+from benchmarks.backfill import artifact, theseus
+
+GOAL = 10.0
+QUICK = {"revisions": 4, "rounds": 1}
+PROMPT = "inspection/prompt=The quick brown fox jumps over the lazy dog. The quick brown fox"
+CORE_TESTS = Path(__file__).resolve().parents[1] / "packages" / "theseus-core" / "tests"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--revisions", type=int, default=10, help="revisions in the suite")
+    p.add_argument("--rounds", type=int, default=3, help="paired rounds (ours and theirs)")
+    _report.add_arguments(p)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.revisions, args.rounds = QUICK["revisions"], QUICK["rounds"]
+    return args
+
+
+def imported(scratch: Path, count: int) -> tuple[str, str]:
+    """Write and import a suite of `count` random revisions; `(name, nonce)` of its lineage."""
+    from theseus.experiments.models.suite import import_suite
+    from theseus.registry import import_module_or_file
+
+    folders = import_module_or_file(str(CORE_TESTS / "gpt2_folder.py"))
+    suites = import_module_or_file(str(CORE_TESTS / "suite_folders.py"))
+    revisions = {
+        f"step{1000 * i}": folders.write_gpt2_folder(
+            scratch / "src" / f"step{1000 * i}", n_layer=2, n_embd=32, n_head=2, seed=i
+        )
+        for i in range(count)
+    }
+    cache = suites.hf_cache(scratch / "models--bench--suite", revisions)
+    lineage = import_suite(cache, scratch / "root", "suite").lineage
+    name, nonce = lineage.split("~")
+    return name, nonce
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="suite-over-"))
+    try:
+        print(f"importing a suite of {args.revisions} revisions ...", flush=True)
+        name, nonce = imported(scratch, args.revisions)
+        root = scratch / "root"
+        config = scratch / "stats.yaml"
+        theseus("configure", "benchmarks/backfill/stats", str(config))
+        run = ["run", "backfill", str(config), str(root)]
+        over = [*run, "--over", f"{name}~{nonce}", "--force", PROMPT]
+        steps = [1000 * i for i in range(args.revisions)]
+        nodes = [f"{name}~{nonce}~{step}" for step in steps]
+
+        reference = scratch / "reference"
+        shutil.copytree(root, reference)
+        theseus("run", "backfill", str(config), str(reference), "--resume", nodes[-1], PROMPT)
+        theseus(*over)
+        same = artifact(root, name, nonce, steps[-1]) == artifact(reference, name, nonce, steps[-1])
+        print(f"check: --over and --resume artifacts byte-identical: {same}", flush=True)
+
+        ours: list[float] = []
+        theirs: list[float] = []
+
+        def measure_ours() -> None:
+            seconds, _ = theseus(*over)
+            ours.append(seconds)
+            print(f"  --over: {seconds:.1f} s", flush=True)
+
+        def measure_theirs() -> None:
+            seconds = sum(theseus(*run, "--resume", node, PROMPT)[0] for node in nodes)
+            theirs.append(seconds)
+            print(f"  {len(nodes)} x --resume: {seconds:.1f} s", flush=True)
+
+        for index in range(args.rounds):
+            print(f"round {index + 1}/{args.rounds}", flush=True)
+            sides = [measure_ours, measure_theirs]
+            for side in sides if index % 2 == 0 else sides[::-1]:
+                side()
+        row = _report.compare(
+            f"suite: --over an imported {args.revisions}-revision suite vs "
+            f"{args.revisions} x --resume (random GPT-2 2x32, subprocesses)",
+            ours,
+            theirs,
+            unit="s",
+            fmt="{:.1f} s",
+            ratio="theirs/ours",
+            meaning="theirs time / ours time; above 1: --over faster",
+            goal=(">=", GOAL),
+            note=(
+                f"one `theseus run --over LINEAGE --force` over the {args.revisions} nodes "
+                "`import_suite` wrote (seq = step) against one `theseus run --resume NODE` "
+                "process per revision, each a fresh Python + JAX + compile, on a prompt "
+                f"(`inspection/prompt`); byte-identical artifacts checked: {same}"
+            ),
+        )
+        ratio = statistics.median(row.ratios)
+        print(
+            f"--over {row.ours}, {args.revisions} x --resume {row.theirs}: {ratio:.1f}x "
+            f"(goal >= {GOAL:g}, {'met' if row.met else 'NOT met'})"
+        )
+        _report.write(args.json, "suite_over", args.quick, [row])
+        return 0 if row.met and same else 1
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
