@@ -353,3 +353,67 @@ def import_gpt2_command(
         f"theseus run tuned gpt2.yaml {quoted} --branch {target}{place} training/tokens=N "
         "(the architecture comes from the import; set training keys as KEY=VALUE)"
     )
+
+
+@import_group.command("hf")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("--run", "run_name", default="hf", show_default=True, help="The run's name.")
+@click.option("--project", default=None, help="The project (default: general).")
+@click.option("--group", default=None, help="The group (default: default).")
+@common_options
+def import_hf_command(
+    src: Path,
+    root: Path,
+    overrides: tuple[str, ...],
+    run_name: str,
+    project: str | None,
+    group: str | None,
+) -> None:
+    """Import the Hugging Face model folder SRC into ROOT as a lineage of --run.
+
+    SRC holds config.json (model_type gpt2, gpt_neox, llama, mistral, qwen2 or olmo2),
+    model.safetensors (or shards with model.safetensors.index.json) and tokenizer.json;
+    it is checked whole before anything is written. KEY=VALUE overrides set the import's
+    training layout (training.strategy=fsdp, training.shard=4) or parameter dtype; the
+    weights stream into that layout shard by shard.
+    """
+    from theseus.data.tokenizer import tokenizer_name
+    from theseus.experiments.models.gpt2 import check_new_run
+    from theseus.experiments.models.hf import import_hf
+    from theseus.model.hf import read_hf
+
+    check_new_run(root, run_name, project=project, group=group)  # before any reading
+    settings = parse_overrides(overrides)
+    folder = read_hf(src)  # a bad folder fails here, before the root is touched
+    s = folder.settings
+    click.echo(
+        f"Importing {folder.model_type} from {folder.path}: {folder.parameter_count:,} "
+        f"parameters, {s['architecture/n_layers']} layers, {s['architecture/n_embd']} wide, "
+        f"context {s['architecture/block_size']}, vocabulary {s['architecture/vocab_size']}, "
+        f"{len(folder.files)} weight file(s).",
+        err=True,
+    )
+    for note in folder.notes:
+        click.echo(f"Note: {note}.", err=True)
+    node = import_hf(folder, root, run_name, project=project, group=group, overrides=settings)
+    name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
+    quoted, run = shlex.quote(str(root)), shlex.quote(run_name)
+    place = "".join(
+        f" --{flag} {shlex.quote(value)}"
+        for flag, value in (("project", project), ("group", group))
+        if value is not None
+    )
+    click.echo(f"Imported as node {node.serialize()} (its checkpoint: the weights, step 0).")
+    click.echo(f"Tokenizer: {name} (under {root / 'tokenizers'})")
+    target = f"{run}~{node.nonce}"
+    click.echo(
+        f"Sample:    theseus sample {quoted} {target} 'Hello, my name is' --max-new-tokens 20"
+    )
+    click.echo(
+        f"Fine-tune: theseus data prepare text --root {quoted} --source DIR --tokenizer "
+        f"{name}; theseus configure hf hf.yaml; theseus run tuned hf.yaml {quoted} "
+        f"--branch {target}{place} training/tokens=N "
+        "(the architecture comes from the import; set training keys as KEY=VALUE)"
+    )

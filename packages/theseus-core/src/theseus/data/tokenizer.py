@@ -1,15 +1,18 @@
 """Tokenizers: the byte-level default, and BPE tokenizers kept under a root.
 
 `ByteTokenizer` (name `bytes`) needs nothing: ids 0..255 are the bytes of UTF-8 text,
-special tokens follow them. A BPE tokenizer (GPT-2's, brought in by `theseus import
-gpt2`) lives in `ROOT/tokenizers/<name>/tokenizer.json`, a copy the root owns, so a
-lineage and the datasets prepared for it decode the same way after the source folder
-is gone. Nothing is ever downloaded.
+special tokens follow them. A BPE tokenizer (brought in by `theseus import gpt2` or
+`theseus import hf`) lives in `ROOT/tokenizers/<name>/tokenizer.json`, a copy the root
+owns, so a lineage and the datasets prepared for it decode the same way after the
+source folder is gone; a model whose end-of-text token is not `<|endoftext|>` (Llama's
+`<|end_of_text|>`, Pythia's...) has it named in `special.json` beside it. Nothing is
+ever downloaded.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -32,8 +35,9 @@ __all__ = [
     "tokenizer_name",
 ]
 
-#: The end-of-text token a BPE tokenizer must have (GPT-2's spelling).
+#: The end-of-text token a BPE tokenizer has unless its `special.json` names another.
 END_OF_TEXT = "<|endoftext|>"
+_SPECIAL = "special.json"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -149,26 +153,29 @@ def _tokenizers() -> Any:
 
 @dataclass(frozen=True)
 class BPETokenizer:
-    """A byte-level BPE tokenizer (a Hugging Face `tokenizer.json`), e.g. GPT-2's.
+    """A Hugging Face `tokenizer.json` tokenizer, e.g. GPT-2's, Pythia's or Llama 3's.
 
-    Special tokens are never produced by `encode` (the text is taken as text) and are
-    dropped by `decode`. Padding reuses end-of-text: padded positions are masked by
-    the batch, not recognized by id.
+    `encode` applies the tokenizer's own post-processor, as transformers does: a
+    start-of-text token its `TemplateProcessing` adds (Llama 3's `<|begin_of_text|>`)
+    starts every encoded text; special tokens written in the text are taken as text.
+    `decode` drops special tokens. Padding reuses end-of-text: padded positions are
+    masked by the batch, not recognized by id.
     """
 
     name: str
     json: str = field(repr=False)
+    eot_token: str = END_OF_TEXT
     _backend: Any = field(init=False, repr=False, compare=False)
     _eot: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        backend = parse_tokenizer(self.json, self.name)
+        backend = parse_tokenizer(self.json, self.name, eot=self.eot_token)
         object.__setattr__(self, "_backend", backend)
-        object.__setattr__(self, "_eot", backend.token_to_id(END_OF_TEXT))
+        object.__setattr__(self, "_eot", backend.token_to_id(self.eot_token))
 
     @property
     def eot(self) -> int:
-        """Id of `<|endoftext|>`, which separates documents."""
+        """Id of the end-of-text token (`eot_token`), which separates documents."""
         return int(self._eot)
 
     @property
@@ -188,7 +195,7 @@ class BPETokenizer:
 
     def encode(self, text: str, *, eot: bool = False) -> np.ndarray:
         """Encode text to ids `[n]`, appending end-of-text when `eot` is true."""
-        ids = self._backend.encode(text, add_special_tokens=False).ids
+        ids = self._backend.encode(text).ids
         if eot:
             ids = [*ids, self.eot]
         return np.asarray(ids, dtype=self.dtype)
@@ -198,7 +205,7 @@ class BPETokenizer:
         texts = list(texts)
         if not texts:
             return np.zeros((0,), dtype=self.dtype)
-        encoded = self._backend.encode_batch(texts, add_special_tokens=False)
+        encoded = self._backend.encode_batch(texts)
         return np.concatenate([np.asarray([*e.ids, self.eot], dtype=self.dtype) for e in encoded])
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
@@ -211,8 +218,11 @@ class BPETokenizer:
         return str(self._backend.decode(array.tolist(), skip_special_tokens=True))
 
 
-def parse_tokenizer(text: str, where: str) -> Any:
-    """A `tokenizers.Tokenizer` from `tokenizer.json` text that has `<|endoftext|>`.
+def parse_tokenizer(text: str, where: str, eot: str | None = END_OF_TEXT) -> Any:
+    """A `tokenizers.Tokenizer` from `tokenizer.json` text that has the token `eot`.
+
+    Args:
+        eot: the end-of-text token it must have; None checks for none.
 
     Raises:
         TokenizerError: not a tokenizer file, or no end-of-text token (`where` names it).
@@ -223,10 +233,8 @@ def parse_tokenizer(text: str, where: str) -> Any:
     except Exception as error:  # the Rust parser's own message says where
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise TokenizerError(f"{where} is not a readable tokenizer.json ({first})") from None
-    if backend.token_to_id(END_OF_TEXT) is None:
-        raise TokenizerError(
-            f"{where} has no {END_OF_TEXT} token; Theseus separates documents with it"
-        )
+    if eot is not None and backend.token_to_id(eot) is None:
+        raise TokenizerError(f"{where} has no {eot} token; Theseus separates documents with it")
     return backend
 
 
@@ -235,24 +243,39 @@ def tokenizer_dir(root: str | os.PathLike[str], name: str) -> Path:
     return Path(root) / "tokenizers" / name
 
 
-def tokenizer_name(text: str, prefix: str) -> str:
-    """The name `install_tokenizer` keeps `tokenizer.json` text under: prefix and hash."""
-    return f"{prefix}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+def tokenizer_name(text: str, prefix: str, eot: str = END_OF_TEXT) -> str:
+    """The name `install_tokenizer` keeps `tokenizer.json` text under: prefix and hash
+    (of the text, and of the end-of-text token where it is not `<|endoftext|>`)."""
+    content = text if eot == END_OF_TEXT else f"{text}\0{eot}"
+    return f"{prefix}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
 
 
-def install_tokenizer(root: str | os.PathLike[str], text: str, prefix: str) -> str:
+def _write(path: Path, text: str) -> None:
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def install_tokenizer(
+    root: str | os.PathLike[str], text: str, prefix: str, eot: str = END_OF_TEXT
+) -> str:
     """Copy `tokenizer.json` text into the root, named by its content; returns the name.
 
     The name is `<prefix>-<first 12 hex digits of its SHA-256>`: the same tokenizer
     imported twice is kept once, and two different ones never share a name. An
-    existing copy is never rewritten.
+    existing copy is never rewritten. An end-of-text token other than `<|endoftext|>`
+    is written to `special.json` beside it (before `tokenizer.json`, so a copy that
+    has its `tokenizer.json` is whole).
 
     Raises:
         TokenizerError: `text` is not a usable tokenizer, or the root's copy under that
             name differs (a damaged root).
     """
-    parse_tokenizer(text, f"the {prefix} tokenizer")
-    name = tokenizer_name(text, prefix)
+    parse_tokenizer(text, f"the {prefix} tokenizer", eot=eot)
+    name = tokenizer_name(text, prefix, eot)
     folder = tokenizer_dir(root, name)
     path = folder / "tokenizer.json"
     if path.is_file():
@@ -263,12 +286,9 @@ def install_tokenizer(root: str | os.PathLike[str], text: str, prefix: str) -> s
             )
         return name
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".tokenizer.json.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    if eot != END_OF_TEXT:
+        _write(folder / _SPECIAL, json.dumps({"eot": eot}))
+    _write(path, text)
     return name
 
 
@@ -297,4 +317,14 @@ def get_tokenizer(name: str = "bytes", root: str | os.PathLike[str] | None = Non
             f"no tokenizer {name!r} under {Path(root)} (expected {path}); known here: "
             f"{', '.join(['bytes', *kept])}"
         )
-    return BPETokenizer(name, path.read_text(encoding="utf-8"))
+    special = path.parent / _SPECIAL
+    eot = END_OF_TEXT
+    if special.is_file():
+        try:
+            eot = str(json.loads(special.read_text(encoding="utf-8"))["eot"])
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+            raise TokenizerError(
+                f"{special} is not a JSON object with an eot token; the root is damaged: "
+                "move that folder aside and import again"
+            ) from None
+    return BPETokenizer(name, path.read_text(encoding="utf-8"), eot)

@@ -2,5 +2,6 @@
 
 from theseus.experiments.models import gpt as gpt
 from theseus.experiments.models import gpt2 as gpt2
+from theseus.experiments.models import hf as hf
 
-__all__ = ["gpt", "gpt2"]
+__all__ = ["gpt", "gpt2", "hf"]

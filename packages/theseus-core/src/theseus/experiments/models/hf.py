@@ -1,0 +1,189 @@
+"""A Hugging Face model folder as a lineage (`hf`): imported, sampled, analyzed, fine-tuned.
+
+`import_hf(folder, root)` (the command `theseus import hf SRC ROOT`) checks a local
+Hugging Face folder of a GPT-2, GPT-NeoX (Pythia), Llama, Mistral, Qwen2 or OLMo-2,
+keeps a copy of its tokenizer under `ROOT/tokenizers/`, and runs a fresh `HF` job whose
+only work is to stream those weights, shard by shard, into the layout of the chosen
+`training/strategy` and `training/shard`, and save them as its first node's checkpoint.
+`write_revision(job, folder)` writes one folder's weights as the checkpoint of any
+node a job is set up at (a training suite's revisions, one node each).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from theseus.config import field
+from theseus.data.datasets import TextFiles
+from theseus.data.tokenizer import install_tokenizer
+from theseus.experiments.models.gpt import PretrainGPT
+from theseus.experiments.models.gpt2 import check_new_run
+from theseus.job import Mode
+from theseus.model.hf import HFFolder, load_state, read_hf
+from theseus.registry import job
+from theseus.store import Node
+from theseus.training.base import BaseTrainerConfig, TrainerError
+from theseus.training.flywheel.strategy import Sampling
+
+__all__ = ["HF", "HFConfig", "check_settings", "import_hf", "write_revision"]
+
+# Settings a user may set at import that the weights do not fix: the context of a
+# rotary model (shorter than the folder's, for a smaller KV cache) is one.
+_FREE_WITH_ROTARY = ("architecture/block_size",)
+
+
+@dataclass
+class HFConfig(BaseTrainerConfig):
+    """The trainer's settings, and the folder a fresh run imports."""
+
+    source: str = field(
+        "hf/source", default="", help="the Hugging Face model folder the weights came from"
+    )
+
+
+def check_settings(configuration: Any, folder: HFFolder) -> None:
+    """Refuse a configuration whose architecture differs from what the folder needs.
+
+    A rotary model's `architecture/block_size` may be set lower than the folder's
+    context (every position below it is computed exactly).
+
+    Raises:
+        TrainerError: the first setting that differs, named with both values.
+    """
+    rotary = folder.settings.get("architecture/positions") == "rotary"
+    for key, value in folder.settings.items():
+        have = configuration[key]
+        if key in _FREE_WITH_ROTARY and rotary and isinstance(have, int) and 1 <= have <= value:
+            continue
+        if have != value:
+            raise TrainerError(
+                f"{key} is {have!r}, but the weights in {folder.path} need {value!r}; "
+                "leave the architecture as the import sets it"
+            )
+
+
+@job("hf")
+class HF(PretrainGPT):
+    """Hugging Face weights: a fresh run imports `hf/source`; resume or branch fine-tunes."""
+
+    CONFIG = HFConfig
+    DATASET = Sampling(TextFiles, 1.0, "pmd")
+
+    def data_required(self, mode: Mode) -> bool:
+        """Only a branch must find its data at setup (an import reads none)."""
+        return mode is Mode.BRANCH
+
+    def initial_state(self) -> Any:
+        """The folder's weights, streamed into this job's state layout."""
+        if not self.args.source:
+            raise TrainerError(
+                "a fresh hf run imports weights and hf/source is empty; run theseus import "
+                "hf FOLDER ROOT, or resume or branch an imported lineage"
+            )
+        folder = read_hf(self.args.source)
+        check_settings(self.configuration, folder)
+        assert self._layout is not None
+        return load_state(self._layout, folder)
+
+    def run(self) -> Any:
+        """Fresh: save the imported weights as the first node's checkpoint. Else: train."""
+        if self.mode is not Mode.FRESH:
+            return super().run()
+        self.save_checkpoint()
+        return self.state
+
+    def outcome(self, result: Any) -> list[str]:
+        if self.mode is not Mode.FRESH:
+            return super().outcome(result)
+        root = shlex.quote(str(self.spec.root))
+        return [
+            f"Tokenizer: {self.configuration['architecture/tokenizer']} "
+            f"(under {os.path.join(self.spec.root, 'tokenizers')})",
+            f"Sample:    theseus sample {root} {self.node.name}~{self.node.nonce} "
+            "'Hello, my name is' --max-new-tokens 20",
+        ]
+
+
+def write_revision(job: HF, folder: HFFolder) -> None:
+    """Write `folder`'s weights as the checkpoint of the node `job` is set up at.
+
+    The seam for importing a training suite: the caller creates an `HF` job (through
+    `quick`, fresh or resumed) at the node it chose, with the lineage's configuration,
+    and passes each revision's checked folder. The weights are streamed into the
+    job's layout (its `training/strategy` and `training/shard`) and saved at step 0 of
+    that node; the checkpoint is registered when the job finishes (`job.on_finish()`,
+    which calling the job does).
+
+    Raises:
+        TrainerError: the folder's architecture differs from the job's configuration.
+        HFFolderError: a tensor could not be read.
+    """
+    check_settings(job.configuration, folder)
+    assert job._layout is not None, "the job is set up (quick's create() does it)"
+    job.state = load_state(job._layout, folder)
+    job.save_checkpoint()
+
+
+def configured(
+    folder: HFFolder, tokenizer: str, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The import's configuration values: the folder's settings, then `overrides`."""
+    values: dict[str, Any] = dict(folder.settings)
+    values["architecture/tokenizer"] = tokenizer
+    values["hf/source"] = str(folder.path)
+    values.update(overrides or {})
+    return values
+
+
+def import_hf(
+    src: str | os.PathLike[str] | HFFolder,
+    root: str | os.PathLike[str],
+    run: str = "hf",
+    *,
+    project: str | None = None,
+    group: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Node:
+    """Bring a local Hugging Face model folder into `root` as a new lineage of `run`.
+
+    The folder and the overrides are checked completely first (configuration, every
+    tensor's name, shape and dtype, tokenizer, the composed job configuration): a bad
+    folder writes nothing, not even the root. Then the tokenizer is copied to
+    `ROOT/tokenizers/<model_type>-<hash>/` and a fresh `HF` job streams the weights into
+    its state and saves them as its first node's checkpoint (step 0).
+
+    Args:
+        overrides: configuration values (`{"training/strategy": "fsdp"}`), e.g. parsed
+            from the command line's KEY=VALUE; the architecture is the folder's.
+
+    Returns:
+        The node holding the checkpoint (`name~nonce~0`).
+
+    Raises:
+        HFFolderError: the folder is not a model this import can load.
+        ConfigError: an override names no setting or does not fit it.
+        InvalidNodeError: `run`, `project` or `group` is not a valid name.
+        TrainerError: the run already has a lineage under `root`, or an override
+            changes the architecture.
+    """
+    from theseus.data.tokenizer import tokenizer_name
+    from theseus.quick import quick
+
+    check_new_run(root, run, project=project, group=group)
+    folder = src if isinstance(src, HFFolder) else read_hf(src)
+    name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
+    tree = HF.schema()
+    tree.update(configured(folder, name, overrides))
+    tree.check()  # the rules across settings, before the root is touched
+    check_settings(tree, folder)
+    with quick(root) as q:
+        q.build(HF, run, project=project, group=group)
+        installed = install_tokenizer(root, folder.tokenizer, folder.model_type, folder.eot)
+        q.config.update(configured(folder, installed, overrides))
+        imported = q.create()
+        imported()
+        return imported.node

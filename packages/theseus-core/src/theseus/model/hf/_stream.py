@@ -1,0 +1,102 @@
+"""Weights streamed from a checked folder straight into a trainer's parameter layout.
+
+Tensors are read one at a time from their shard (in file order, each from its own
+bytes: see `_safetensors`), made into the parameter (transposed, concatenated or
+regrouped), converted to the parameter's dtype and placed with the `NamedSharding` the
+trainer's state layout gives it (`jax.make_array_from_callback`: each device gets only
+its slice; on several hosts each host places its own). The host copy is dropped before
+the next parameter, so host memory beyond the model's own arrays stays near one
+parameter's size (on a CPU the "device" arrays are host memory too).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from theseus.model.hf._config import HFFolderError
+from theseus.model.hf._folder import HFFolder
+from theseus.model.hf._safetensors import read_tensor
+
+__all__ = ["load_params", "load_state"]
+
+
+def _key(path: tuple[Any, ...]) -> str:
+    return "/".join(str(getattr(part, "key", part)) for part in path)
+
+
+def load_params(folder: HFFolder, abstract: Any) -> Any:
+    """The folder's weights as the parameter tree `abstract` describes, placed.
+
+    Args:
+        folder: a folder `read_hf` checked.
+        abstract: the parameters as `jax.ShapeDtypeStruct`s with shardings (a
+            `StateLayout`'s `abstract.params`); a leaf without a sharding goes to the
+            default device.
+
+    Raises:
+        HFFolderError: the model's tree and the folder's differ (the first parameter
+            missing, extra or of another shape is named): the configuration does not
+            match the weights.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    wanted = {_key(path): leaf for path, leaf in leaves}
+    for name in wanted:
+        if name not in folder.leaves:
+            raise HFFolderError(
+                f"the model has parameter {name}, which {folder.path} has no tensor for; "
+                "leave the architecture as the import sets it"
+            )
+    for name in folder.leaves:
+        if name not in wanted:
+            raise HFFolderError(
+                f"{folder.path} has a tensor for parameter {name}, which the model has not; "
+                "leave the architecture as the import sets it"
+            )
+
+    def first(name: str) -> tuple[str, int]:
+        info = folder.tensors[next(iter(folder.leaves[name].sources))]
+        return str(info.file), info.start
+
+    placed: dict[str, jax.Array] = {}
+    for name in sorted(wanted, key=first):  # shard by shard, each in byte order
+        leaf, spec = folder.leaves[name], wanted[name]
+        parts = [read_tensor(folder.tensors[source]) for source in leaf.sources]
+        host = np.asarray(leaf.make(parts), dtype=spec.dtype)
+        del parts
+        if host.shape != tuple(spec.shape):
+            raise HFFolderError(
+                f"parameter {name} comes out {list(host.shape)} from {folder.path}, but the "
+                f"model needs {list(spec.shape)}; leave the architecture as the import sets it"
+            )
+        sharding = getattr(spec, "sharding", None)
+        if sharding is None:
+            placed[name] = jax.device_put(host)
+        else:
+            placed[name] = jax.make_array_from_callback(
+                host.shape, sharding, lambda index, host=host: host[index]
+            )
+        del host
+    return jax.tree_util.tree_unflatten(treedef, [placed[_key(path)] for path, _ in leaves])
+
+
+def load_state(target: Any, folder: HFFolder) -> Any:
+    """A train state at step 0 holding the folder's weights, laid out as `target`.
+
+    The optimizer state is initialized from the placed parameters inside one compiled
+    function, in its own shardings (as `training.state.from_params`).
+
+    Args:
+        target: the trainer's `StateLayout`.
+        folder: a folder `read_hf` checked.
+    """
+    from flax.training.train_state import TrainState
+
+    params = load_params(folder, target.abstract.params)
+
+    def create(params: Any) -> TrainState:
+        return TrainState.create(apply_fn=target.apply_fn, params=params, tx=target.tx)
+
+    return jax.jit(create, out_shardings=target.shardings)(params)
