@@ -28,7 +28,7 @@ from theseus.experiments.models._integrity import (
     tensor_digests,
 )
 from theseus.experiments.models._revisions import RevisionError, discover, parse_name, select
-from theseus.experiments.models.suite import GPT2Suite, import_suite
+from theseus.experiments.models.suite import HFSuite, import_suite
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
 from theseus.store import Node, Store
@@ -216,7 +216,7 @@ def _restored(root: Path, node: Node) -> dict[str, np.ndarray]:
     import jax
 
     with quick(root) as q:
-        q.build(GPT2Suite, "look")
+        q.build(HFSuite, "look")
         q.find().node(node).resume()
         job = q.create()
         flat = jax.tree_util.tree_flatten_with_path(job.state.params)[0]
@@ -350,7 +350,10 @@ def test_the_command_imports_a_suite_and_prints_the_table(
     )
     assert result.exit_code == 0, result.output
     assert "step2000  2000  -       " in result.stdout and "DUPLICATE of step1000" in result.stdout
-    assert "theseus run ANALYSIS.yaml" in result.stdout
+    assert (
+        "theseus run NAME ANALYSIS.yaml" in result.stdout
+        and "--over general.default.tiny~" in result.stdout
+    )
     bad = runner.invoke(
         main, ["import", "hf", str(src), str(root), "--run", "tiny", "--revisions", "step9"]
     )

@@ -10,7 +10,9 @@ what to run next on the lineage.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -32,11 +34,14 @@ def suite_import(
     revisions: str,
     project: str | None = None,
     group: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> None:
     """Import the suite and print its table, its flags and the commands that come next."""
     from theseus.experiments.models.suite import import_suite
 
-    result = import_suite(src, root, run, revisions, project=project, group=group)
+    result = import_suite(
+        src, root, run, revisions, project=project, group=group, overrides=overrides
+    )
     click.echo(result.table)
     flagged = [
         (name, result.findings.flags(name))

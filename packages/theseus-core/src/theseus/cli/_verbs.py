@@ -10,6 +10,7 @@ import click
 
 from theseus.cli._app import common_options, main
 from theseus.cli._cluster import cluster_options
+from theseus.cli._suite import REVISIONS_HELP, suite_import
 from theseus.config import ConfigError, dump, load, parse_overrides
 from theseus.job import BasicJob, CheckpointWalker, from_host_zero, is_primary
 from theseus.quick import quick
@@ -362,6 +363,7 @@ def import_gpt2_command(
 @click.option("--run", "run_name", default="hf", show_default=True, help="The run's name.")
 @click.option("--project", default=None, help="The project (default: general).")
 @click.option("--group", default=None, help="The group (default: default).")
+@click.option("--revisions", default=None, metavar="all|R1,R2,...", help=REVISIONS_HELP)
 @common_options
 def import_hf_command(
     src: Path,
@@ -370,6 +372,7 @@ def import_hf_command(
     run_name: str,
     project: str | None,
     group: str | None,
+    revisions: str | None,
 ) -> None:
     """Import the Hugging Face model folder SRC into ROOT as a lineage of --run.
 
@@ -377,15 +380,20 @@ def import_hf_command(
     model.safetensors (or shards with model.safetensors.index.json) and tokenizer.json;
     it is checked whole before anything is written. KEY=VALUE overrides set the import's
     training layout (training.strategy=fsdp, training.shard=4) or parameter dtype; the
-    weights stream into that layout shard by shard.
+    weights stream into that layout shard by shard. With --revisions, SRC is a training
+    suite (a Hugging Face cache folder, or one subfolder per revision) and each revision
+    becomes a node of the run's one lineage, at seq = its step.
     """
     from theseus.data.tokenizer import tokenizer_name
     from theseus.experiments.models.gpt2 import check_new_run
     from theseus.experiments.models.hf import import_hf
     from theseus.model.hf import read_hf
 
-    check_new_run(root, run_name, project=project, group=group)  # before any reading
     settings = parse_overrides(overrides)
+    if revisions is not None:  # a training suite: one lineage, a node per revision
+        suite_import(src, root, run_name, revisions, project, group, settings)
+        return
+    check_new_run(root, run_name, project=project, group=group)  # before any reading
     folder = read_hf(src)  # a bad folder fails here, before the root is touched
     s = folder.settings
     click.echo(

@@ -1,12 +1,13 @@
 """The job that writes a suite's revisions as the checkpointed nodes of one lineage.
 
-`RevisionWriter` is a mixin over a job whose fresh run imports one folder (`GPT2`).
+`RevisionWriter` is a mixin over a job whose fresh run imports one folder (`HF`).
 Instead of a new lineage's seq 0, its live node is the first planned revision's node
 (`name~nonce~step`, in a new lineage or in the suite's existing one), and its run moves
 through the plan in step order: each revision's node is recorded with its parent (the
 node before it), the job's configuration (so each node restores and resumes alone),
 its checkpoint (the revision's weights and a fresh optimizer at state step 0, in the
-checkpoint folder named by the revision's step) and its `import/...` values. The
+checkpoint folder named by the revision's step, so the revisions of one lineage
+folder never collide) and its `import/...` values. The
 checkpoints are saved by the trainer's own keeper, so a save overlaps the next
 revision's read. Resumed or branched, the job is the family's job: it trains.
 """
@@ -37,13 +38,14 @@ class Planned:
     Attributes:
         node: its node (`seq` = its step; after the last step for a name without one).
         step: the checkpoint's step (the folder's name): the revision's step, else `seq`.
-        params: returns its weights as the model's parameter tree (host arrays).
+        load: returns its weights as a train state laid out as the given `StateLayout`
+            (a fresh optimizer; `theseus.model.hf.load_state` streams them in).
         values: the `import/...` values for its node.
     """
 
     node: Node
     step: int
-    params: Callable[[], Any]
+    load: Callable[[train_state.StateLayout], Any]
     values: Mapping[str, Scalar] = field(default_factory=dict)
 
 
@@ -72,7 +74,7 @@ class RevisionWriter(BaseTrainer):
 
     def _revision_state(self, planned: Planned) -> Any:
         assert self._layout is not None
-        return train_state.from_params(self._layout, planned.params())
+        return planned.load(self._layout)
 
     def run(self) -> Any:
         """Fresh: write every planned revision, in order. Resumed or branched: train."""

@@ -15,25 +15,26 @@ Importing again into a root that has the run's lineage adds only the missing rev
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from theseus.config import load
-from theseus.data.tokenizer import install_tokenizer
+from theseus.data.tokenizer import install_tokenizer, tokenizer_name
 from theseus.experiments.models import _integrity
 from theseus.experiments.models._revisions import Revision, RevisionError, discover, select
 from theseus.experiments.models._suite_job import Planned, RevisionWriter
-from theseus.experiments.models.gpt2 import GPT2
+from theseus.experiments.models.hf import HF, check_settings, configured
 from theseus.job import JobSpec, store_root
+from theseus.model.hf import HFFolder, load_state, read_hf
 from theseus.registry import job
 from theseus.store import MARKER, Node, Store
 
-__all__ = ["GPT2Suite", "SuiteImport", "import_suite"]
+__all__ = ["HFSuite", "SuiteImport", "import_suite"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +42,9 @@ logger = logging.getLogger(__name__)
 _FINDINGS = ("import/duplicate_of", "import/shared_shards_with", "import/missing_before")
 
 
-@job("gpt2/suite")
-class GPT2Suite(RevisionWriter, GPT2):
-    """GPT-2 revisions of a training suite as one lineage; resume or branch fine-tunes."""
+@job("hf/suite")
+class HFSuite(RevisionWriter, HF):
+    """A training suite's revisions as one lineage (`hf` per node); resume or branch fine-tunes."""
 
 
 @dataclass(frozen=True)
@@ -63,35 +64,6 @@ class SuiteImport:
     kept: list[str]
     findings: _integrity.Findings
     table: str
-
-
-@dataclass(frozen=True)
-class _Family:
-    """How one model family's folder is read and imported."""
-
-    job: type[RevisionWriter]
-    read: Callable[[Path], Any]
-    prefix: str  # the tokenizer's name under ROOT/tokenizers
-    source_key: str
-
-
-def _family(revision: Revision) -> _Family:
-    from theseus.model.gpt2 import read_gpt2
-
-    config = revision.folder / "config.json"
-    try:
-        kind = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        raise RevisionError(f"revision {revision.name}: {config} is not a JSON object") from None
-    if kind == "gpt2":
-        return _Family(GPT2Suite, read_gpt2, "gpt2", "gpt2/source")
-    raise RevisionError(
-        f"revision {revision.name} is model_type {kind!r}; suites import gpt2 folders"
-    )
-
-
-def _weight_files(folder: Any) -> list[Path]:
-    return sorted({file for file, _ in folder.tensors.values()})
 
 
 @dataclass(frozen=True)
@@ -139,12 +111,14 @@ def import_suite(
     *,
     project: str | None = None,
     group: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> SuiteImport:
     """Import the revisions `revisions` of the suite at `src` as one lineage of `run`.
 
     Everything is checked and hashed before the root is touched: the revisions named,
-    each folder (configuration, every tensor, tokenizer), one architecture and one
-    tokenizer for all (the lineage's own when it exists).
+    each folder (`read_hf`: configuration, every tensor, tokenizer), one architecture
+    and one tokenizer for all (the lineage's own when it exists), the composed job
+    configuration with `overrides`.
 
     Args:
         src: a Hugging Face cache folder (`models--ORG--NAME`) or a folder with one
@@ -152,13 +126,17 @@ def import_suite(
         root: the Theseus root.
         run: the run; its one lineage is the suite (made, or added to).
         revisions: `all` (every revision whose name carries a step) or `R1,R2,...`.
+        overrides: configuration values for the import (`training/strategy`,
+            `training/shard`: the layout the weights stream into), as `import_hf` takes.
 
     Returns:
         A `SuiteImport` (its `table` says what the integrity check found).
 
     Raises:
         RevisionError: a revision, folder or choice that cannot be imported.
-        GPT2FolderError: a revision's folder is not a model this family loads.
+        HFFolderError: a revision's folder is not a model the import loads.
+        ConfigError: an override names no setting or does not fit it.
+        TrainerError: an override changes the architecture.
     """
     root = Path(root)
     found = discover(Path(src))
@@ -167,13 +145,10 @@ def import_suite(
     lineage = _existing(root, name)
     nonce, held = lineage.nonce, lineage.held
     todo = [r for r in chosen if r.name not in held]
-    families = {id(r): _family(r) for r in todo}
-    folders = {r.name: families[id(r)].read(r.folder) for r in todo}
-    family = families[id(todo[0])] if todo else None
+    folders = {r.name: read_hf(r.folder) for r in todo}
     _check_one_model(todo, folders, lineage.config)
-    prints = {
-        r.name: _integrity.fingerprint(r.name, r.step, _weight_files(folders[r.name])) for r in todo
-    }
+    tree = _configuration(folders[todo[0].name], overrides) if todo else None
+    prints = {r.name: _integrity.fingerprint(r.name, r.step, folders[r.name].files) for r in todo}
     for revision, (_node, values) in held.items():
         shards = tuple(str(values.get("import/shards", "")).split(","))
         prints[revision] = _integrity.Fingerprint(
@@ -195,15 +170,26 @@ def import_suite(
     for revision in order:
         if findings.flags(revision):
             logger.warning("suite %s: %s %s", name, revision, findings.flags(revision))
-    if family is None:
+    if tree is None:
         assert nonce is not None
         return SuiteImport(f"{name}~{nonce}", [], list(held), findings, table)
-    nodes = _write(root, run, project, group, nonce, family, todo, folders, seqs, prints, findings)
+    spec = JobSpec(run, root, project, group)
+    nodes = _write(spec, tree, nonce, todo, folders, seqs, prints, findings)
     _update_held(root, held, findings)
     return SuiteImport(f"{name}~{nodes[0].nonce}", nodes, list(held), findings, table)
 
 
-def _check_one_model(todo: list[Revision], folders: dict[str, Any], saved: str | None) -> None:
+def _configuration(folder: HFFolder, overrides: Mapping[str, Any] | None) -> Any:
+    """The import job's configuration, checked (rules, architecture) before any write."""
+    name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
+    tree = HFSuite.schema()
+    tree.update(configured(folder, name, overrides))
+    tree.check()
+    check_settings(tree, folder)
+    return tree
+
+
+def _check_one_model(todo: list[Revision], folders: dict[str, HFFolder], saved: str | None) -> None:
     """Every revision has the first's architecture and tokenizer (and the lineage's)."""
     if not todo:
         return
@@ -216,7 +202,7 @@ def _check_one_model(todo: list[Revision], folders: dict[str, Any], saved: str |
                     f"revision {revision.name} has {key} = {folder.settings.get(key)!r} and "
                     f"{todo[0].name} {value!r}; a suite is one model: import them as two runs"
                 )
-        if folder.tokenizer != first.tokenizer:
+        if (folder.tokenizer, folder.eot) != (first.tokenizer, first.eot):
             raise RevisionError(
                 f"revisions {todo[0].name} and {revision.name} have different tokenizers; a "
                 "suite is one model: import them as two runs"
@@ -255,14 +241,11 @@ def _seqs(todo: list[Revision], held: dict[str, tuple[Node, dict[str, Any]]]) ->
 
 
 def _write(
-    root: Path,
-    run: str,
-    project: str | None,
-    group: str | None,
+    spec: JobSpec,
+    tree: Any,
     nonce: str | None,
-    family: _Family,
     todo: list[Revision],
-    folders: dict[str, Any],
+    folders: dict[str, HFFolder],
     seqs: dict[str, int],
     prints: dict[str, _integrity.Fingerprint],
     findings: _integrity.Findings,
@@ -270,15 +253,13 @@ def _write(
     """Write `todo` as nodes of the lineage (`nonce`, or a new one)."""
     from theseus.quick import quick
 
-    with quick(root) as q:
-        tree = q.build(family.job, run, project=project, group=group)
-        first = folders[todo[0].name]
-        for key, value in first.settings.items():
-            tree[key] = value
-        tree["architecture/tokenizer"] = install_tokenizer(root, first.tokenizer, family.prefix)
-        tree[family.source_key] = str(first.path)
-        name = Node.new(run, project=project, group=group).name
-        nonce = nonce or Node.new(run).nonce
+    first = folders[todo[0].name]
+    name = Node.new(spec.name, project=spec.project, group=spec.group).name
+    with quick(spec.root) as q:
+        tree["architecture/tokenizer"] = install_tokenizer(
+            spec.root, first.tokenizer, first.model_type, first.eot
+        )
+        nonce = nonce or Node.new(spec.name).nonce
         occupied = sorted(node.seq for node in q.store.query().name(name).nonce(nonce).all())
         plan = []
         for revision in sorted(todo, key=lambda r: seqs[r.name]):
@@ -298,19 +279,25 @@ def _write(
             if revision.commit is not None:
                 values["import/commit"] = revision.commit
             values.update(findings.values(revision.name))
+            folder = folders[revision.name]
             plan.append(
                 Planned(
                     Node(name, nonce, seq, parent=parent),
                     seq,
-                    folders[revision.name].params,
+                    functools.partial(_stream, folder),
                     values,
                 )
             )
             occupied = sorted([*occupied, seq])
-        spec_job = family.job(JobSpec(run, root, project, group), config=tree, store=q.store)
-        spec_job.plan = plan
-        spec_job()
+        writer = HFSuite(spec, config=tree, store=q.store)
+        writer.plan = plan
+        writer()
     return [p.node for p in plan]
+
+
+def _stream(folder: HFFolder, layout: Any) -> Any:
+    """`folder`'s weights streamed into a train state laid out as `layout`."""
+    return load_state(layout, folder)
 
 
 def _update_held(
