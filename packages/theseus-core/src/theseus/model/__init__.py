@@ -8,10 +8,12 @@ type in a trainer's forward pass and replays one eagerly (``trainer.find`` and
 
 from theseus.model.attention.base import (
     AttentionConfig,
+    KVCache,
     SelfAttention,
     apply_rotary,
     causal_softmax,
 )
+from theseus.model.attention.rotary import RopeScaling
 from theseus.model.component import Component, resolve_dtype
 from theseus.model.debug import (
     DebugClosedError,
@@ -44,8 +46,10 @@ __all__ = [
     "DebugSession",
     "DebugTargetError",
     "GPTConfig",
+    "KVCache",
     "MLPConfig",
     "ModelInputError",
+    "RopeScaling",
     "SelfAttention",
     "UnknownArgumentError",
     "UnknownPathError",

@@ -1,13 +1,18 @@
-"""The GPT language model: token embedding, pre-norm blocks, final norm, unembedding.
+"""The decoder language model: token embedding, blocks, final norm, unembedding.
 
-Module paths are stable and readable: `wte`, `wpe` (learned positions only),
-`blocks_0` ... `blocks_{n-1}` (each with `ln_1`, `attn`, `ln_2`, `mlp`), `ln_f`, and
-`lm_head` when embeddings are not tied. Every parameter carries logical axis names
-(`vocab`, `embed`, `heads`, `mlp`) so it can be sharded by `nn.logical_axis_rules`.
+Module paths are stable and readable, the same for every family: `wte`, `wpe`
+(learned positions only), `blocks_0` ... `blocks_{n-1}` (each with `ln_1`, `attn`,
+`ln_2`, `mlp`), `ln_f`, and `lm_head` when embeddings are not tied. Every parameter
+carries logical axis names (`vocab`, `embed`, `heads`, `mlp`) so it can be sharded by
+`nn.logical_axis_rules`.
 
-The defaults are a modern small GPT (rotary positions, no biases); GPT-2 is the same
-module with `positions = learned`, `bias = true` and its own sizes (see
-`theseus.model.gpt2`).
+One configurable block covers the families: `architecture/residual` is `sequential`
+(pre-norm: GPT-2, Llama, Qwen2), `parallel` (GPT-NeoX: attention and MLP read the same
+input through their own norms) or `post_norm` (OLMo-2: each sublayer's output is
+normalized before it joins the residual stream); `architecture/norm` is LayerNorm or
+RMSNorm. The defaults are a modern small GPT (rotary positions, no biases, LayerNorm,
+sequential); GPT-2 is the same module with `positions = learned`, `bias = true` and its
+own sizes (see `theseus.model.gpt2`).
 """
 
 from __future__ import annotations
@@ -27,40 +32,14 @@ from theseus.config._field import PATH_KEY
 from theseus.errors import TheseusError
 from theseus.model.attention.base import AttentionConfig, KVCache, SelfAttention
 from theseus.model.component import Component, resolve_dtype
+from theseus.model.mlp import MLP, MLPConfig
+from theseus.model.norms import make_norm
 
 __all__ = ["GPT", "MLP", "Block", "GPTConfig", "MLPConfig", "ModelInputError", "cross_entropy"]
 
 
 class ModelInputError(TheseusError, ValueError):
     """Tokens the model cannot take (a sequence longer than `architecture/block_size`)."""
-
-
-@dataclass(frozen=True)
-class MLPConfig:
-    """Settings read by `MLP`."""
-
-    n_embd: int = field(
-        "architecture/n_embd", default=128, ge=1, help="width of the residual stream"
-    )
-    mlp_ratio: int = field("architecture/mlp_ratio", default=4, ge=1, help="hidden width / n_embd")
-    dropout: float = field(
-        "architecture/dropout", default=0.0, ge=0, lt=1, help="dropout probability"
-    )
-    bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
-    activation: Literal["gelu_tanh", "gelu", "relu"] = field(
-        "architecture/activation",
-        default="gelu_tanh",
-        help="the MLP's nonlinearity: GELU with the tanh approximation (GPT-2's), exact GELU, ReLU",
-    )
-    param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
-    dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
-
-
-_ACTIVATIONS = {
-    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
-    "gelu": lambda x: nn.gelu(x, approximate=False),
-    "relu": nn.relu,
-}
 
 
 @dataclass(frozen=True)
@@ -87,8 +66,23 @@ class GPTConfig:
         default="rotary",
         help="'rotary' rotates queries and keys; 'learned' adds a position embedding (GPT-2)",
     )
+    norm: Literal["layernorm", "rmsnorm"] = field(
+        "architecture/norm", default="layernorm", help="the kind of every norm of the model"
+    )
     norm_eps: float = field(
         "architecture/norm_eps", default=1e-5, gt=0, help="epsilon of every layer norm"
+    )
+    norm_bias: bool | None = field(
+        "architecture/norm_bias",
+        default=None,
+        help="a LayerNorm's bias (RMSNorm has none); None: architecture/bias",
+    )
+    residual: Literal["sequential", "parallel", "post_norm"] = field(
+        "architecture/residual",
+        default="sequential",
+        help="'sequential': x + attn(ln_1(x)), then x + mlp(ln_2(x)); 'parallel': "
+        "x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX); 'post_norm': x + ln_1(attn(x)), then "
+        "x + ln_2(mlp(x)) (OLMo-2)",
     )
     tokenizer: str = field(
         "architecture/tokenizer",
@@ -105,46 +99,14 @@ class GPTConfig:
     )
 
 
-class MLP(nn.Module, Component):
-    """Position-wise feed-forward: `x [batch, seq, n_embd] -> [batch, seq, n_embd]`."""
-
-    CONFIG = MLPConfig
-    config: MLPConfig
-
-    @nn.compact
-    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
-        cfg = self.config
-        dense = {
-            "use_bias": cfg.bias,
-            "dtype": resolve_dtype(cfg.dtype),
-            "param_dtype": resolve_dtype(cfg.param_dtype),
-        }
-        init = nn.initializers.normal(0.02)
-        hidden = nn.Dense(
-            cfg.mlp_ratio * cfg.n_embd,
-            kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
-            name="c_fc",
-            **dense,
-        )(x)
-        hidden = _ACTIVATIONS[cfg.activation](hidden)
-        hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
-        out = nn.Dense(
-            cfg.n_embd,
-            kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")),
-            name="c_proj",
-            **dense,
-        )(hidden)
-        return nn.Dropout(cfg.dropout)(out, deterministic=deterministic)
-
-
-def _norm(cfg: GPTConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(
-        epsilon=cfg.norm_eps,
-        use_bias=cfg.bias,
-        dtype=resolve_dtype(cfg.dtype),
-        param_dtype=resolve_dtype(cfg.param_dtype),
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+def _norm(cfg: GPTConfig, name: str) -> nn.Module:
+    bias = cfg.bias if cfg.norm_bias is None else cfg.norm_bias
+    return make_norm(
+        cfg.norm,
+        eps=cfg.norm_eps,
+        bias=bias,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
         name=name,
     )
 
@@ -161,7 +123,12 @@ def _embedding(cfg: GPTConfig, rows: int, std: float, axis: str) -> nn.Embed:
 
 
 class Block(nn.Module, Component):
-    """Pre-norm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`."""
+    """A transformer block; `architecture/residual` says how its parts join the stream.
+
+    - `sequential`: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))` (pre-norm).
+    - `parallel`: `x + attn(ln_1(x)) + mlp(ln_2(x))`.
+    - `post_norm`: `x + ln_1(attn(x))`, then `x + ln_2(mlp(x))`.
+    """
 
     CONFIG = GPTConfig
     config: GPTConfig
@@ -179,15 +146,30 @@ class Block(nn.Module, Component):
         self.mlp = MLP(self.mlp_config)
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
-        x = x + self.attn(self.ln_1(x), deterministic=deterministic)
-        x = x + self.mlp(self.ln_2(x), deterministic=deterministic)
+        residual = self.config.residual
+        if residual == "parallel":
+            attended = self.attn(self.ln_1(x), deterministic=deterministic)
+            x = x + attended + self.mlp(self.ln_2(x), deterministic=deterministic)
+        elif residual == "post_norm":
+            x = x + self.ln_1(self.attn(x, deterministic=deterministic))
+            x = x + self.ln_2(self.mlp(x, deterministic=deterministic))
+        else:
+            x = x + self.attn(self.ln_1(x), deterministic=deterministic)
+            x = x + self.mlp(self.ln_2(x), deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
     def cached(
         self, x: jax.Array, cache: KVCache, index: jax.Array, start: jax.Array
     ) -> tuple[jax.Array, KVCache]:
         """`__call__` (deterministic) with the attention reading and writing `cache`."""
+        residual = self.config.residual
+        if residual == "post_norm":
+            attended, cache = self.attn.cached(x, cache, index, start)
+            x = x + self.ln_1(attended)
+            return x + self.ln_2(self.mlp(x)), cache
         attended, cache = self.attn.cached(self.ln_1(x), cache, index, start)
+        if residual == "parallel":
+            return x + attended + self.mlp(self.ln_2(x)), cache
         x = x + attended
         return x + self.mlp(self.ln_2(x)), cache
 
