@@ -8,6 +8,8 @@ within 1e-5; the lineage's nodes and values as the import wrote them.
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -151,5 +153,88 @@ def test_theseus_run_over_the_suite_from_the_command_line(
             frames = answer.json()["frames"]
             assert [f["node"] for f in frames] == [f"{lineage}~{s}" for s in (0, 1000, 2000)]
             assert client.get("/slider", params={"l": lineage}).status_code == 200
+    finally:
+        store.close()
+
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def _section() -> list[str]:
+    text = README.read_text()
+    section = text.split("## Watch a circuit form in Pythia", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
+    return block.splitlines()
+
+
+def test_the_watch_a_circuit_form_in_pythia_section_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's commands, verbatim, on a tiny random GPT-NeoX suite of four revisions
+    (step2000 a copy of step1000, which the import must flag) in a Hugging Face cache
+    under a HOME of the test's own; `theseus-store ui` is served by Starlette's test
+    client instead of a socket. Each revision's attention is then checked against
+    GPT-NeoX written in float64 NumPy from its definition."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    seeds = {"step0": 0, "step1000": 1, "step2000": 1, "step3000": 3}
+    revisions = {
+        name: suites.write_neox_folder(tmp_path / "made" / name, seed=seed)
+        for name, seed in seeds.items()
+    }
+    hub = tmp_path / ".cache" / "huggingface" / "hub"
+    suites.hf_cache(
+        hub / "models--EleutherAI--pythia-160m", revisions, aliases={"main": "step3000"}
+    )
+    runner = CliRunner()
+    outputs = []
+    for line in _section():
+        argv = shlex.split(line)
+        if argv[0] == "theseus":
+            result = runner.invoke(main, argv[1:])
+            assert result.exit_code == 0, result.output
+            outputs.append(result.output)
+        elif argv[:2] == ["theseus-store", "ui"]:
+            outputs.append(_slider(Path(argv[2])))
+        else:
+            assert argv[0] == "theseus-store", line
+            assert store_main(argv[1:]) == 0
+            outputs.append(capsys.readouterr().out)
+    table = outputs[0]
+    assert [row.split()[0] for row in table.splitlines()[1:5]] == list(seeds)  # not main
+    assert "step2000  2000  -       " in table and "DUPLICATE of step1000" in table
+    lineage = re.search(r"as nodes of (\S+) \(seq = step\)", table)
+    assert lineage is not None
+    assert f"analyzed 4 of 4 checkpoints of {lineage.group(1)} (seq 0 to 3000)" in outputs[2]
+    assert f"{lineage.group(1)}~3000" in outputs[3]  # theseus-store lineage
+    assert outputs[4] == [f"{lineage.group(1)}~{s}" for s in (0, 1000, 2000, 3000)]
+    with quick(Path("results")) as q:
+        q.build(LastLayer, "look")
+        q.find().spec(run="pythia-160m").over()
+        q.config["inspection/prompt"] = PROMPT
+        job = q.create()
+        ids = job.tokenizer.encode(PROMPT).tolist()
+        walked = job()
+    for answer, name in zip(walked.results, seeds, strict=True):
+        reference = suites.neox_attention(revisions[name], ids)[-1].mean(axis=0)
+        np.testing.assert_allclose(answer.values, reference, atol=1e-5)
+
+
+def _slider(root: Path) -> list[str]:
+    """What `theseus-store ui ROOT` serves: the time slider's frames of the sweep."""
+    from starlette.testclient import TestClient
+
+    from theseus.store.ui import create_app, open_readonly
+
+    store = open_readonly(root / "store")
+    try:
+        with TestClient(create_app(store)) as client:
+            (row,) = client.get("/api/runs").json()["rows"]  # the one lineage
+            name = row["lineage"]
+            assert row["checkpoints"] == 4
+            assert client.get("/slider", params={"l": name}).status_code == 200
+            frames = client.get("/api/frames", params={"l": name, "name": "head-ablation"})
+            assert frames.status_code == 200, frames.text
+            return [frame["node"] for frame in frames.json()["frames"]]
     finally:
         store.close()
