@@ -25,6 +25,7 @@ from theseus.experiments.models._integrity import (
     check,
     digest_of,
     fingerprint,
+    table,
     tensor_digests,
 )
 from theseus.experiments.models._revisions import RevisionError, discover, parse_name, select
@@ -210,6 +211,21 @@ def test_check_flags_duplicates_shared_shards_and_gaps() -> None:
     assert check([], [(s, f"step{s}") for s in logs]).missing_before == {}  # no schedule
 
 
+def test_the_table_writes_tokens_as_the_names_do() -> None:
+    rows = [
+        ("stage1-step11931-tokens50B", 11931, 50 * 10**9, "a" * 64),
+        ("stage1-step12000-tokens50.3B", 12000, 50_300_000_000, "b" * 64),
+        ("main", None, None, "a" * 64),
+    ]
+    found = check([Fingerprint(r[0], r[1], r[3], (r[3],)) for r in rows], [])
+    assert table(rows, found, {"main"}).splitlines() == [
+        "revision                      step   tokens  sha256        flags",
+        "stage1-step11931-tokens50B    11931  50B     aaaaaaaaaaaa  ok (imported before)",
+        "stage1-step12000-tokens50.3B  12000  50.3B   bbbbbbbbbbbb  ok (imported before)",
+        "main                          -      -       aaaaaaaaaaaa  DUPLICATE of stage1-step11931-tokens50B",
+    ]
+
+
 # ----------------------------------------------------------------------- import
 def _restored(root: Path, node: Node) -> dict[str, np.ndarray]:
     """The parameters restored at `node`, flattened to `{path: array}`."""
@@ -278,6 +294,9 @@ def test_a_suite_becomes_one_lineage_ordered_by_step_and_flagged(
             np.testing.assert_array_equal(restored[key], expected[key])
     again = import_suite(cache, root, "tiny", "all")
     assert again.nodes == [] and "DUPLICATE of step1000" in again.table
+    with Store(root / "store") as store:
+        report = store.fsck()
+    assert report.clean and not report.unregistered_checkpoints, report.problems
 
 
 def test_a_middle_revision_imported_later_updates_the_flags_it_changes(

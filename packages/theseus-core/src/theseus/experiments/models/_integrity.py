@@ -31,7 +31,15 @@ from pathlib import Path
 
 from theseus.experiments.models._revisions import RevisionError
 
-__all__ = ["Findings", "Fingerprint", "check", "digest_of", "fingerprint", "tensor_digests"]
+__all__ = [
+    "Findings",
+    "Fingerprint",
+    "check",
+    "digest_of",
+    "fingerprint",
+    "table",
+    "tensor_digests",
+]
 
 _BLOCK = 1 << 24  # bytes read at a time while hashing a tensor
 
@@ -212,7 +220,7 @@ def table(
         (
             name,
             "-" if step is None else str(step),
-            "-" if tokens is None else f"{tokens:.4g}",
+            "-" if tokens is None else _tokens(tokens),
             sha[:12],
             findings.flags(name) or ("ok" if name in new else "ok (imported before)"),
         )
@@ -226,3 +234,13 @@ def table(
         for row in [header, *cells]
     ]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _tokens(count: int) -> str:
+    """`50000000000` -> `50B`, `1500000000` -> `1.5B`: the largest suffix that writes the
+    count exactly with at most two decimals; else its digits."""
+    for suffix, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if count >= scale and count % (scale // 100) == 0:
+            whole, cents = divmod(count // (scale // 100), 100)
+            return f"{whole}.{cents:02d}".rstrip("0").rstrip(".") + suffix
+    return str(count)

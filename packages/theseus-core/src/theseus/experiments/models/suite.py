@@ -29,7 +29,7 @@ from theseus.experiments.models import _integrity
 from theseus.experiments.models._revisions import Revision, RevisionError, discover, select
 from theseus.experiments.models._suite_job import Planned, RevisionWriter
 from theseus.experiments.models.hf import HF, check_settings, configured
-from theseus.job import JobSpec, store_root
+from theseus.job import JobSpec, agree_on_nonce, store_root
 from theseus.model.hf import HFFolder, load_state, read_hf
 from theseus.registry import job
 from theseus.store import MARKER, Node, Store
@@ -259,7 +259,7 @@ def _write(
         tree["architecture/tokenizer"] = install_tokenizer(
             spec.root, first.tokenizer, first.model_type, first.eot
         )
-        nonce = nonce or Node.new(spec.name).nonce
+        nonce = nonce or agree_on_nonce(Node.new(spec.name).nonce)  # one on every host
         occupied = sorted(node.seq for node in q.store.query().name(name).nonce(nonce).all())
         plan = []
         for revision in sorted(todo, key=lambda r: seqs[r.name]):
