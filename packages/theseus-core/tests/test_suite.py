@@ -348,11 +348,33 @@ def test_refusals_write_nothing(revisions: dict[str, Path], tmp_path: Path) -> N
     other.mkdir()
     (other / "step5").symlink_to(src / "step1000")
     with pytest.raises(
-        RevisionError, match="the lineage was imported with 1; a suite is one model"
+        RevisionError,
+        match=r"^revision step5 does not fit the lineage: architecture/n_layers is 1, but the "
+        r"weights in .* need 2; a suite is one model: import it under another --run$",
     ):
         import_suite(other, root, "tiny")
     with Store(root / "store") as store:
         assert [n.seq for n in store.query().all()] == [0]
+
+
+def test_revisions_added_later_keep_the_lineages_layout(
+    revisions: dict[str, Path], tmp_path: Path
+) -> None:
+    from theseus.config import load
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("step0", "step1000"):
+        (src / name).symlink_to(revisions[name])
+    root = tmp_path / "root"
+    fsdp = {"training/strategy": "fsdp"}
+    first = import_suite(src, root, "tiny", "step1000", overrides=fsdp)
+    later = import_suite(src, root, "tiny", "step0")  # no override: the lineage's layout
+    with Store(root / "store") as store:
+        for node in (*first.nodes, *later.nodes):
+            saved = load(store.job_config(node) or "")
+            assert saved["training"]["strategy"] == "fsdp", node
+            assert saved["job"] == "hf/suite"
 
 
 def test_the_command_imports_a_suite_and_prints_the_table(

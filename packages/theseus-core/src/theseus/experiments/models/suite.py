@@ -31,8 +31,9 @@ from theseus.experiments.models._suite_job import Planned, RevisionWriter
 from theseus.experiments.models.hf import HF, check_settings, configured
 from theseus.job import JobSpec, agree_on_nonce, store_root
 from theseus.model.hf import HFFolder, load_state, read_hf
-from theseus.registry import job
+from theseus.registry import job, job_key
 from theseus.store import MARKER, Node, Store
+from theseus.training.base import TrainerError
 
 __all__ = ["HFSuite", "SuiteImport", "import_suite"]
 
@@ -146,8 +147,7 @@ def import_suite(
     nonce, held = lineage.nonce, lineage.held
     todo = [r for r in chosen if r.name not in held]
     folders = {r.name: read_hf(r.folder) for r in todo}
-    _check_one_model(todo, folders, lineage.config)
-    tree = _configuration(folders[todo[0].name], overrides) if todo else None
+    tree = _configuration(todo, folders, lineage.config, overrides) if todo else None
     prints = {r.name: _integrity.fingerprint(r.name, r.step, folders[r.name].files) for r in todo}
     for revision, (_node, values) in held.items():
         shards = tuple(str(values.get("import/shards", "")).split(","))
@@ -179,20 +179,15 @@ def import_suite(
     return SuiteImport(f"{name}~{nodes[0].nonce}", nodes, list(held), findings, table)
 
 
-def _configuration(folder: HFFolder, overrides: Mapping[str, Any] | None) -> Any:
-    """The import job's configuration, checked (rules, architecture) before any write."""
-    name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
-    tree = HFSuite.schema()
-    tree.update(configured(folder, name, overrides))
-    tree.check()
-    check_settings(tree, folder)
-    return tree
-
-
-def _check_one_model(todo: list[Revision], folders: dict[str, HFFolder], saved: str | None) -> None:
-    """Every revision has the first's architecture and tokenizer (and the lineage's)."""
-    if not todo:
-        return
+def _configuration(
+    todo: list[Revision],
+    folders: dict[str, HFFolder],
+    saved: str | None,
+    overrides: Mapping[str, Any] | None,
+) -> Any:
+    """The import job's configuration, checked before any write: every revision has the
+    first's architecture and tokenizer, and the lineage's when it exists (its saved
+    configuration is the base, so added nodes keep its layout); then `overrides`."""
     first = folders[todo[0].name]
     for revision in todo[1:]:
         folder = folders[revision.name]
@@ -207,18 +202,31 @@ def _check_one_model(todo: list[Revision], folders: dict[str, HFFolder], saved: 
                 f"revisions {todo[0].name} and {revision.name} have different tokenizers; a "
                 "suite is one model: import them as two runs"
             )
+    name = tokenizer_name(first.tokenizer, first.model_type, first.eot)
+    tree = HFSuite.schema()
     if saved is None:
-        return
-    settings = load(saved)
-    for key, value in first.settings.items():
-        have: Any = settings
-        for part in key.split("/"):
-            have = have.get(part) if isinstance(have, dict) else None
-        if have != value:
+        tree.update(configured(first, name))
+    else:  # the lineage's configuration, which must fit this folder
+        tree.load(load(saved), strict=False)
+        tree.job = job_key(HFSuite)
+        try:
+            check_settings(tree, first)
+        except TrainerError as error:
             raise RevisionError(
-                f"revision {todo[0].name} has {key} = {value!r}, but the lineage was imported "
-                f"with {have!r}; a suite is one model: import it under another --run"
+                f"revision {todo[0].name} does not fit the lineage: "
+                f"{str(error).split('; ')[0]}; a suite is one model: import it under another --run"
+            ) from None
+        if tree["architecture/tokenizer"] != name:
+            raise RevisionError(
+                f"revision {todo[0].name}'s tokenizer is {name}, but the lineage's is "
+                f"{tree['architecture/tokenizer']}; a suite is one model: import it under "
+                "another --run"
             )
+        tree.update({"hf/source": str(first.path)})
+    tree.update(dict(overrides or {}))
+    tree.check()
+    check_settings(tree, first)
+    return tree
 
 
 def _seqs(todo: list[Revision], held: dict[str, tuple[Node, dict[str, Any]]]) -> dict[str, int]:
