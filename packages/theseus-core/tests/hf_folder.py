@@ -32,8 +32,8 @@ ARCHITECTURES = {"gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
 
 
 def write_tokenizer(folder: Path, *, bos: bool = False) -> Any:
-    """A byte-level BPE with `<|endoftext|>` (and `<|begin_of_text|>` added as Llama 3's
-    `TemplateProcessing` post-processor does, when `bos`)."""
+    """A byte-level BPE with `<|endoftext|>`; with `bos`, also Llama 3's `<|begin_of_text|>`
+    (which a `TemplateProcessing` post-processor adds) and `<|end_of_text|>`."""
     from theseus.registry import import_module_or_file
 
     gpt2 = import_module_or_file(str(Path(__file__).with_name("gpt2_folder.py")))
@@ -41,7 +41,7 @@ def write_tokenizer(folder: Path, *, bos: bool = False) -> Any:
 
     tokenizer = gpt2.train_tokenizer()
     if bos:
-        tokenizer.add_special_tokens(["<|begin_of_text|>"])
+        tokenizer.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"])
         start = tokenizer.token_to_id("<|begin_of_text|>")
         tokenizer.post_processor = processors.TemplateProcessing(
             single="<|begin_of_text|> $A",
