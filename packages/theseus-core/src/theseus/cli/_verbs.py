@@ -386,7 +386,7 @@ def import_hf_command(
     """
     from theseus.data.tokenizer import tokenizer_name
     from theseus.experiments.models.gpt2 import check_new_run
-    from theseus.experiments.models.hf import import_hf
+    from theseus.experiments.models.hf import check_overrides, import_hf
     from theseus.model.hf import read_hf
 
     settings = parse_overrides(overrides)
@@ -395,6 +395,7 @@ def import_hf_command(
         return
     check_new_run(root, run_name, project=project, group=group)  # before any reading
     folder = read_hf(src)  # a bad folder fails here, before the root is touched
+    check_overrides(folder, settings)
     s = folder.settings
     click.echo(
         f"Importing {folder.model_type} from {folder.path}: {folder.parameter_count:,} "

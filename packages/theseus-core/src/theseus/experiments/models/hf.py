@@ -29,7 +29,7 @@ from theseus.store import Node
 from theseus.training.base import BaseTrainerConfig, TrainerError
 from theseus.training.flywheel.strategy import Sampling
 
-__all__ = ["HF", "HFConfig", "check_settings", "import_hf", "write_revision"]
+__all__ = ["HF", "HFConfig", "check_overrides", "check_settings", "import_hf", "write_revision"]
 
 # Settings a user may set at import that the weights do not fix: the context of a
 # rotary model (shorter than the folder's, for a smaller KV cache) is one.
@@ -139,6 +139,22 @@ def configured(
     return values
 
 
+def check_overrides(folder: HFFolder, overrides: Mapping[str, Any] | None = None) -> None:
+    """Compose the import's configuration and check it, writing nothing.
+
+    Raises:
+        ConfigError: an override names no setting, does not fit it, or breaks a rule.
+        TrainerError: an override changes the architecture the weights fix.
+    """
+    from theseus.data.tokenizer import tokenizer_name
+
+    name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
+    tree = HF.schema()
+    tree.update(configured(folder, name, overrides))
+    tree.check()  # the rules across settings
+    check_settings(tree, folder)
+
+
 def import_hf(
     src: str | os.PathLike[str] | HFFolder,
     root: str | os.PathLike[str],
@@ -170,16 +186,11 @@ def import_hf(
         TrainerError: the run already has a lineage under `root`, or an override
             changes the architecture.
     """
-    from theseus.data.tokenizer import tokenizer_name
     from theseus.quick import quick
 
     check_new_run(root, run, project=project, group=group)
     folder = src if isinstance(src, HFFolder) else read_hf(src)
-    name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
-    tree = HF.schema()
-    tree.update(configured(folder, name, overrides))
-    tree.check()  # the rules across settings, before the root is touched
-    check_settings(tree, folder)
+    check_overrides(folder, overrides)
     with quick(root) as q:
         q.build(HF, run, project=project, group=group)
         installed = install_tokenizer(root, folder.tokenizer, folder.model_type, folder.eot)
