@@ -32,6 +32,7 @@ pytestmark = pytest.mark.tokenizers
 CORE = Path(__file__).parents[1] / "packages" / "theseus-core"
 folders = import_module_or_file(str(CORE / "tests" / "gpt2_folder.py"))
 suites = import_module_or_file(str(CORE / "tests" / "suite_folders.py"))
+hf_folders = import_module_or_file(str(CORE / "tests" / "hf_folder.py"))
 PROMPT = "All that glitters is not gold"
 
 
@@ -179,7 +180,7 @@ def test_the_watch_a_circuit_form_in_pythia_section_runs(
     monkeypatch.chdir(tmp_path)
     seeds = {"step0": 0, "step1000": 1, "step2000": 1, "step3000": 3}
     revisions = {
-        name: suites.write_neox_folder(tmp_path / "made" / name, seed=seed)
+        name: hf_folders.write_folder("gpt_neox", tmp_path / "made" / name, seed=seed)
         for name, seed in seeds.items()
     }
     hub = tmp_path / ".cache" / "huggingface" / "hub"

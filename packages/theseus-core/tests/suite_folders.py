@@ -6,7 +6,9 @@ repository with several revisions: `refs/<revision>` holding a commit hash,
 file content (named by its SHA-256, as the hub names LFS files), so revisions that
 share a file share its blob. `reshard(folder, parts)` splits a folder's
 `model.safetensors` into shards with a `model.safetensors.index.json`, as
-`save_pretrained` does past `max_shard_size`.
+`save_pretrained` does past `max_shard_size`. `neox_attention` is GPT-NeoX's attention
+per layer in float64 NumPy from its definition, over a folder's own tensors (such as
+hf_folder.py's `write_folder("gpt_neox", ...)` writes).
 """
 
 from __future__ import annotations
@@ -70,79 +72,6 @@ def reshard(folder: Path, parts: int = 2) -> list[Path]:
 def copy_shard(source: Path, target: Path, shard: str) -> None:
     """Put `source`'s shard file `shard` in place of `target`'s (a damaged revision)."""
     shutil.copyfile(source / shard, target / shard)
-
-
-def write_neox_folder(
-    folder: Path,
-    *,
-    seed: int = 0,
-    n_layer: int = 2,
-    hidden: int = 32,
-    heads: int = 4,
-    context: int = 64,
-    rotary_pct: float = 0.25,
-) -> Path:
-    """A random GPT-NeoX (Pythia's architecture) folder as `save_pretrained` writes one:
-    Hugging Face's tensor names (`query_key_value` rows interleaved per head), parallel
-    residual, partial rotary, an untied `embed_out`, and gpt2_folder's BPE tokenizer."""
-    import math
-
-    from safetensors.numpy import save_file
-
-    from theseus.registry import import_module_or_file
-
-    gpt2 = import_module_or_file(str(Path(__file__).with_name("gpt2_folder.py")))
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = gpt2.train_tokenizer()
-    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape: int, scale: float = 0.3) -> np.ndarray:
-        return (scale * rng.standard_normal(shape)).astype(np.float32)
-
-    p, inner = "gpt_neox.", 4 * hidden
-    tensors = {
-        f"{p}embed_in.weight": normal(vocab, hidden),
-        "embed_out.weight": normal(vocab, hidden),
-    }
-    for i in range(n_layer):
-        h = f"{p}layers.{i}"
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            tensors[f"{h}.{norm}.weight"] = 1.0 + normal(hidden, scale=0.1)
-            tensors[f"{h}.{norm}.bias"] = normal(hidden, scale=0.1)
-        for name, fan_in, fan_out in (
-            ("attention.query_key_value", hidden, 3 * hidden),
-            ("attention.dense", hidden, hidden),
-            ("mlp.dense_h_to_4h", hidden, inner),
-            ("mlp.dense_4h_to_h", inner, hidden),
-        ):
-            tensors[f"{h}.{name}.weight"] = normal(fan_out, fan_in, scale=1 / math.sqrt(fan_in))
-            tensors[f"{h}.{name}.bias"] = normal(fan_out, scale=0.1)
-    tensors[f"{p}final_layer_norm.weight"] = 1.0 + normal(hidden, scale=0.1)
-    tensors[f"{p}final_layer_norm.bias"] = normal(hidden, scale=0.1)
-    save_file(tensors, str(folder / "model.safetensors"))
-    eos = tokenizer.token_to_id("<|endoftext|>")
-    config = {
-        "architectures": ["GPTNeoXForCausalLM"],
-        "model_type": "gpt_neox",
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_hidden_layers": n_layer,
-        "intermediate_size": inner,
-        "max_position_embeddings": context,
-        "vocab_size": vocab,
-        "rotary_pct": rotary_pct,
-        "rotary_emb_base": 10000,
-        "use_parallel_residual": True,
-        "layer_norm_eps": 1e-5,
-        "hidden_act": "gelu",
-        "tie_word_embeddings": False,
-        "bos_token_id": eos,
-        "eos_token_id": eos,
-    }
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return folder
 
 
 def neox_attention(folder: Path, ids: list[int]) -> list[np.ndarray]:
