@@ -192,11 +192,7 @@ def select(revisions: list[Revision], spec: str) -> list[Revision]:
     return stepped + [r for r in chosen if r.step is None]
 
 
-def _listing(revisions: list[Revision], limit: int = 12) -> str:
-    """The revisions' names for a message, in step order, shortened past `limit`."""
+def _listing(revisions: list[Revision]) -> str:
+    """Every revision's name for a message, in step order (names without a step last)."""
     ordered = sorted(revisions, key=lambda r: (r.step is None, r.step or 0, r.name))
-    names = [r.name for r in ordered]
-    if len(names) > limit:
-        half = limit // 2
-        names = [*names[:half], f"... ({len(names) - limit} more)", *names[-half:]]
-    return ", ".join(names)
+    return ", ".join(r.name for r in ordered)
