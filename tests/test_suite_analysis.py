@@ -113,6 +113,7 @@ def test_the_store_command_line_and_the_browser_read_the_suite(
         store.close()
 
 
+@pytest.mark.slow  # ~4 s; the README test below runs the same command on GPT-NeoX
 def test_theseus_run_over_the_suite_from_the_command_line(
     suite: tuple[Path, dict[str, Path], str], tmp_path: Path
 ) -> None:
