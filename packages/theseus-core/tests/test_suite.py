@@ -107,6 +107,12 @@ def test_a_hugging_face_cache_lists_its_refs_and_all_takes_the_steps(
 ) -> None:
     stepped = {k: v for k, v in revisions.items() if k != "main"}
     cache = suites.hf_cache(tmp_path / "models--org--tiny", stepped, aliases={"main": "step4000"})
+    with pytest.raises(
+        RevisionError,
+        match=r"cache of several repositories; pass the folder of "
+        r"one: .*models--org--tiny$",
+    ):
+        discover(tmp_path)  # the hub's folder, not the repository's
     (cache / "refs" / "pr").mkdir()
     (cache / "refs" / "pr" / "1").write_text("0" * 40)  # a pull request: not a revision
     found = discover(cache)

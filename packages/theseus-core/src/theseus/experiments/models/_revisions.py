@@ -120,6 +120,12 @@ def discover(src: str | Path) -> list[Revision]:
             for child in sorted(folder.iterdir())
             if child.is_dir() and (child / _MODEL_FILE).is_file()
         ]
+    repositories = sorted(c.name for c in folder.iterdir() if c.name.startswith("models--"))
+    if not found and repositories:
+        raise RevisionError(
+            f"{folder} is a Hugging Face cache of several repositories; pass the folder of "
+            f"one: {', '.join(str(folder / name) for name in repositories)}"
+        )
     if not found:
         raise RevisionError(
             f"{folder} holds no revision: expected refs/ and snapshots/ (a Hugging Face cache "
