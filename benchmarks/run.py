@@ -70,6 +70,7 @@ BENCHMARKS = (
     Benchmark("interventions", "intervention sweep vs n + 1 forwards; attribution patching"),
     Benchmark("strategies", "dp, zero1, fsdp on 4 and 8 virtual devices: bytes kept, step time"),
     Benchmark("ui", "store browser: page, series and PDF-render latency at scale"),
+    Benchmark("hf_import", "hf import: host memory streaming a 1 GB sharded folder / shard"),
 )
 
 

@@ -28,6 +28,7 @@ from theseus.model.hf import HFFolderError, read_hf
 from theseus.model.hf._config import settings_of
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
+from theseus.training.base import TrainerError
 
 pytestmark = pytest.mark.tokenizers
 
@@ -343,3 +344,37 @@ def test_import_under_fsdp_places_sharded_arrays_equal_to_the_folder(tmp_path: P
                 array = array[key]
             assert array.sharding.shard_shape(array.shape) != array.shape, path  # split
             np.testing.assert_array_equal(np.asarray(array), value.astype(np.float32))
+
+
+def test_write_revision_saves_another_folders_weights_at_the_jobs_node(tmp_path: Path) -> None:
+    """The seam for suites: a job set up at a node, one folder's weights as its checkpoint."""
+    from theseus.experiments.models.hf import write_revision
+
+    first = H.write_folder("gpt_neox", tmp_path / "first", seed=1)
+    second = H.write_folder("gpt_neox", tmp_path / "second", seed=2)
+    root = tmp_path / "root"
+    with quick(root) as q:
+        q.build(HF, "suite")
+        folder = read_hf(first)
+        for key, value in folder.settings.items():
+            q.config[key] = value
+        q.config["hf/source"] = str(first)
+        job = q.create()  # set up at its first node, holding the first folder's weights
+        write_revision(job, read_hf(second))
+        job.on_finish()  # the checkpoint is committed and registered
+        node = job.node
+    with _open(root, "suite") as resumed:
+        assert resumed.node.nonce == node.nonce
+        np.testing.assert_array_equal(
+            np.asarray(resumed.state.params["wte"]["embedding"]),
+            H.load_weights(second)["gpt_neox.embed_in.weight"].astype(np.float32),
+        )
+    with quick(root) as q, pytest.raises(TrainerError, match="n_layers is 2, but the weights"):
+        q.build(HF, "other")
+        for key, value in folder.settings.items():
+            q.config[key] = value
+        q.config["hf/source"] = str(first)
+        job = q.create()
+        write_revision(
+            job, read_hf(H.write_folder("gpt_neox", tmp_path / "deep", num_hidden_layers=3))
+        )

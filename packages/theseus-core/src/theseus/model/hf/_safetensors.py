@@ -87,7 +87,6 @@ def read_tensor(info: TensorInfo) -> np.ndarray:
     array = np.empty(info.shape, DTYPES[info.dtype])
     with open(info.file, "rb") as handle:
         handle.seek(info.start)
-        view = memoryview(array.reshape(-1).view(np.uint8))
-        if handle.readinto(view) != info.stop - info.start:
+        if handle.readinto(array.reshape(-1).view(np.uint8).data) != info.stop - info.start:
             raise SafetensorsError(f"{info.file}: {info.dtype} data ended early")
     return array

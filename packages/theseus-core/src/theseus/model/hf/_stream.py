@@ -11,6 +11,7 @@ parameter's size (on a CPU the "device" arrays are host memory too).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,6 +26,15 @@ __all__ = ["load_params", "load_state"]
 
 def _key(path: tuple[Any, ...]) -> str:
     return "/".join(str(getattr(part, "key", part)) for part in path)
+
+
+def _slicer(host: np.ndarray) -> Callable[[Any], np.ndarray]:
+    """`index -> host[index]`: each device's slice of one parameter."""
+
+    def part(index: Any) -> np.ndarray:
+        return host[index]
+
+    return part
 
 
 def load_params(folder: HFFolder, abstract: Any) -> Any:
@@ -75,9 +85,7 @@ def load_params(folder: HFFolder, abstract: Any) -> Any:
         if sharding is None:
             placed[name] = jax.device_put(host)
         else:
-            placed[name] = jax.make_array_from_callback(
-                host.shape, sharding, lambda index, host=host: host[index]
-            )
+            placed[name] = jax.make_array_from_callback(host.shape, sharding, _slicer(host))
         del host
     return jax.tree_util.tree_unflatten(treedef, [placed[_key(path)] for path, _ in leaves])
 
