@@ -29,7 +29,7 @@ from theseus.store import Node
 from theseus.training.base import BaseTrainerConfig, TrainerError
 from theseus.training.flywheel.strategy import Sampling
 
-__all__ = ["HF", "HFConfig", "check_overrides", "check_settings", "import_hf", "write_revision"]
+__all__ = ["HF", "HFConfig", "check_overrides", "check_settings", "compose", "import_hf", "write_revision"]
 
 # Settings a user may set at import that the weights do not fix: the context of a
 # rotary model (shorter than the folder's, for a smaller KV cache) is one.
@@ -128,15 +128,23 @@ def write_revision(job: HF, folder: HFFolder) -> None:
     job.save_checkpoint()
 
 
-def configured(
-    folder: HFFolder, tokenizer: str, overrides: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The import's configuration values: the folder's settings, then `overrides`."""
-    values: dict[str, Any] = dict(folder.settings)
-    values["architecture/tokenizer"] = tokenizer
-    values["hf/source"] = str(folder.path)
-    values.update(overrides or {})
-    return values
+def compose(
+    tree: Any, folder: HFFolder, tokenizer: str, overrides: Mapping[str, Any] | None = None
+) -> None:
+    """Set the import's configuration values in `tree`: the folder's settings, then
+    `overrides`.
+
+    `training/tokens`, which an import never trains, is raised to one batch of the
+    folder's context when it is below (a 128k-token context makes the default too small
+    for the rule that a run trains at least one batch), unless an override sets it.
+    """
+    tree.update(dict(folder.settings))
+    tree.update({"architecture/tokenizer": tokenizer, "hf/source": str(folder.path)})
+    tree.update(dict(overrides or {}))
+    if "training/tokens" not in (overrides or {}):
+        batch = int(tree["training/batch_size"]) * int(tree["architecture/block_size"])
+        if int(tree["training/tokens"]) < batch:
+            tree["training/tokens"] = batch
 
 
 def check_overrides(folder: HFFolder, overrides: Mapping[str, Any] | None = None) -> None:
@@ -150,7 +158,7 @@ def check_overrides(folder: HFFolder, overrides: Mapping[str, Any] | None = None
 
     name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
     tree = HF.schema()
-    tree.update(configured(folder, name, overrides))
+    compose(tree, folder, name, overrides)
     tree.check()  # the rules across settings
     check_settings(tree, folder)
 
@@ -194,7 +202,7 @@ def import_hf(
     with quick(root) as q:
         q.build(HF, run, project=project, group=group)
         installed = install_tokenizer(root, folder.tokenizer, folder.model_type, folder.eot)
-        q.config.update(configured(folder, installed, overrides))
+        compose(q.config, folder, installed, overrides)
         imported = q.create()
         imported()
         return imported.node
