@@ -29,7 +29,15 @@ from theseus.store import Node
 from theseus.training.base import BaseTrainerConfig, TrainerError
 from theseus.training.flywheel.strategy import Sampling
 
-__all__ = ["HF", "HFConfig", "check_overrides", "check_settings", "compose", "import_hf", "write_revision"]
+__all__ = [
+    "HF",
+    "HFConfig",
+    "check_overrides",
+    "check_settings",
+    "compose",
+    "import_hf",
+    "write_revision",
+]
 
 # Settings a user may set at import that the weights do not fix: the context of a
 # rotary model (shorter than the folder's, for a smaller KV cache) is one.
