@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from theseus.config import ConfigError
 from theseus.model.attention.config import AttentionConfig
-from theseus.model.attention.rotary import apply_rotary
+from theseus.model.attention.rotary import apply_rotary, rotary_width
 from theseus.model.component import Component, resolve_dtype
 from theseus.model.norms import make_norm
 
@@ -51,6 +51,12 @@ class SelfAttention(nn.Module, Component):
             raise ConfigError(
                 f"architecture/n_kv_head ({cfg.n_kv_head}) must divide architecture/n_head "
                 f"({cfg.n_head}); set it to a divisor of {cfg.n_head} or 0"
+            )
+        rot = rotary_width(cfg.head_dim, cfg.rotary_fraction)
+        if cfg.positions == "rotary" and (rot == 0 or rot % 2):
+            raise ConfigError(
+                f"architecture/rotary_fraction ({cfg.rotary_fraction}) must rotate an even, "
+                f"non-zero number of each head's {cfg.head_dim} features; it rotates {rot}"
             )
         dtypes = {"dtype": resolve_dtype(cfg.dtype), "param_dtype": resolve_dtype(cfg.param_dtype)}
         init = nn.initializers.normal(0.02)
