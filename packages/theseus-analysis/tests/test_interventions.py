@@ -55,6 +55,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # An OLMo-2-like block: grouped-query heads, QK-norm, post-norm residual, SwiGLU, untied.
 GQA = {
+    "architecture/n_layers": 1,
     "architecture/n_head": 4,
     "architecture/n_kv_head": 2,
     "architecture/norm": "rmsnorm",

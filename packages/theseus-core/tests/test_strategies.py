@@ -227,8 +227,6 @@ LLAMA_LIKE = {
     "architecture/gated_mlp": True,
     "architecture/mlp_width": 48,
     "architecture/tie_embeddings": False,
-    "logging/checkpoint_interval": 5,
-    "logging/validation_interval": 5,
 }
 
 
@@ -245,6 +243,8 @@ def test_a_grouped_query_llama_like_block_trains_with_fsdp_and_shard_as_dp_on_on
         **{**LLAMA_LIKE, "training/strategy": "fsdp", "training/shard": 2},
     )
     assert trainer.state.params["blocks_0"]["attn"]["c_attn"]["kernel"].shape == (32, 64)
+    kept, whole = _kept(trainer.state.params)
+    assert kept / whole == pytest.approx(0.25, rel=0.05), (kept, whole)
     _assert_same_state(_state_leaves(trainer.state), want)
 
 
