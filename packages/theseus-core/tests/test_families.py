@@ -28,6 +28,7 @@ import pytest
 from theseus.config import ConfigRangeError, Tree
 from theseus.model import GPT, KVCache
 from theseus.model.attention.base import AttentionConfig
+from theseus.model.generation import generate
 from theseus.model.mlp import MLPConfig
 from theseus.model.models import GPTConfig
 
@@ -334,6 +335,23 @@ def test_cached_generation_equals_the_full_forward(family: tuple) -> None:
             model, params, jnp.asarray(tokens, jnp.int32)[:, None], caches,
             jnp.int32(width + step), start,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["llama", "olmo2"])
+def test_greedy_generate_with_grouped_heads_is_greedy_over_the_full_forward(name: str) -> None:
+    """`generate` (prompt buckets, left padding, the compiled step) on a grouped-query
+    model: every token is the argmax of the full forward's logits at that point."""
+    _, model, params, _ = _family(name)
+    prompts = [[3, 17, 5, 9, 22], [11, 2], [39]]
+    new = generate(model, params, prompts, 5, temperature=0)
+    full = np.zeros((len(prompts), BLOCK), np.int32)
+    for row, (prompt, tokens) in enumerate(zip(prompts, new, strict=True)):
+        full[row, : len(prompt) + len(tokens)] = prompt + tokens
+    logits = np.asarray(_logits(model, params, jnp.asarray(full)))
+    for row, (prompt, tokens) in enumerate(zip(prompts, new, strict=True)):
+        for n, token in enumerate(tokens):
+            assert token == int(np.argmax(logits[row, len(prompt) + n - 1])), (row, n)
+    assert len({tuple(t) for t in new}) > 1
 
 
 def test_heads_sum_to_the_attention_and_weights_are_the_references(family: tuple) -> None:
