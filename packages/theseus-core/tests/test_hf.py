@@ -280,11 +280,18 @@ def test_an_existing_root_is_untouched_by_a_bad_folder_or_override(
         ["import", "hf", str(broken), str(root), "--run", "second"],
         ["import", "hf", str(pristine), str(root), "--run", "second", "architecture.n_head=2"],
         ["import", "hf", str(pristine), str(root), "--run", "second", "training.strategy=nope"],
+        ["import", "hf", str(pristine), str(root), "--run", "second", "training.shard=3"],
+        ["import", "hf", str(pristine), str(root), "--run", "second", "training.batch_size=6"],
         ["import", "hf", str(pristine), str(root), "--run", "first"],
     ):
         result = CliRunner().invoke(main, argv)
         assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     assert _digest(root) == before
+    fresh = tmp_path / "fresh"  # a root that did not exist is not created
+    for override in ("training.shard=3", "training.batch_size=6", "architecture.n_head=2"):
+        result = CliRunner().invoke(main, ["import", "hf", str(pristine), str(fresh), override])
+        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+        assert not fresh.exists()
 
 
 # --------------------------------------------------------- tokenizer, sample, fsdp

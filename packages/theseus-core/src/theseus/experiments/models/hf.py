@@ -26,8 +26,10 @@ from theseus.job import Mode
 from theseus.model.hf import HFFolder, load_state, read_hf
 from theseus.registry import job
 from theseus.store import Node
+from theseus.training._steps import accumulate_steps
 from theseus.training.base import BaseTrainerConfig, TrainerError
 from theseus.training.flywheel.strategy import Sampling
+from theseus.training.sharding import make_mesh
 
 __all__ = [
     "HF",
@@ -159,8 +161,10 @@ def check_overrides(folder: HFFolder, overrides: Mapping[str, Any] | None = None
     """Compose the import's configuration and check it, writing nothing.
 
     Raises:
-        ConfigError: an override names no setting, does not fit it, or breaks a rule.
-        TrainerError: an override changes the architecture the weights fix.
+        ConfigError: an override names no setting, does not fit it, or breaks a rule;
+            `training/shard` does not divide the device count.
+        TrainerError: an override changes the architecture the weights fix, or the
+            batch does not split over the data-parallel devices.
     """
     from theseus.data.tokenizer import tokenizer_name
 
@@ -169,6 +173,13 @@ def check_overrides(folder: HFFolder, overrides: Mapping[str, Any] | None = None
     compose(tree, folder, name, overrides)
     tree.check()  # the rules across settings
     check_settings(tree, folder)
+    # what the job's setup refuses about the devices, refused before the root is touched
+    mesh = make_mesh(int(tree["training/shard"]))
+    accumulate_steps(
+        int(tree["training/batch_size"]),
+        int(tree["training/per_device_batch_size"]),
+        int(mesh.shape["batch"]),
+    )
 
 
 def import_hf(
