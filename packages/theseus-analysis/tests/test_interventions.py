@@ -53,6 +53,39 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+# An OLMo-2-like block: grouped-query heads, QK-norm, post-norm residual, SwiGLU, untied.
+GQA = {
+    "architecture/n_layers": 1,
+    "architecture/n_head": 4,
+    "architecture/n_kv_head": 2,
+    "architecture/norm": "rmsnorm",
+    "architecture/residual": "post_norm",
+    "architecture/qk_norm": True,
+    "architecture/activation": "silu",
+    "architecture/gated_mlp": True,
+    "architecture/tie_embeddings": False,
+}
+
+
+@pytest.fixture(scope="module")
+def gqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As `root`, for the OLMo-2-like block `GQA` (the head helpers on grouped heads)."""
+    root = tmp_path_factory.mktemp("interventions-gqa")
+    Synthetic.prepare(root, tokens=40_000, val_tokens=6_000)
+    with quick(root) as q:
+        q.build(PretrainGPT, "trained")
+        jobs.tiny(q.config, steps=STEPS, **TRAINED, **GQA)
+        q.create()()
+    return root
+
+
+@pytest.fixture(params=["gpt", "gqa"])
+def any_root(request: pytest.FixtureRequest) -> Path:
+    """`root`, then `gqa_root`."""
+    root: Path = request.getfixturevalue("root" if request.param == "gpt" else "gqa_root")
+    return root
+
+
 def _on_checkpoint(root: Path, cls: type, first: bool = False, **settings: Any) -> Any:
     """`cls` set up on the latest checkpoint of `trained` (or its first one)."""
     with quick(root) as q:
@@ -178,9 +211,9 @@ def test_zero_and_mean_ablation_match_the_eager_reference(root: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["zero", pytest.param("mean", marks=pytest.mark.slow)])
-def test_head_ablation_sweep_matches_the_reference_head_by_head(root: Path, how: str) -> None:
+def test_head_ablation_sweep_matches_the_reference_head_by_head(any_root: Path, how: str) -> None:
     cls = ivjobs.HeadAblationTokens if how == "zero" else ivjobs.MeanHeadAblationTokens
-    job = _on_checkpoint(root, cls)
+    job = _on_checkpoint(any_root, cls)
     got = np.asarray(job().values)
     ref = Reference(job)
     clean = ref.losses()
@@ -251,8 +284,8 @@ def _patch_reference(ref: Reference) -> tuple[Any, Any, Any]:
 
 
 @pytest.mark.slow  # the default suite keeps one sweep, patching, sharding and the errors
-def test_head_patching_matches_the_reference(root: Path) -> None:
-    job = _on_checkpoint(root, ivjobs.PatchHeadsTokens)
+def test_head_patching_matches_the_reference(any_root: Path) -> None:
+    job = _on_checkpoint(any_root, ivjobs.PatchHeadsTokens)
     got = job().values
     want, base, clean = _patch_reference(Reference(job))
     np.testing.assert_allclose(got["baseline"], base, rtol=RTOL, atol=1e-6)

@@ -1,13 +1,15 @@
 """Train the tiny synthetic GPT with one strategy on this process's devices; save the state.
 
 Usage: python strategy_worker.py ROOT RUN STRATEGY SHARD STEPS OUT.npz [RESUME_NODE]
-The device count comes from XLA_FLAGS (the test sets it). With RESUME_NODE the run
+The device count comes from XLA_FLAGS (the test sets it); STRATEGY_WORKER_SETTINGS, if
+set, is a JSON object of further settings (`{"architecture/n_kv_head": 2}`). With RESUME_NODE the run
 continues that checkpoint (any strategy and device count saved it) to STEPS steps
 under this STRATEGY and SHARD. OUT.npz holds every parameter and optimizer-state leaf
 (by key path), the devices, the bytes each device keeps of the parameters and of the
 optimizer state, and their whole sizes.
 """
 
+import json
 import os
 import sys
 
@@ -29,6 +31,7 @@ settings = {
     "training/shard": int(shard),
     "logging/checkpoint_interval": 10,
     "logging/validation_interval": 10,
+    **json.loads(os.environ.get("STRATEGY_WORKER_SETTINGS", "{}")),
 }
 
 with quick(root) as q:

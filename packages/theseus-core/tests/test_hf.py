@@ -280,11 +280,18 @@ def test_an_existing_root_is_untouched_by_a_bad_folder_or_override(
         ["import", "hf", str(broken), str(root), "--run", "second"],
         ["import", "hf", str(pristine), str(root), "--run", "second", "architecture.n_head=2"],
         ["import", "hf", str(pristine), str(root), "--run", "second", "training.strategy=nope"],
+        ["import", "hf", str(pristine), str(root), "--run", "second", "training.shard=3"],
+        ["import", "hf", str(pristine), str(root), "--run", "second", "training.batch_size=6"],
         ["import", "hf", str(pristine), str(root), "--run", "first"],
     ):
         result = CliRunner().invoke(main, argv)
         assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     assert _digest(root) == before
+    fresh = tmp_path / "fresh"  # a root that did not exist is not created
+    for override in ("training.shard=3", "training.batch_size=6", "architecture.n_head=2"):
+        result = CliRunner().invoke(main, ["import", "hf", str(pristine), str(fresh), override])
+        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+        assert not fresh.exists()
 
 
 # --------------------------------------------------------- tokenizer, sample, fsdp
@@ -378,3 +385,18 @@ def test_write_revision_saves_another_folders_weights_at_the_jobs_node(tmp_path:
         write_revision(
             job, read_hf(H.write_folder("gpt_neox", tmp_path / "deep", num_hidden_layers=3))
         )
+
+
+def test_a_long_context_imports_and_samples(tmp_path: Path) -> None:
+    """Llama 3.1's 131,072 positions: more than the default `training/tokens` holds in one
+    batch, which an import (that never trains) must not refuse."""
+    src = H.write_folder("llama", tmp_path / "src", max_position_embeddings=131072)
+    root = tmp_path / "root"
+    import_hf(src, root, "long")
+    sampled = CliRunner().invoke(
+        main, ["sample", str(root), "long", "The quick", "--temperature", "0",
+               "--max-new-tokens", "3"],
+    )  # fmt: skip
+    assert sampled.exit_code == 0, sampled.output
+    with _open(root, "long") as job:
+        assert job.block_size == 131072

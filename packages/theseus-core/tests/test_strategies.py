@@ -12,6 +12,7 @@ whatever its size, so single entries can differ by 1e-5 of the leaf's largest). 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,11 +36,14 @@ RTOL = 1e-5
 SETTINGS = {"logging/checkpoint_interval": 10, "logging/validation_interval": 10}
 
 
-def _worker(root: Path, devices: int, *args: object) -> dict[str, Any]:
+def _worker(
+    root: Path, devices: int, *args: object, settings: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """`strategy_worker.py` in a process with `devices` virtual CPU devices; its npz."""
     out = root / f"worker-{'-'.join(map(str, args[:3]))}-{devices}.npz"
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["STRATEGY_WORKER_SETTINGS"] = json.dumps(settings or {})
     done = subprocess.run(
         [
             sys.executable,
@@ -211,3 +215,46 @@ def test_an_unknown_strategy_is_refused_when_the_configuration_is_read(root: Pat
             q.config["training/strategy"] = "zero3"
             q.create()
     assert "dp" in str(caught.value) and "fsdp" in str(caught.value)
+
+
+# A Llama-like block: grouped-query heads (2 key/value heads for 4 query heads), RMSNorm,
+# SwiGLU of its own width, an untied head.
+LLAMA_LIKE = {
+    "architecture/n_head": 4,
+    "architecture/n_kv_head": 2,
+    "architecture/norm": "rmsnorm",
+    "architecture/activation": "silu",
+    "architecture/gated_mlp": True,
+    "architecture/mlp_width": 48,
+    "architecture/tie_embeddings": False,
+}
+
+
+@pytest.mark.slow  # a process of its own and a training: about 15 s
+def test_a_grouped_query_llama_like_block_trains_with_fsdp_and_shard_as_dp_on_one(
+    root: Path,
+) -> None:
+    want = _worker(root, 1, "gqa-reference", "dp", 1, 5, settings=LLAMA_LIKE)
+    assert int(want["devices"]) == 1
+    trainer = _train(
+        root,
+        "gqa-fsdp-2",
+        steps=5,
+        **{**LLAMA_LIKE, "training/strategy": "fsdp", "training/shard": 2},
+    )
+    assert trainer.state.params["blocks_0"]["attn"]["c_attn"]["kernel"].shape == (32, 64)
+    kept, whole = _kept(trainer.state.params)
+    assert kept / whole == pytest.approx(0.25, rel=0.05), (kept, whole)
+    _assert_same_state(_state_leaves(trainer.state), want)
+
+
+def test_a_shard_count_that_cannot_split_the_key_value_heads_is_one_line(root: Path) -> None:
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "gqa-uneven")
+        jobs.tiny(q.config, steps=2, **{**LLAMA_LIKE, "architecture/n_kv_head": 1})
+        q.config["training/shard"] = 4
+        with pytest.raises(ConfigError) as caught:
+            q.create()
+    message = str(caught.value)
+    assert "'training/shard' must split architecture/n_kv_head (1)" in message
+    assert "got 4" in message and "\n" not in message

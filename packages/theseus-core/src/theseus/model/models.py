@@ -231,6 +231,8 @@ class GPT(nn.Module, Component):
             UnknownKeyError: a setting that none of the three declares (with the
                 closest names).
             ConfigTypeError: a value of the wrong type.
+            ConfigRangeError: a value out of its range, or settings that do not fit
+                together (`n_head` not divisible by `n_kv_head`, ...).
         """
         schemas = (GPTConfig, AttentionConfig, MLPConfig)
         if not settings:
@@ -248,6 +250,7 @@ class GPT(nn.Module, Component):
                     f"{', '.join(sorted(keys))}."
                 )
             tree.set(key, value)
+        tree.check()
         return cls(
             configure(GPTConfig, tree), configure(AttentionConfig, tree), configure(MLPConfig, tree)
         )

@@ -62,8 +62,9 @@ STORED_AXIS = "embed"
 # The setting each built-in logical axis's size comes from, for error messages.
 AXIS_SETTINGS = {
     "vocab": "architecture/vocab_size",
-    "heads": "architecture/n_embd (split into architecture/n_head heads)",
-    "mlp": "architecture/mlp_ratio x architecture/n_embd",
+    "heads": "architecture/n_embd (split into architecture/n_head heads; "
+    "architecture/n_kv_head of them for keys and values)",
+    "mlp": "architecture/mlp_width (or architecture/mlp_ratio x architecture/n_embd)",
     "embed": "architecture/n_embd",
 }
 

@@ -26,10 +26,20 @@ from theseus.job import Mode
 from theseus.model.hf import HFFolder, load_state, read_hf
 from theseus.registry import job
 from theseus.store import Node
+from theseus.training._steps import accumulate_steps
 from theseus.training.base import BaseTrainerConfig, TrainerError
 from theseus.training.flywheel.strategy import Sampling
+from theseus.training.sharding import make_mesh
 
-__all__ = ["HF", "HFConfig", "check_overrides", "check_settings", "import_hf", "write_revision"]
+__all__ = [
+    "HF",
+    "HFConfig",
+    "check_overrides",
+    "check_settings",
+    "compose",
+    "import_hf",
+    "write_revision",
+]
 
 # Settings a user may set at import that the weights do not fix: the context of a
 # rotary model (shorter than the folder's, for a smaller KV cache) is one.
@@ -128,31 +138,48 @@ def write_revision(job: HF, folder: HFFolder) -> None:
     job.save_checkpoint()
 
 
-def configured(
-    folder: HFFolder, tokenizer: str, overrides: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The import's configuration values: the folder's settings, then `overrides`."""
-    values: dict[str, Any] = dict(folder.settings)
-    values["architecture/tokenizer"] = tokenizer
-    values["hf/source"] = str(folder.path)
-    values.update(overrides or {})
-    return values
+def compose(
+    tree: Any, folder: HFFolder, tokenizer: str, overrides: Mapping[str, Any] | None = None
+) -> None:
+    """Set the import's configuration values in `tree`: the folder's settings, then
+    `overrides`.
+
+    `training/tokens`, which an import never trains, is raised to one batch of the
+    folder's context when it is below (a 128k-token context makes the default too small
+    for the rule that a run trains at least one batch), unless an override sets it.
+    """
+    tree.update(dict(folder.settings))
+    tree.update({"architecture/tokenizer": tokenizer, "hf/source": str(folder.path)})
+    tree.update(dict(overrides or {}))
+    if "training/tokens" not in (overrides or {}):
+        batch = int(tree["training/batch_size"]) * int(tree["architecture/block_size"])
+        if int(tree["training/tokens"]) < batch:
+            tree["training/tokens"] = batch
 
 
 def check_overrides(folder: HFFolder, overrides: Mapping[str, Any] | None = None) -> None:
     """Compose the import's configuration and check it, writing nothing.
 
     Raises:
-        ConfigError: an override names no setting, does not fit it, or breaks a rule.
-        TrainerError: an override changes the architecture the weights fix.
+        ConfigError: an override names no setting, does not fit it, or breaks a rule;
+            `training/shard` does not divide the device count.
+        TrainerError: an override changes the architecture the weights fix, or the
+            batch does not split over the data-parallel devices.
     """
     from theseus.data.tokenizer import tokenizer_name
 
     name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
     tree = HF.schema()
-    tree.update(configured(folder, name, overrides))
+    compose(tree, folder, name, overrides)
     tree.check()  # the rules across settings
     check_settings(tree, folder)
+    # what the job's setup refuses about the devices, refused before the root is touched
+    mesh = make_mesh(int(tree["training/shard"]))
+    accumulate_steps(
+        int(tree["training/batch_size"]),
+        int(tree["training/per_device_batch_size"]),
+        int(mesh.shape["batch"]),
+    )
 
 
 def import_hf(
@@ -194,7 +221,7 @@ def import_hf(
     with quick(root) as q:
         q.build(HF, run, project=project, group=group)
         installed = install_tokenizer(root, folder.tokenizer, folder.model_type, folder.eot)
-        q.config.update(configured(folder, installed, overrides))
+        compose(q.config, folder, installed, overrides)
         imported = q.create()
         imported()
         return imported.node

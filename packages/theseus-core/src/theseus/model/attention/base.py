@@ -14,6 +14,7 @@ attention, as Llama's `repeat_kv`); the KV cache holds only the `n_kv_head` head
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 
 from theseus.config import ConfigError
 from theseus.model.attention.config import AttentionConfig
-from theseus.model.attention.rotary import apply_rotary
+from theseus.model.attention.rotary import apply_rotary, rotary_width
 from theseus.model.component import Component, resolve_dtype
 from theseus.model.norms import make_norm
 
@@ -52,6 +53,12 @@ class SelfAttention(nn.Module, Component):
                 f"architecture/n_kv_head ({cfg.n_kv_head}) must divide architecture/n_head "
                 f"({cfg.n_head}); set it to a divisor of {cfg.n_head} or 0"
             )
+        rot = rotary_width(cfg.head_dim, cfg.rotary_fraction)
+        if cfg.positions == "rotary" and (rot == 0 or rot % 2):
+            raise ConfigError(
+                f"architecture/rotary_fraction ({cfg.rotary_fraction}) must rotate an even, "
+                f"non-zero number of each head's {cfg.head_dim} features; it rotates {rot}"
+            )
         dtypes = {"dtype": resolve_dtype(cfg.dtype), "param_dtype": resolve_dtype(cfg.param_dtype)}
         init = nn.initializers.normal(0.02)
         self.c_attn = nn.Dense(
@@ -61,15 +68,17 @@ class SelfAttention(nn.Module, Component):
             **dtypes,
         )
         if cfg.qk_norm:
-            norm = {
-                "eps": cfg.norm_eps,
-                "bias": cfg.bias if cfg.norm_bias is None else cfg.norm_bias,
-                "dtype": cfg.dtype,
-                "param_dtype": cfg.param_dtype,
-                "axis": "heads",  # along c_attn's columns, which `heads` splits
-            }
-            self.q_norm = make_norm(cfg.norm, name="q_norm", **norm)
-            self.k_norm = make_norm(cfg.norm, name="k_norm", **norm)
+            norm = partial(
+                make_norm,
+                cfg.norm,
+                eps=cfg.norm_eps,
+                bias=cfg.bias if cfg.norm_bias is None else cfg.norm_bias,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                axis="heads",  # along c_attn's columns, which `heads` splits
+            )
+            self.q_norm = norm(name="q_norm")
+            self.k_norm = norm(name="k_norm")
         self.c_proj = nn.Dense(
             cfg.n_embd,
             use_bias=cfg.bias if cfg.attn_out_bias is None else cfg.attn_out_bias,
@@ -99,9 +108,9 @@ class SelfAttention(nn.Module, Component):
         k = k.reshape(batch, seq, kv, head_dim)
         v = v.reshape(batch, seq, kv, head_dim)
         if cfg.positions == "rotary":
-            rotary = {"fraction": cfg.rotary_fraction, "scaling": cfg.scaling}
-            q = apply_rotary(q, cfg.rope_base, positions, **rotary)
-            k = apply_rotary(k, cfg.rope_base, positions, **rotary)
+            fraction, scaling = cfg.rotary_fraction, cfg.scaling
+            q = apply_rotary(q, cfg.rope_base, positions, fraction, scaling)
+            k = apply_rotary(k, cfg.rope_base, positions, fraction, scaling)
         return q, k, v
 
     def grouped(self, kv: jax.Array) -> jax.Array:

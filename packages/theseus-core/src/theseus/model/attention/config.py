@@ -83,11 +83,12 @@ def rotated(n_embd: int, n_head: int, positions: str, fraction: float) -> str | 
     head_dim = n_embd // n_head
     rot = rotary_width(head_dim, fraction)
     if rot == 0 or rot % 2:
+        even = max(2, round(head_dim * fraction / 2) * 2)
         return (
             f"Configuration value for 'architecture/rotary_fraction' must rotate an even, "
             f"non-zero number of each head's {head_dim} features; got {fraction}, which "
             f"rotates int({head_dim} * {fraction}) = {rot}. Choose a fraction f with "
-            f"int({head_dim} * f) even, e.g. {2 / head_dim:g} per pair of features."
+            f"int({head_dim} * f) even, e.g. {even}/{head_dim} = {even / head_dim:g}."
         )
     return None
 

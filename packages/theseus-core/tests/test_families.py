@@ -1,0 +1,524 @@
+"""The one configurable block, per model family, against a float64 NumPy reference.
+
+The reference (`_np_model`) is written here from each family's definition, not from
+Theseus's code: LayerNorm or RMSNorm, `c_attn`'s columns as queries, keys, values
+(each head's `head_dim` columns contiguous), the QK-norm over all query (key) features
+before rotary, rotary pairing feature `i` with `i + rot/2` over the first
+`rot = int(head_dim * rotary_fraction)` features with `inv_freq = base**(-2i/rot)`
+(Llama 3.1's scaling as transformers' `_compute_llama3_parameters` writes it), query
+head `h` reading key/value head `h // (n_head / n_kv_head)`, and the three residual
+forms. Parameters are random, scaled so activations keep unit size through the layers.
+Tolerance: the model runs in float32, so logits within 1e-5 of their scale
+(max |ours - reference| <= 1e-5 max |reference|).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from functools import partial
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from theseus.config import ConfigRangeError, Tree
+from theseus.model import GPT, KVCache
+from theseus.model.attention.base import AttentionConfig
+from theseus.model.generation import generate
+from theseus.model.mlp import MLPConfig
+from theseus.model.models import GPTConfig
+
+BLOCK, VOCAB = 12, 40
+RELATIVE = 1e-5
+SIZES = {"n_layers": 2, "n_embd": 64, "n_head": 4, "block_size": BLOCK, "vocab_size": VOCAB}
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "gpt2": {"positions": "learned", "bias": True, "activation": "gelu_tanh"},
+    "gpt_neox": {
+        "residual": "parallel",
+        "rotary_fraction": 0.25,
+        "bias": True,
+        "activation": "gelu",
+        "tie_embeddings": False,
+    },
+    "llama": {
+        "n_kv_head": 2,
+        "norm": "rmsnorm",
+        "activation": "silu",
+        "gated_mlp": True,
+        "mlp_width": 96,
+        "rope_base": 500000.0,
+        "rope_scaling_kind": "llama3",
+        "rope_scaling_factor": 8.0,
+        "rope_scaling_low_freq_factor": 1.0,
+        "rope_scaling_high_freq_factor": 4.0,
+        "rope_scaling_original_context": 256,
+        "tie_embeddings": False,
+    },
+    "qwen2": {
+        "n_kv_head": 2,
+        "norm": "rmsnorm",
+        "activation": "silu",
+        "gated_mlp": True,
+        "mlp_width": 80,
+        "qkv_bias": True,
+        "rope_base": 1000000.0,
+        "norm_eps": 1e-6,
+    },
+    "olmo2": {
+        "n_kv_head": 2,
+        "residual": "post_norm",
+        "qk_norm": True,
+        "norm": "rmsnorm",
+        "activation": "silu",
+        "gated_mlp": True,
+        "rope_base": 500000.0,
+        "norm_eps": 1e-6,
+        "tie_embeddings": False,
+    },
+}
+
+
+def _settings(family: str) -> dict[str, Any]:
+    defaults = {
+        "positions": "rotary",
+        "bias": False,
+        "tie_embeddings": True,
+        "n_kv_head": 0,
+        "residual": "sequential",
+        "norm": "layernorm",
+        "norm_eps": 1e-5,
+        "activation": "gelu_tanh",
+        "gated_mlp": False,
+        "mlp_width": 0,
+        "rotary_fraction": 1.0,
+        "rope_base": 10000.0,
+        "rope_scaling_kind": "none",
+        "qk_norm": False,
+        "qkv_bias": None,
+    }
+    return {**SIZES, **defaults, **FAMILIES[family]}
+
+
+# ---- NumPy reference, float64, from the definitions ----
+
+
+def _np_norm(x: np.ndarray, p: dict, s: dict) -> np.ndarray:
+    if s["norm"] == "rmsnorm":
+        return x / np.sqrt((x**2).mean(-1, keepdims=True) + s["norm_eps"]) * p["scale"]
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    out = (x - mean) / np.sqrt(var + s["norm_eps"]) * p["scale"]
+    return out + p["bias"] if "bias" in p else out
+
+
+def _np_dense(x: np.ndarray, p: dict) -> np.ndarray:
+    out = x @ p["kernel"]
+    return out + p["bias"] if "bias" in p else out
+
+
+def _np_inv_freq(rot: int, s: dict) -> np.ndarray:
+    inv = np.array([s["rope_base"] ** (-2.0 * i / rot) for i in range(rot // 2)])
+    if s["rope_scaling_kind"] != "llama3":
+        return inv
+    factor, low, high = (s[f"rope_scaling_{k}"] for k in ("factor", "low_freq_factor",
+                                                            "high_freq_factor"))  # fmt: skip
+    old = s["rope_scaling_original_context"]
+    out = []
+    for f in inv:
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:  # high frequency: kept
+            out.append(f)
+        elif wavelen > old / low:  # low frequency: interpolated by factor
+            out.append(f / factor)
+        else:  # between: a smooth mix of the two
+            smooth = (old / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return np.array(out)
+
+
+def _np_rotary(x: np.ndarray, s: dict, start: int = 0) -> np.ndarray:
+    """`x [batch, seq, heads, head_dim]` rotated; token `t` at position `start + t`."""
+    head_dim = x.shape[-1]
+    rot = int(head_dim * s["rotary_fraction"])
+    half = rot // 2
+    inv = _np_inv_freq(rot, s)
+    out = x.copy()
+    for t in range(x.shape[1]):
+        for i in range(half):
+            theta = (start + t) * inv[i]
+            a, b = x[:, t, :, i], x[:, t, :, i + half]
+            out[:, t, :, i] = a * math.cos(theta) - b * math.sin(theta)
+            out[:, t, :, i + half] = a * math.sin(theta) + b * math.cos(theta)
+    return out
+
+
+def _np_attention(x: np.ndarray, p: dict, s: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The attention's output and its probabilities `[batch, n_head, q, k]`."""
+    b, t, w = x.shape
+    heads = s["n_head"]
+    kv = s["n_kv_head"] or heads
+    d = w // heads
+    qkv = _np_dense(x, p["c_attn"])
+    q, k, v = (
+        qkv[..., : heads * d],
+        qkv[..., heads * d : (heads + kv) * d],
+        qkv[..., (heads + kv) * d :],
+    )
+    if s["qk_norm"]:
+        q, k = _np_norm(q, p["q_norm"], s), _np_norm(k, p["k_norm"], s)
+    q, k, v = q.reshape(b, t, heads, d), k.reshape(b, t, kv, d), v.reshape(b, t, kv, d)
+    if s["positions"] == "rotary":
+        q, k = _np_rotary(q, s), _np_rotary(k, s)
+    out = np.zeros((b, t, heads, d))
+    probs = np.zeros((b, heads, t, t))
+    for h in range(heads):
+        g = h // (heads // kv)  # the key/value head this query head reads
+        scores = np.einsum("bqd,bkd->bqk", q[:, :, h], k[:, :, g]) / math.sqrt(d)
+        scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        probs[:, h] = weights
+        out[:, :, h] = np.einsum("bqk,bkd->bqd", weights, v[:, :, g])
+    return _np_dense(out.reshape(b, t, w), p["c_proj"]), probs
+
+
+def _np_act(x: np.ndarray, name: str) -> np.ndarray:
+    if name == "gelu_tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    if name == "gelu":
+        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    return x / (1 + np.exp(-x))  # silu
+
+
+def _np_mlp(x: np.ndarray, p: dict, s: dict) -> np.ndarray:
+    up = _np_dense(x, p["c_fc"])
+    if s["gated_mlp"]:
+        hidden = _np_act(_np_dense(x, p["c_gate"]), s["activation"]) * up
+    else:
+        hidden = _np_act(up, s["activation"])
+    return _np_dense(hidden, p["c_proj"])
+
+
+def _np_model(params: dict, x: np.ndarray, s: dict) -> np.ndarray:
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    h = p["wte"]["embedding"][x]
+    if s["positions"] == "learned":
+        h = h + p["wpe"]["embedding"][: x.shape[1]][None]
+    for i in range(s["n_layers"]):
+        blk = p[f"blocks_{i}"]
+        if s["residual"] == "parallel":
+            h = (
+                h
+                + _np_attention(_np_norm(h, blk["ln_1"], s), blk["attn"], s)[0]
+                + _np_mlp(_np_norm(h, blk["ln_2"], s), blk["mlp"], s)
+            )
+        elif s["residual"] == "post_norm":
+            h = h + _np_norm(_np_attention(h, blk["attn"], s)[0], blk["ln_1"], s)
+            h = h + _np_norm(_np_mlp(h, blk["mlp"], s), blk["ln_2"], s)
+        else:
+            h = h + _np_attention(_np_norm(h, blk["ln_1"], s), blk["attn"], s)[0]
+            h = h + _np_mlp(_np_norm(h, blk["ln_2"], s), blk["mlp"], s)
+    h = _np_norm(h, p["ln_f"], s)
+    return h @ (p["lm_head"]["kernel"] if "lm_head" in p else p["wte"]["embedding"].T)
+
+
+# ---- the model under test ----
+
+
+def _random_params(model: GPT, seed: int) -> dict:
+    """Parameters of `model`'s tree drawn so that activations stay near unit size."""
+    shapes = jax.eval_shape(
+        lambda: nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))["params"]
+    )
+    rng = np.random.default_rng(seed)
+
+    def draw(path: Any, leaf: Any) -> np.ndarray:
+        name = path[-1].key
+        if name == "kernel":
+            value = rng.normal(0, 1 / math.sqrt(leaf.shape[0]), leaf.shape)
+        elif name == "scale":
+            value = 1 + 0.3 * rng.normal(size=leaf.shape)
+        elif name == "bias":
+            value = 0.3 * rng.normal(size=leaf.shape)
+        else:  # embeddings
+            value = rng.normal(size=leaf.shape)
+        return value.astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@functools.cache
+def _family(name: str) -> tuple[str, GPT, dict, dict]:
+    settings = _settings(name)
+    model = GPT.build(**settings)
+    return name, model, _random_params(model, seed=len(name)), settings
+
+
+@pytest.fixture(params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> tuple[str, GPT, dict, dict]:
+    return _family(request.param)
+
+
+@partial(jax.jit, static_argnums=0)
+def _logits(model: GPT, params: dict, x: jax.Array) -> jax.Array:
+    return model.apply({"params": params}, x)[0]
+
+
+def _assert_close(ours: Any, reference: np.ndarray) -> None:
+    error = float(np.abs(np.asarray(ours, np.float64) - reference).max())
+    assert error <= RELATIVE * float(np.abs(reference).max()), error
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, BLOCK])
+def test_logits_match_the_family_reference(family: tuple, length: int) -> None:
+    _, model, params, settings = family
+    x = np.random.default_rng(length).integers(0, VOCAB, (2, length))
+    reference = _np_model(params, x, settings)
+    assert np.abs(reference).max() > 1.0  # activations are not tiny
+    _assert_close(_logits(model, params, jnp.asarray(x)), reference)
+
+
+def test_llama3_scaling_touches_all_three_frequency_bands() -> None:
+    """The llama family's settings exercise kept, divided and smoothed frequencies, and
+    the reference's scaling is not the identity (a scaling ignored would fail above)."""
+    s = _settings("llama")
+    rot = s["n_embd"] // s["n_head"]
+    plain = _np_inv_freq(rot, {**s, "rope_scaling_kind": "none"})
+    scaled = _np_inv_freq(rot, s)
+    ratio = plain / scaled
+    assert np.isclose(ratio, 1).any() and np.isclose(ratio, 8).any()
+    assert ((ratio > 1.01) & (ratio < 7.99)).any()
+
+
+@partial(jax.jit, static_argnums=0)
+def _cached(model: GPT, params: dict, x: jax.Array, caches: Any, index: jax.Array,
+            start: jax.Array) -> tuple[jax.Array, Any]:  # fmt: skip
+    return model.apply({"params": params}, x, caches, index, start, method=GPT.cached)
+
+
+def test_cached_generation_equals_the_full_forward(family: tuple) -> None:
+    """Prefill of two rows (one left-padded), then one token per step: each step's logits
+    are the full forward's at that row's last token."""
+    _, model, params, settings = family
+    rng = np.random.default_rng(3)
+    prompts = [list(rng.integers(0, VOCAB, 5)), list(rng.integers(0, VOCAB, 2))]
+    width, steps = 5, BLOCK - 5
+    padded = np.zeros((2, width), np.int32)
+    for row, prompt in enumerate(prompts):
+        padded[row, width - len(prompt) :] = prompt
+    start = jnp.asarray([width - len(p) for p in prompts], jnp.int32)
+    caches = model.empty_caches(2, BLOCK)
+    kv = settings["n_kv_head"] or settings["n_head"]
+    assert caches[0].keys.shape == (2, BLOCK, kv, settings["n_embd"] // settings["n_head"])
+    logits, caches = _cached(model, params, jnp.asarray(padded), caches, jnp.int32(0), start)
+    seqs = [list(p) for p in prompts]
+    for step in range(steps):
+        # the full forward, each row unpadded at positions 0.., right-filled to the block
+        # (causal: what follows a position never changes its logits), compiled once
+        full = np.zeros((2, BLOCK), np.int32)
+        for row, seq in enumerate(seqs):
+            full[row, : len(seq)] = seq
+        want = np.asarray(_logits(model, params, jnp.asarray(full)), np.float64)
+        for row, seq in enumerate(seqs):
+            _assert_close(logits[row, -1], want[row, len(seq) - 1])
+        tokens = [int(np.argmax(logits[row, -1])) for row in range(2)]
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.append(token)
+        if step == steps - 1:
+            break
+        logits, caches = _cached(
+            model, params, jnp.asarray(tokens, jnp.int32)[:, None], caches,
+            jnp.int32(width + step), start,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["llama", "olmo2"])
+def test_greedy_generate_with_grouped_heads_is_greedy_over_the_full_forward(name: str) -> None:
+    """`generate` (prompt buckets, left padding, the compiled step) on a grouped-query
+    model: every token is the argmax of the full forward's logits at that point."""
+    _, model, params, _ = _family(name)
+    prompts = [[3, 17, 5, 9, 22], [11, 2], [39]]
+    new = generate(model, params, prompts, 5, temperature=0)
+    full = np.zeros((len(prompts), BLOCK), np.int32)
+    for row, (prompt, tokens) in enumerate(zip(prompts, new, strict=True)):
+        full[row, : len(prompt) + len(tokens)] = prompt + tokens
+    logits = np.asarray(_logits(model, params, jnp.asarray(full)))
+    for row, (prompt, tokens) in enumerate(zip(prompts, new, strict=True)):
+        for n, token in enumerate(tokens):
+            assert token == int(np.argmax(logits[row, len(prompt) + n - 1])), (row, n)
+    assert len({tuple(t) for t in new}) > 1
+
+
+def test_heads_sum_to_the_attention_and_weights_are_the_references(family: tuple) -> None:
+    _, model, params, settings = family
+    x = np.random.default_rng(4).normal(size=(2, 7, settings["n_embd"])).astype(np.float32)
+
+    def parts(module: GPT, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        attn = module.blocks[0].attn
+        return attn.heads(x), attn(x), attn.weights(x)
+
+    heads, whole, weights = model.apply({"params": params}, jnp.asarray(x), method=parts)
+    assert heads.shape == (2, 7, settings["n_head"], settings["n_embd"])
+    summed = np.asarray(heads, np.float64).sum(2)
+    bias = params["blocks_0"]["attn"]["c_proj"].get("bias")
+    if bias is not None:
+        summed = summed + np.asarray(bias, np.float64)
+    _assert_close(summed, np.asarray(whole, np.float64))
+    attn = jax.tree.map(lambda a: np.asarray(a, np.float64), params["blocks_0"]["attn"])
+    out, probs = _np_attention(x.astype(np.float64), attn, settings)
+    _assert_close(whole, out)
+    assert weights.shape == (2, settings["n_head"], 7, 7)
+    np.testing.assert_allclose(np.asarray(weights), probs, atol=1e-5)
+
+
+# parallel and post_norm; sequential is test_remat.py's model
+@pytest.mark.parametrize("name", ["gpt_neox", "olmo2"])
+def test_remat_gives_the_same_loss_and_gradients_on_every_residual_form(name: str) -> None:
+    _, model, params, settings = _family(name)
+    remat = GPT.build(**settings, remat="block")
+    x = jnp.asarray(np.random.default_rng(5).integers(0, VOCAB, (2, BLOCK)))
+
+    def loss(m: GPT, p: dict) -> jax.Array:
+        return m.apply({"params": p}, x, x)[1]
+
+    plain = jax.jit(jax.value_and_grad(partial(loss, model)))(params)
+    again = jax.jit(jax.value_and_grad(partial(loss, remat)))(params)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(again), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+# ---- today's checkpoints restore: the default and GPT-2 trees are unchanged ----
+
+
+def _layout(model: GPT) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+    leaves = jax.tree_util.tree_flatten_with_path(
+        boxed["params"], is_leaf=lambda a: isinstance(a, nn.LogicallyPartitioned)
+    )[0]
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="/"): (
+            tuple(getattr(leaf, "value", leaf).shape),
+            tuple(getattr(leaf, "names", ())),
+        )
+        for path, leaf in leaves
+    }
+
+
+def _block(i: int, d: int, bias: bool) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """One block's leaves as the code before the configurable block laid them out."""
+    b = f"blocks_{i}"
+    tree = {
+        f"{b}/attn/c_attn/kernel": ((d, 3 * d), ("embed", "heads")),
+        f"{b}/attn/c_proj/kernel": ((d, d), ("heads", "embed")),
+        f"{b}/ln_1/scale": ((d,), ("embed",)),
+        f"{b}/ln_2/scale": ((d,), ("embed",)),
+        f"{b}/mlp/c_fc/kernel": ((d, 4 * d), ("embed", "mlp")),
+        f"{b}/mlp/c_proj/kernel": ((4 * d, d), ("mlp", "embed")),
+    }
+    if bias:
+        tree |= {
+            f"{b}/attn/c_attn/bias": ((3 * d,), ()),
+            f"{b}/attn/c_proj/bias": ((d,), ()),
+            f"{b}/ln_1/bias": ((d,), ("embed",)),
+            f"{b}/ln_2/bias": ((d,), ("embed",)),
+            f"{b}/mlp/c_fc/bias": ((4 * d,), ()),
+            f"{b}/mlp/c_proj/bias": ((d,), ()),
+        }
+    return tree
+
+
+def test_the_default_and_gpt2_trees_are_those_saved_checkpoints_hold() -> None:
+    default = {
+        "ln_f/scale": ((128,), ("embed",)),
+        "wte/embedding": ((258, 128), ("vocab", "embed")),
+    }
+    for i in range(4):
+        default |= _block(i, 128, bias=False)
+    assert _layout(GPT.build()) == default
+
+    gpt2 = {
+        "ln_f/scale": ((64,), ("embed",)),
+        "ln_f/bias": ((64,), ("embed",)),
+        "wte/embedding": ((100, 64), ("vocab", "embed")),
+        "wpe/embedding": ((32, 64), ("length", "embed")),
+    }
+    for i in range(2):
+        gpt2 |= _block(i, 64, bias=True)
+    settings = {"positions": "learned", "bias": True, "n_layers": 2, "n_embd": 64, "n_head": 4,
+                "block_size": 32, "vocab_size": 100}  # fmt: skip
+    assert _layout(GPT.build(**settings)) == gpt2
+    untied = _layout(GPT.build(**settings, tie_embeddings=False))
+    assert untied == gpt2 | {"lm_head/kernel": ((64, 100), ("embed", "vocab"))}
+
+
+def test_every_new_parameter_has_logical_axes_and_the_contracts_shapes() -> None:
+    model = GPT.build(**_settings("olmo2"))
+    tree = _layout(model)
+    d, hd, kv = 64, 16, 2
+    assert tree["blocks_0/attn/c_attn/kernel"] == ((d, (4 + 2 * kv) * hd), ("embed", "heads"))
+    assert tree["blocks_0/attn/q_norm/scale"] == ((4 * hd,), ("heads",))
+    assert tree["blocks_0/attn/k_norm/scale"] == ((kv * hd,), ("heads",))
+    assert tree["blocks_0/mlp/c_gate/kernel"] == ((d, 4 * d), ("embed", "mlp"))
+    assert tree["blocks_0/ln_1/scale"] == ((d,), ("embed",))
+    assert "blocks_0/ln_1/bias" not in tree  # RMSNorm: scale only
+    assert tree["lm_head/kernel"] == ((d, VOCAB), ("embed", "vocab"))
+    llama = _layout(GPT.build(**_settings("llama")))
+    assert llama["blocks_1/mlp/c_fc/kernel"] == ((d, 96), ("embed", "mlp"))
+    assert llama["blocks_1/mlp/c_proj/kernel"] == ((96, d), ("mlp", "embed"))
+    qwen = _layout(GPT.build(**_settings("qwen2")))
+    assert qwen["blocks_0/attn/c_attn/bias"][0] == ((4 + 2 * kv) * hd,)
+    assert "blocks_0/attn/c_proj/bias" not in qwen and "blocks_0/mlp/c_fc/bias" not in qwen
+
+
+# ---- settings that do not fit together: one line each, when the configuration is checked ----
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"n_head": 4, "n_kv_head": 3}, r"'architecture/n_kv_head' must divide .*got 3\. Set "),
+        ({"n_embd": 64, "n_head": 2, "rotary_fraction": 0.3},
+         r"'architecture/rotary_fraction' must rotate an even.*int\(32 \* 0\.3\) = 9"),
+        ({"positions": "learned", "rotary_fraction": 0.5}, "only applies to rotary positions"),
+        ({"positions": "learned", "rope_scaling_kind": "llama3"}, "only applies to rotary"),
+        ({"rope_scaling_kind": "llama3", "rope_scaling_low_freq_factor": 4.0},
+         "'architecture/rope_scaling/high_freq_factor' must exceed"),
+        ({"activation": "swish"}, "architecture/activation"),
+        ({"residual": "pre"}, "architecture/residual"),
+    ],
+)  # fmt: skip
+def test_settings_that_do_not_fit_are_one_line_errors(settings: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match) as caught:
+        GPT.build(**settings)
+    assert "\n" not in str(caught.value)
+
+
+def test_qk_norm_with_learned_positions_and_a_layernorm_is_fine() -> None:
+    model = GPT.build(positions="learned", qk_norm=True, bias=True, n_kv_head=2)
+    tree = _layout(model)
+    assert tree["blocks_0/attn/q_norm/bias"] == ((128,), ("heads",))
+    assert tree["blocks_0/attn/k_norm/scale"] == ((64,), ("heads",))
+
+
+def test_the_shard_count_must_split_the_key_value_heads() -> None:
+    from theseus.training.base import BaseTrainerConfig
+
+    tree = Tree.of(GPTConfig, AttentionConfig, MLPConfig, BaseTrainerConfig)
+    tree.set("architecture/n_kv_head", 2)
+    tree.set("training/shard", 4)
+    with pytest.raises(ConfigRangeError, match=r"'training/shard' must split") as caught:
+        tree.check()
+    assert "Set training/shard to one of 1, 2" in str(caught.value)
+    tree.set("training/shard", 2)
+    tree.check()
+
+
+def test_the_kv_cache_holds_only_the_key_value_heads() -> None:
+    model = GPT.build(n_kv_head=1)
+    cache = KVCache.empty(model.attention, 3, 20)
+    assert cache.keys.shape == cache.values.shape == (3, 20, 1, 32)
