@@ -28,7 +28,7 @@ from theseus.data.tokenizer import install_tokenizer, tokenizer_name
 from theseus.experiments.models import _integrity
 from theseus.experiments.models._revisions import Revision, RevisionError, discover, select
 from theseus.experiments.models._suite_job import Planned, RevisionWriter
-from theseus.experiments.models.hf import HF, check_settings, configured
+from theseus.experiments.models.hf import HF, check_settings, compose
 from theseus.job import JobSpec, agree_on_nonce, store_root
 from theseus.model.hf import HFFolder, load_state, read_hf
 from theseus.registry import job, job_key
@@ -205,7 +205,7 @@ def _configuration(
     name = tokenizer_name(first.tokenizer, first.model_type, first.eot)
     tree = HFSuite.schema()
     if saved is None:
-        tree.update(configured(first, name))
+        compose(tree, first, name)
     else:  # the lineage's configuration, which must fit this folder
         tree.load(load(saved), strict=False)
         tree.job = job_key(HFSuite)
