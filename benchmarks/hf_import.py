@@ -93,7 +93,9 @@ def write_folder(folder: Path, sizes: dict[str, int], seed: int = 0) -> None:
         save_file(tensors, str(folder / file))
         del tensors
         weight_map.update(dict.fromkeys(group, file))
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    total = sum((folder / f).stat().st_size for f in set(weight_map.values()))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}  # as the hub writes
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     config = {
         "model_type": "llama", "hidden_size": d, "num_hidden_layers": sizes["layers"],
         "num_attention_heads": sizes["heads"], "num_key_value_heads": sizes["kv_heads"],

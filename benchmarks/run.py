@@ -71,6 +71,7 @@ BENCHMARKS = (
     Benchmark("strategies", "dp, zero1, fsdp on 4 and 8 virtual devices: bytes kept, step time"),
     Benchmark("ui", "store browser: page, series and PDF-render latency at scale"),
     Benchmark("hf_import", "hf import: host memory streaming a 1 GB sharded folder / shard"),
+    Benchmark("hf_vs_transformers", "hf import throughput vs transformers from_pretrained"),
 )
 
 

@@ -3,7 +3,7 @@
 Tiny random `GPTNeoXForCausalLM` (parallel and sequential residual, partial rotary),
 `LlamaForCausalLM` (grouped-query heads, Llama 3 rope scaling, attention and MLP
 biases, a Llama 3 tokenizer whose post-processor adds `<|begin_of_text|>`),
-`MistralForCausalLM`, `Qwen2ForCausalLM` and `Olmo2ForCausalLM` in float32, saved with
+`MistralForCausalLM`, `Qwen2ForCausalLM` (untied, and tied with one key/value head) and `Olmo2ForCausalLM` in float32, saved with
 `save_pretrained` with their tokenizer, imported into a Theseus root and compared with
 transformers: token ids, logits at prompt lengths 1 to the block size, and greedy
 `theseus sample` against greedy `generate`. Tolerance: float32 on CPU, logits within
@@ -50,6 +50,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
                                       "attention_bias": True, "mlp_bias": True}),
     "mistral": ("MistralConfig", {"num_key_value_heads": 2, "sliding_window": None}),
     "qwen2": ("Qwen2Config", {"num_key_value_heads": 2}),
+    "qwen2-tied": ("Qwen2Config", {"num_key_value_heads": 1, "tie_word_embeddings": True}),
     "olmo2": ("Olmo2Config", {"num_key_value_heads": 1}),
 }  # fmt: skip
 TEXT = [
@@ -83,10 +84,9 @@ def _tokenizer(start: bool) -> Any:
 def _folder(case: str, where: Path) -> tuple[Path, Any, Any]:
     kind, settings = MODELS[case]
     tokenizer = _tokenizer(start=case.startswith("llama3"))
-    sizes = {**SIZES, "vocab_size": len(tokenizer)}  # sampling draws only decodable ids
-    config = getattr(transformers, kind)(
-        **sizes, **settings, bos_token_id=0, eos_token_id=0, pad_token_id=0
-    )
+    # the vocabulary is the tokenizer's: sampling draws only decodable ids
+    sizes = {**SIZES, "vocab_size": len(tokenizer), **settings}
+    config = getattr(transformers, kind)(**sizes, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
     with torch.no_grad():

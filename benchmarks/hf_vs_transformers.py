@@ -1,0 +1,128 @@
+"""Import throughput: `theseus import hf` of a sharded folder vs transformers' `from_pretrained`.
+
+Run: ``uv run --group bench python benchmarks/hf_vs_transformers.py [--quick] [--json PATH]``
+
+The random Llama-like folder of ``hf_import.py`` (about 1 GB of float32 in 2 safetensors
+shards; ``--quick``: about 100 MB) is read, each round, by two fresh processes in
+alternating order:
+
+* ours: ``import_hf(folder, root, run)``, the function behind ``theseus import hf``: the
+  folder checked whole, every tensor streamed into arrays placed for the trainer, and
+  the first node's checkpoint written and registered in a new store (the import's whole
+  work, durable on disk at the end);
+* theirs: ``AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)`` on the CPU
+  (the model in memory, nothing written), in an interpreter that has PyTorch: the one
+  ``THESEUS_BENCH_TORCH_PYTHON`` names, or a virtual environment this script makes once
+  under ``~/.cache/theseus-benchmarks/torch`` (``pip install torch==2.13.0 transformers``;
+  never installed into the workspace).
+
+Each side times only its call, after its imports (Python, JAX or PyTorch start-up is
+not the import's work); throughput is the folder's weight bytes over that time. The
+row's ratios are ours / theirs throughput per round (goal >= 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import venv
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
+from benchmarks import _report
+from benchmarks.hf_import import QUICK, SIZES, write_folder
+
+GOAL = 1.0
+TORCH = "torch==2.13.0"
+
+_OURS = r"""
+import json, sys, time
+from theseus.experiments.models.hf import import_hf
+start = time.perf_counter()
+import_hf(sys.argv[1], sys.argv[2], "imported")
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+
+_THEIRS = r"""
+import json, sys, time
+import torch, transformers
+torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+start = time.perf_counter()
+model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+seconds = time.perf_counter() - start
+assert next(model.parameters()).dtype == torch.float32
+print(json.dumps({"seconds": seconds}))
+"""
+
+
+def torch_python() -> str:
+    """An interpreter with PyTorch and transformers (made once; never the workspace's)."""
+    named = os.environ.get("THESEUS_BENCH_TORCH_PYTHON")
+    if named:
+        return named
+    home = Path.home() / ".cache" / "theseus-benchmarks" / "torch"
+    python = home / "bin" / "python"
+    ready = home / ".ready"
+    if not ready.is_file():
+        venv.create(home, with_pip=True, clear=True)
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, TORCH], check=True)  # pip takes the CPU wheel; uv never does
+        subprocess.run([*pip, "transformers", "safetensors", "tokenizers"], check=True)
+        ready.write_text("torch==2.13.0 transformers\n")
+    return str(python)
+
+
+def _seconds(command: list[str]) -> float:
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["seconds"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3, help="rounds of both sides")
+    _report.add_arguments(p)
+    args = p.parse_args(argv)
+    sizes = QUICK if args.quick else SIZES
+    rounds = 1 if args.quick else args.rounds
+    theirs_python = torch_python()
+    ours_s, theirs_s = [], []
+    with tempfile.TemporaryDirectory(prefix="hf-vs-transformers-") as tmp:
+        folder = Path(tmp) / "llama"
+        folder.mkdir()
+        write_folder(folder, sizes)
+        weights = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        for r in range(rounds):
+            root = Path(tmp) / f"root{r}"
+            ours_cmd = [sys.executable, "-c", _OURS, str(folder), str(root)]
+            theirs_cmd = [theirs_python, "-c", _THEIRS, str(folder)]
+            if r % 2:
+                theirs, ours = _seconds(theirs_cmd), _seconds(ours_cmd)
+            else:
+                ours, theirs = _seconds(ours_cmd), _seconds(theirs_cmd)
+            ours_s.append(weights / ours / 1e6)
+            theirs_s.append(weights / theirs / 1e6)
+            print(
+                f"round {r + 1}: import_hf {ours:.2f} s ({ours_s[-1]:.0f} MB/s), "
+                f"from_pretrained {theirs:.2f} s ({theirs_s[-1]:.0f} MB/s)"
+            )
+    row = _report.compare(
+        f"hf import throughput: theseus import hf (checked, placed, checkpoint written) vs "
+        f"transformers from_pretrained, {weights / 1e9:.2f} GB llama-like, 2 shards",
+        ours_s,
+        theirs_s,
+        unit="MB/s",
+        fmt="{:,.0f} MB/s",
+        ratio="ours/theirs",
+        meaning="ours throughput / theirs throughput (the same round)",
+        goal=(">=", GOAL),
+    )
+    _report.write(args.json, "hf_vs_transformers", args.quick, [row])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
