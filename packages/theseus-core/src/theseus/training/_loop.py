@@ -132,6 +132,8 @@ def describe_memory(trainer: BaseTrainer) -> str:
         ("parameters", trainer.state.params),
         ("optimizer state", trainer.state.opt_state),
     ):
+        if tree is None:  # imported weights, not trained here
+            continue
         size = state_bytes(tree)
         parts.append(
             f"{label} {_megabytes(size.whole)}, each device keeps {_megabytes(size.device)} "

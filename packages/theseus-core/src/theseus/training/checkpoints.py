@@ -359,14 +359,17 @@ def restore(
     path: str | os.PathLike[str],
     abstract_state: Any,
     surgery: Callable[[Any, Any], Any] | None = None,
+    optional: tuple[str, ...] = (),
 ) -> tuple[Any, dict[str, Any]]:
     """Restore a checkpoint directory into the shapes and shardings of `abstract_state`.
 
     Args:
         path: a checkpoint step directory (`.../<nonce>/<step>`).
-        abstract_state: a pytree of `jax.ShapeDtypeStruct` with shardings (the target).
+        abstract_state: a dict pytree of `jax.ShapeDtypeStruct` with shardings (the target).
         surgery: when shapes differ, `surgery(saved, abstract_state)` receives the saved
             state as host arrays and returns a state matching `abstract_state`.
+        optional: top-level keys of `abstract_state` a checkpoint may lack (an import
+            saves no optimizer state); the returned state lacks them too.
 
     Returns:
         `(state, meta)`.
@@ -386,6 +389,8 @@ def restore(
         )
     with _reader() as reader:
         saved_meta = reader.metadata(step_dir).item_metadata
+        absent = [key for key in optional if key not in saved_meta["state"]]
+        abstract_state = {k: v for k, v in abstract_state.items() if k not in absent}
         saved_shapes = _shapes(saved_meta["state"])
         wanted_shapes = _shapes(abstract_state)
         mismatch = [

@@ -8,7 +8,8 @@ abstract shapes, so a checkpoint written on four devices restores onto one, or t
 reverse.
 
 A checkpoint holds `checkpoint_arrays(state)`: the step, the parameters and the
-optimizer state. The apply function and the optimizer are code, rebuilt from the
+optimizer state (an import's, `weights_state`, the step and parameters alone; restoring
+it starts the optimizer fresh). The apply function and the optimizer are code, rebuilt from the
 configuration.
 """
 
@@ -28,7 +29,15 @@ from flax.training.train_state import TrainState
 from theseus.training import checkpoints
 from theseus.training.sharding import ParameterShardingContext
 
-__all__ = ["StateLayout", "checkpoint_arrays", "from_params", "initialize", "layout", "restore"]
+__all__ = [
+    "StateLayout",
+    "checkpoint_arrays",
+    "from_params",
+    "initialize",
+    "layout",
+    "restore",
+    "weights_state",
+]
 
 
 @dataclass(frozen=True)
@@ -130,17 +139,45 @@ def restore(
         CheckpointMismatchError: the checkpoint's shapes differ from the model's and
             there is no `surgery` (the message names the first mismatching parameter).
     """
-    arrays, meta = checkpoints.restore(path, checkpoint_arrays(target.abstract), surgery)
+    arrays, meta = checkpoints.restore(
+        path, checkpoint_arrays(target.abstract), surgery, optional=("opt_state",)
+    )
+    opt_state = arrays.get("opt_state")
+    if opt_state is None:  # weights only (an import): the optimizer starts fresh
+        opt_state = jax.jit(target.tx.init, out_shardings=target.shardings.opt_state)(
+            arrays["params"]
+        )
     state = TrainState(
         step=arrays["step"],
         apply_fn=target.apply_fn,
         params=arrays["params"],
         tx=target.tx,
-        opt_state=arrays["opt_state"],
+        opt_state=opt_state,
     )
     return state, meta
 
 
 def checkpoint_arrays(state: Any) -> dict[str, Any]:
-    """The parts of a train state a checkpoint holds: step, parameters, optimizer state."""
-    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    """The parts of a train state a checkpoint holds: step, parameters, optimizer state.
+
+    A state without an optimizer state (`weights_state`: imported weights) gives step and
+    parameters only; `restore` then starts the optimizer fresh, as a fine-tuning run of
+    those weights would.
+    """
+    arrays = {"step": state.step, "params": state.params}
+    if state.opt_state is not None:
+        arrays["opt_state"] = state.opt_state
+    return arrays
+
+
+def weights_state(target: StateLayout, params: Any) -> TrainState:
+    """A state at step 0 holding placed `params` and no optimizer state.
+
+    What an import saves: its checkpoint holds the weights alone (a third of a state
+    with Adam's two moments, which are zeros before any training), and restoring it
+    gives a fresh optimizer.
+    """
+    step = jax.device_put(jnp.zeros((), jnp.int32), target.shardings.step)
+    return TrainState(
+        step=step, apply_fn=target.apply_fn, params=params, tx=target.tx, opt_state=None
+    )

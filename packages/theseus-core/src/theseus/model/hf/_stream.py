@@ -91,20 +91,17 @@ def load_params(folder: HFFolder, abstract: Any) -> Any:
 
 
 def load_state(target: Any, folder: HFFolder) -> Any:
-    """A train state at step 0 holding the folder's weights, laid out as `target`.
+    """A train state at step 0 holding the folder's weights, laid out as `target`, with
+    no optimizer state (`training.state.weights_state`).
 
-    The optimizer state is initialized from the placed parameters inside one compiled
-    function, in its own shardings (as `training.state.from_params`).
+    An import saves the weights alone: Adam's moments are zeros before any training, and
+    writing them would triple the checkpoint (and a suite's every revision); a resume or
+    branch of the imported node starts its optimizer fresh.
 
     Args:
         target: the trainer's `StateLayout`.
         folder: a folder `read_hf` checked.
     """
-    from flax.training.train_state import TrainState
+    from theseus.training.state import weights_state
 
-    params = load_params(folder, target.abstract.params)
-
-    def create(params: Any) -> TrainState:
-        return TrainState.create(apply_fn=target.apply_fn, params=params, tx=target.tx)
-
-    return jax.jit(create, out_shardings=target.shardings)(params)
+    return weights_state(target, load_params(folder, target.abstract.params))
