@@ -465,8 +465,9 @@ class BaseTrainer(BasicJob):
                     "Closing the checkpoint keeper after a failed run failed", exc_info=True
                 )
 
-    def save_checkpoint(self) -> None:
-        """Start an asynchronous checkpoint of the live node (registered once committed)."""
+    def save_checkpoint(self, *, copy: bool = True) -> None:
+        """Start an asynchronous checkpoint of the live node (registered once committed);
+        `copy=False`: from the live state itself (it must not change until written)."""
         keeper = self._open_keeper()
         step = int(self.state.step)
         meta = {
@@ -477,7 +478,7 @@ class BaseTrainer(BasicJob):
             "node": self.node.serialize(),
             "config": self._configuration_text(),
         }
-        keeper.save(step, self.node, train_state.checkpoint_arrays(self.state), meta)
+        keeper.save(step, self.node, train_state.checkpoint_arrays(self.state), meta, copy=copy)
 
     def _configuration_text(self) -> str:
         """The configuration as YAML, for every checkpoint's metadata (dumped once: the

@@ -178,15 +178,19 @@ class CheckpointKeeper:
         if lock is not None:
             lock.release()
 
-    def save(self, step: int, node: Node, state: Any, meta: dict[str, Any]) -> None:
+    def save(
+        self, step: int, node: Node, state: Any, meta: dict[str, Any], *, copy: bool = True
+    ) -> None:
         """Start saving `state` as `step`; it is registered on `node` once committed.
 
         The previous save is finished (committed and registered) before this one starts,
         as orbax does, so every earlier step is registered by the time this returns. In
         the background (see the module's notes) this returns once the state's device copy
         is dispatched: a train step that donates `state` right after waits for the copy.
+        `copy=False` (an import, which changes `state` no more) starts orbax's save on the
+        caller's thread from `state` itself, without that copy.
         """
-        if not (self._background and room_for_copy(state)):
+        if not (copy and self._background and room_for_copy(state)):
             self._collect(block=True)  # a save started on the thread comes first
             self._orbax_save(step, state, meta)
             self._register(committed_only=True)

@@ -100,4 +100,5 @@ class RevisionWriter(BaseTrainer):
             "node": self.node.serialize(),
             "config": self._configuration_text(),
         }
-        keeper.save(planned.step, self.node, train_state.checkpoint_arrays(self.state), meta)
+        arrays = train_state.checkpoint_arrays(self.state)
+        keeper.save(planned.step, self.node, arrays, meta, copy=False)  # the next is new arrays

@@ -103,7 +103,7 @@ class HF(PretrainGPT):
         """Fresh: save the imported weights as the first node's checkpoint. Else: train."""
         if self.mode is not Mode.FRESH:
             return super().run()
-        self.save_checkpoint()
+        self.save_checkpoint(copy=False)  # nothing changes the weights while they are written
         return self.state
 
     def outcome(self, result: Any) -> list[str]:
@@ -135,7 +135,7 @@ def write_revision(job: HF, folder: HFFolder) -> None:
     check_settings(job.configuration, folder)
     assert job._layout is not None, "the job is set up (quick's create() does it)"
     job.state = load_state(job._layout, folder)
-    job.save_checkpoint()
+    job.save_checkpoint(copy=False)
 
 
 def compose(
