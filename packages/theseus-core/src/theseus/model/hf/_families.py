@@ -37,7 +37,7 @@ def _same(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def _transposed(parts: list[np.ndarray]) -> np.ndarray:
-    return np.ascontiguousarray(parts[0].T)
+    return parts[0].T  # a view: placing it on the device is the one copy
 
 
 def _concatenated(parts: list[np.ndarray]) -> np.ndarray:
@@ -45,7 +45,7 @@ def _concatenated(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def _concatenated_transposed(parts: list[np.ndarray]) -> np.ndarray:
-    return np.ascontiguousarray(np.concatenate(parts, axis=0).T)
+    return np.concatenate(parts, axis=0).T
 
 
 def _neox_qkv(n_head: int) -> Callable[[list[np.ndarray]], np.ndarray]:
@@ -55,7 +55,7 @@ def _neox_qkv(n_head: int) -> Callable[[list[np.ndarray]], np.ndarray]:
         rows = parts[0]
         grouped = rows.reshape(n_head, 3, -1, *rows.shape[1:]).swapaxes(0, 1)
         flat = grouped.reshape(rows.shape)
-        return np.ascontiguousarray(flat.T) if flat.ndim == 2 else np.ascontiguousarray(flat)
+        return flat.T if flat.ndim == 2 else flat
 
     return make
 
