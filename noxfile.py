@@ -71,6 +71,9 @@ MODULES = {
         "theseus.training.base",
         "theseus.model.debug",
         "theseus.model.gpt2",
+        "theseus.model.hf",
+        "theseus.experiments.models.hf",
+        "theseus.experiments.models.suite",
     ],
     "theseus-analysis": [
         "theseus.analysis",
