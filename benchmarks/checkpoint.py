@@ -83,13 +83,15 @@ class Switch:
         self.seconds = 0.0
         keeper.save = self
 
-    def __call__(self, step: int, node: Any, state: Any, meta: dict[str, Any]) -> None:
+    def __call__(
+        self, step: int, node: Any, state: Any, meta: dict[str, Any], *, copy: bool = True
+    ) -> None:
         import orbax.checkpoint as ocp
 
         self.state = state
         start = time.perf_counter()
         if self.mode == "async":
-            self.keeper_save(step, node, state, meta)
+            self.keeper_save(step, node, state, meta, copy=copy)
         else:
             self.synchronous.save(
                 step,
