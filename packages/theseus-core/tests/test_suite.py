@@ -11,6 +11,9 @@ in, float32 out).
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -406,3 +409,10 @@ def test_the_command_imports_a_suite_and_prints_the_table(
     )
     assert bad.exit_code != 0
     assert "revision 'step9' is not in the suite; it has step0, step1000, step2000" in bad.output
+    # a later command, in a fresh interpreter, knows the suite's job without --import
+    sampled = subprocess.run(
+        [sys.executable, "-c", "from theseus.cli import main; main()", "sample", str(root),
+         "tiny", "a", "--temperature", "0", "--max-new-tokens", "2"],
+        capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
