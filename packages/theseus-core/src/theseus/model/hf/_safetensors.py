@@ -2,14 +2,16 @@
 
 A safetensors file is an 8-byte little-endian header length, a JSON header naming every
 tensor's dtype, shape and byte range, then the raw data. `read_header` checks the
-header against the file's size without reading any data; `read_tensor` seeks to one
-tensor and reads exactly its bytes (no memory map, so a shard's pages are never held:
-host memory stays at one tensor). bfloat16 comes back as `ml_dtypes.bfloat16`.
+header against the file's size without reading any data; `map_tensor` maps exactly
+one tensor's pages read-only (no copy: the values are the page cache's, and the
+mapping goes when the last view of it does, so a shard's pages are never all held).
+bfloat16 comes back as `ml_dtypes.bfloat16`.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTYPES", "SafetensorsError", "TensorInfo", "read_header", "read_tensor"]
+__all__ = ["DTYPES", "SafetensorsError", "TensorInfo", "map_tensor", "read_header"]
 
 #: safetensors dtype names a checkpoint's floating-point weights may have.
 DTYPES: dict[str, np.dtype] = {
@@ -82,11 +84,27 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
     return tensors
 
 
-def read_tensor(info: TensorInfo) -> np.ndarray:
-    """One tensor's values, read from its own bytes (dtype as stored)."""
-    array = np.empty(info.shape, DTYPES[info.dtype])
+def map_tensor(info: TensorInfo) -> np.ndarray:
+    """One tensor's values as a read-only view of its file's pages (dtype as stored).
+
+    Only the tensor's own pages are mapped, and they are unmapped when the returned
+    array and every view of it are gone: drop them before mapping the next tensor.
+
+    Raises:
+        SafetensorsError: the file is shorter now than its header said.
+    """
+    dtype = DTYPES[info.dtype]
+    if info.stop == info.start:  # nothing to map
+        empty = np.empty(info.shape, dtype)
+        empty.flags.writeable = False
+        return empty
+    offset = info.start - info.start % mmap.ALLOCATIONGRANULARITY
     with open(info.file, "rb") as handle:
-        handle.seek(info.start)
-        if handle.readinto(array.reshape(-1).view(np.uint8).data) != info.stop - info.start:
-            raise SafetensorsError(f"{info.file}: {info.dtype} data ended early")
-    return array
+        try:
+            pages = mmap.mmap(
+                handle.fileno(), info.stop - offset, access=mmap.ACCESS_READ, offset=offset
+            )
+        except ValueError:  # the file shrank since its header was read
+            raise SafetensorsError(f"{info.file}: {info.dtype} data ended early") from None
+    count = (info.stop - info.start) // dtype.itemsize
+    return np.frombuffer(pages, dtype, count, info.start - offset).reshape(info.shape)

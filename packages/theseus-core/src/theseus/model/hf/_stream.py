@@ -1,11 +1,14 @@
 """Weights streamed from a checked folder straight into a trainer's parameter layout.
 
-Tensors are read one at a time from their shard (in file order, each from its own
-bytes: see `_safetensors`), made into the parameter (transposed, concatenated or
-regrouped), converted to the parameter's dtype and placed with the `NamedSharding` the
-trainer's state layout gives it (`jax.make_array_from_callback`: each device gets only
-its slice; on several hosts each host places its own). The host copy is dropped before
-the next parameter, so host memory beyond the model's own arrays stays near one
+Tensors are mapped one at a time from their shard (in file order, each its own pages:
+see `_safetensors`), made into the parameter (transposed, concatenated or regrouped)
+and copied once, converted to the parameter's dtype, into a new 64-byte-aligned host
+array (a transposed view is copied tile by tile, which keeps both sides in cache). The
+array is placed with the sharding the trainer's state layout gives it: on one device
+with `jax.device_put` (a CPU device takes an aligned array as its buffer, no second
+copy), on several with `jax.make_array_from_callback` (each device gets only its slice;
+on several hosts each host places its own). A parameter's mapping and host copy are
+dropped before the next, so host memory beyond the model's own arrays stays near one
 parameter's size (on a CPU the "device" arrays are host memory too).
 """
 
@@ -19,7 +22,7 @@ import numpy as np
 
 from theseus.model.hf._config import HFFolderError
 from theseus.model.hf._folder import HFFolder
-from theseus.model.hf._safetensors import read_tensor
+from theseus.model.hf._safetensors import map_tensor
 
 __all__ = ["load_params", "load_state"]
 
@@ -35,6 +38,38 @@ def _slicer(host: np.ndarray) -> Callable[[Any], np.ndarray]:
         return host[index]
 
     return part
+
+
+_ALIGN = 64  # bytes: what XLA's CPU client needs to use a host buffer as its own
+_TILE = 64  # rows and columns of one tile of a transposing copy
+
+
+def _aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized C-ordered array whose data starts on an `_ALIGN` boundary."""
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(size + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + size].view(dtype).reshape(shape)
+
+
+def _host(made: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`made` (any strides, any float dtype) copied into a new aligned array of `dtype`."""
+    out = _aligned(made.shape, np.dtype(dtype))
+    if made.ndim != 2 or made.flags.c_contiguous:
+        np.copyto(out, made, casting="unsafe")
+        return out
+    rows, cols = made.shape  # a transposed view: tile by tile, both sides stay in cache
+    for i in range(0, rows, _TILE):
+        for j in range(0, cols, _TILE):
+            out[i : i + _TILE, j : j + _TILE] = made[i : i + _TILE, j : j + _TILE]
+    return out
+
+
+def _place(host: np.ndarray, sharding: Any) -> jax.Array:
+    """`host` as an array laid out by `sharding` (None: the default device)."""
+    if sharding is None or len(sharding.device_set) == 1:
+        return jax.device_put(host, sharding)
+    return jax.make_array_from_callback(host.shape, sharding, _slicer(host))
 
 
 def load_params(folder: HFFolder, abstract: Any) -> Any:
@@ -73,19 +108,15 @@ def load_params(folder: HFFolder, abstract: Any) -> Any:
     placed: dict[str, jax.Array] = {}
     for name in sorted(wanted, key=first):  # shard by shard, each in byte order
         leaf, spec = folder.leaves[name], wanted[name]
-        parts = [read_tensor(folder.tensors[source]) for source in leaf.sources]
-        host = np.asarray(leaf.make(parts), dtype=spec.dtype)
-        del parts
+        parts = [map_tensor(folder.tensors[source]) for source in leaf.sources]
+        host = _host(leaf.make(parts), spec.dtype)
+        del parts  # unmaps the tensors' pages
         if host.shape != tuple(spec.shape):
             raise HFFolderError(
                 f"parameter {name} comes out {list(host.shape)} from {folder.path}, but the "
                 f"model needs {list(spec.shape)}; leave the architecture as the import sets it"
             )
-        sharding = getattr(spec, "sharding", None)
-        if sharding is None:
-            placed[name] = jax.device_put(host)
-        else:
-            placed[name] = jax.make_array_from_callback(host.shape, sharding, _slicer(host))
+        placed[name] = _place(host, getattr(spec, "sharding", None))
         del host
     return jax.tree_util.tree_unflatten(treedef, [placed[_key(path)] for path, _ in leaves])
 
