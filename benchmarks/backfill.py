@@ -121,6 +121,38 @@ def theseus(*argv: str) -> tuple[float, str]:
     return seconds, output
 
 
+def over_vs_resume(
+    over: list[str], run: list[str], nodes: list[str], rounds: int, *extra: str
+) -> tuple[list[float], list[float], list[str]]:
+    """Time `theseus *over` against `theseus *run --resume NODE *extra` for every node.
+
+    The rounds alternate which side goes first. Returns the seconds of ours (the one
+    `--over` process) and theirs (the sum of the `--resume` processes) per round, and
+    ours' outputs.
+    """
+    ours: list[float] = []
+    theirs: list[float] = []
+    outputs: list[str] = []
+
+    def measure_ours() -> None:
+        seconds, output = theseus(*over)
+        ours.append(seconds)
+        outputs.append(output)
+        print(f"  --over: {seconds:.1f} s", flush=True)
+
+    def measure_theirs() -> None:
+        seconds = sum(theseus(*run, "--resume", node, *extra)[0] for node in nodes)
+        theirs.append(seconds)
+        print(f"  {len(nodes)} x --resume: {seconds:.1f} s", flush=True)
+
+    for index in range(rounds):
+        print(f"round {index + 1}/{rounds}", flush=True)
+        sides = [measure_ours, measure_theirs]
+        for side in sides if index % 2 == 0 else sides[::-1]:
+            side()
+    return ours, theirs, outputs
+
+
 def artifact(root: Path, name: str, nonce: str, seq: int) -> bytes:
     from theseus.store import Node, Store
 
@@ -151,28 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"check: --over and --resume artifacts byte-identical: {same}", flush=True)
 
-        ours: list[float] = []
-        theirs: list[float] = []
-        hidden: list[float] = []
-
-        def measure_ours() -> None:
-            seconds, output = theseus(*over)
-            ours.append(seconds)
+        ours, theirs, outputs = over_vs_resume(over, run, nodes, args.rounds)
+        hidden = []
+        for output in outputs:
             found = re.search(r"reading checkpoints took ([\d.]+) s, (\d+)% of it", output)
             if found:
                 hidden.append(float(found.group(2)))
-            print(f"  --over: {seconds:.1f} s ({found.group(0) if found else 'no overlap line'})")
-
-        def measure_theirs() -> None:
-            seconds = sum(theseus(*run, "--resume", node)[0] for node in nodes)
-            theirs.append(seconds)
-            print(f"  {len(nodes)} x --resume: {seconds:.1f} s")
-
-        for index in range(args.rounds):
-            print(f"round {index + 1}/{args.rounds}", flush=True)
-            sides = [measure_ours, measure_theirs]
-            for side in sides if index % 2 == 0 else sides[::-1]:
-                side()
         overlap = f"{statistics.median(hidden):.0f}%" if hidden else "not reported"
         row = _report.compare(
             f"backfill: --over vs {args.checkpoints} x --resume (tiny GPT, subprocesses)",
