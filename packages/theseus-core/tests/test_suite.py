@@ -317,10 +317,24 @@ def test_a_middle_revision_imported_later_updates_the_flags_it_changes(
         (src / name).symlink_to(revisions[name])
     root = tmp_path / "root"
     import_suite(src, root, "tiny", "step0,step2000,step4000")
+    with Store(root / "store") as store:
+        before = {n.seq: (store.values(n), store.checkpoints(n)) for n in store.query().all()}
     import_suite(src, root, "tiny", "step1000")
     with Store(root / "store") as store:
-        values = {n.seq: store.values(n) for n in store.query().all()}
+        nodes = {n.seq: n for n in store.query().all()}
+        values = {seq: store.values(n) for seq, n in nodes.items()}
+        parents = {seq: [p.seq for p in store.parents(n)] for seq, n in nodes.items()}
+        line = [n.seq for n in store.ancestors(nodes[4000])]
+        held = {seq: store.checkpoints(nodes[seq]) for seq in before}
     assert values[2000]["import/duplicate_of"] == "step1000"  # flagged only once step1000 came
+    # step1000 takes its place in the chain: one line, no fork at step0
+    assert parents == {0: [], 1000: [0], 2000: [1000], 4000: [2000]}
+    assert line == [2000, 1000, 0]
+    for seq, (old_values, old_checkpoints) in before.items():
+        assert held[seq] == old_checkpoints
+        assert {k: v for k, v in values[seq].items() if k != "import/duplicate_of"} == {
+            k: v for k, v in old_values.items() if k != "import/duplicate_of"
+        }
 
 
 def test_a_revision_holding_another_revisions_shard_is_flagged(
@@ -380,6 +394,9 @@ def test_revisions_added_later_keep_the_lineages_layout(
     first = import_suite(src, root, "tiny", "step1000", overrides=fsdp)
     later = import_suite(src, root, "tiny", "step0")  # no override: the lineage's layout
     with Store(root / "store") as store:
+        # step0, imported after step1000, heads the lineage
+        assert store.parents(first.nodes[0]) == [later.nodes[0]]
+        assert store.parents(later.nodes[0]) == []
         for node in (*first.nodes, *later.nodes):
             saved = load(store.job_config(node) or "")
             assert saved["training"]["strategy"] == "fsdp", node

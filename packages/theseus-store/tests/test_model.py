@@ -134,6 +134,58 @@ def test_lineage_edges(store: Store) -> None:
     assert store.parents(a0) == []
 
 
+def _seqs(nodes: list[Node]) -> list[int]:
+    return [n.seq for n in nodes]
+
+
+def test_a_node_recorded_between_two_takes_its_place_by_reparent(store: Store) -> None:
+    base = Node.new("base")
+    head = Node.new("suite", parent=base)  # the lineage's first node is a branch of base
+    name, nonce = head.name, head.nonce
+    n1000, n2000 = Node(name, nonce, 1000, parent=head), Node(name, nonce, 2000)
+    store.touch(n1000)
+    store.touch(Node(name, nonce, 2000, parent=n1000))
+    store.log(n2000, {"x": 1.5})
+    n1500 = Node(name, nonce, 1500, parent=n1000)
+    store.touch(n1500)  # the fork a later import made: 1000 -> 1500 and 1000 -> 2000
+    assert _seqs(store.parents(n2000)) == [1000]
+    assert sorted(_seqs(store.children(n1000))) == [1500, 2000]
+    assert store.reparent(n2000, n1500) is True
+    assert _seqs(store.parents(n2000)) == [1500] and _seqs(store.children(n1000)) == [1500]
+    assert _seqs(store.ancestors(n2000)) == [1500, 1000, 0, 0]  # ..., head, base
+    assert store.ancestors(n2000)[-1].name == base.name
+    assert store.values(n2000) == {"x": 1.5}
+    assert store.reparent(n2000, n1500) is False  # idempotent
+    # a node written later without a parent (seq 1) joins between the head and seq 1000
+    n1 = Node(name, nonce, 1)
+    store.touch(n1)
+    assert store.reparent(n1000, n1) is True and store.reparent(n1, head) is True
+    assert _seqs(store.ancestors(n2000)) == [1500, 1000, 1, 0, 0]
+    assert store.reparent(head, None) is False  # no edge within the lineage to remove
+    assert [p.name for p in store.parents(head)] == [base.name]  # the branch's edge stays
+    assert store.reparent(n1, None) is True  # n1 heads a line of its own now
+    assert store.parents(n1) == [] and _seqs(store.ancestors(n2000)) == [1500, 1000, 1]
+
+
+def test_reparent_refuses_other_lineages_later_parents_and_unknown_nodes(store: Store) -> None:
+    a = Node.new("run")
+    a2 = Node(a.name, a.nonce, 2, parent=Node(a.name, a.nonce, 1))
+    store.touch(a2)
+    other = Node.new("other")
+    store.touch(other)
+    with pytest.raises(InvalidNodeError, match="own lineage"):
+        store.reparent(a2, other)
+    with pytest.raises(InvalidNodeError, match="own lineage"):
+        store.reparent(Node(a.name, a.nonce, 1), a2)  # a later node: a cycle
+    with pytest.raises(InvalidNodeError, match="own lineage"):
+        store.reparent(a2, a2)
+    with pytest.raises(UnknownNodeError):
+        store.reparent(a2, Node(a.name, a.nonce, 0))  # never recorded
+    with pytest.raises(UnknownNodeError):
+        store.reparent(Node(a.name, a.nonce, 7), Node(a.name, a.nonce, 1))
+    assert _seqs(store.parents(a2)) == [1]  # nothing changed
+
+
 def test_unknown_node_is_an_error_listing_lineages(store: Store) -> None:
     node = Node.new("run")
     store.touch(node.next())

@@ -26,6 +26,7 @@ __all__ = [
     "lookup",
     "neighbours",
     "node_id",
+    "reparent",
     "run_summaries",
 ]
 
@@ -62,6 +63,45 @@ def node_id(conn: sqlite3.Connection, node: Node, now: float) -> int:
             )
         conn.execute("INSERT OR IGNORE INTO edges(child, parent) VALUES (?, ?)", (nid, parent_id))
     return int(nid)
+
+
+def reparent(conn: sqlite3.Connection, child: Node, parent: Node | None) -> bool:
+    """Make ``parent`` ``child``'s parent within their lineage; return whether it changed.
+
+    ``child``'s edges to nodes of its own lineage are replaced by the one edge to
+    ``parent`` (None: no parent in the lineage); an edge to another lineage (a branch's
+    base) stays. Must run inside a write transaction.
+
+    Raises:
+        UnknownNodeError: if either node was never recorded.
+        InvalidNodeError: if ``parent`` is of another lineage or not before ``child``.
+    """
+    child_id = lookup(conn, child)
+    parent_id = None
+    if parent is not None:
+        if (parent.name, parent.nonce) != (child.name, child.nonce) or parent.seq >= child.seq:
+            raise InvalidNodeError(
+                f"reparent takes a parent earlier in the child's own lineage; got "
+                f"{parent.serialize()} for {child.serialize()}. Branch into another lineage "
+                "with Node.new(run, parent=...) instead."
+            )
+        parent_id = lookup(conn, parent)
+    same = [
+        row[0]
+        for row in conn.execute(
+            "SELECT e.parent FROM edges e JOIN nodes p ON p.id = e.parent "
+            "WHERE e.child = ? AND p.name = ? AND p.nonce = ?",
+            (child_id, child.name, child.nonce),
+        )
+    ]
+    if same == ([] if parent_id is None else [parent_id]):
+        return False
+    conn.executemany(
+        "DELETE FROM edges WHERE child = ? AND parent = ?", [(child_id, old) for old in same]
+    )
+    if parent_id is not None:
+        conn.execute("INSERT INTO edges(child, parent) VALUES (?, ?)", (child_id, parent_id))
+    return True
 
 
 def _reaches(conn: sqlite3.Connection, start: int, target: int) -> bool:

@@ -279,6 +279,30 @@ class Store(StoreReader):
         check_node(node)
         self.write(lambda conn: _lineage.node_id(conn, node, time.time()))
 
+    def reparent(self, child: Node, parent: Node | None) -> bool:
+        """Make ``parent`` ``child``'s parent within their lineage (idempotent).
+
+        A node recorded later between two nodes of a lineage (an imported revision whose
+        step falls between two imported ones) takes its place: its successor's parent
+        edge moves to it. An edge to another lineage (a branch's base) stays.
+
+        Args:
+            child: a recorded node.
+            parent: a recorded node of the same lineage with a smaller seq, or None
+                for no parent in the lineage (the lineage's first node).
+
+        Returns:
+            Whether the edge changed.
+
+        Raises:
+            UnknownNodeError: if either node was never recorded.
+            InvalidNodeError: if ``parent`` is of another lineage or not before ``child``.
+        """
+        check_node(child)
+        if parent is not None:
+            check_node(parent)
+        return self.write(lambda conn: _lineage.reparent(conn, child, parent))
+
     def log(self, node: Node, values: Mapping[str, Scalar]) -> None:
         """Record scalar values on ``node``; later writes of a key win, others are kept.
 

@@ -172,10 +172,11 @@ def import_suite(
             logger.warning("suite %s: %s %s", name, revision, findings.flags(revision))
     if tree is None:
         assert nonce is not None
+        _update_held(root, held, [], findings)  # and a chain an interrupted import left
         return SuiteImport(f"{name}~{nonce}", [], list(held), findings, table)
     spec = JobSpec(run, root, project, group)
-    nodes = _write(spec, tree, nonce, todo, folders, seqs, prints, findings)
-    _update_held(root, held, findings)
+    nodes = _write(spec, tree, nonce, todo, folders, seqs, prints, findings, held)
+    _update_held(root, held, nodes, findings)
     return SuiteImport(f"{name}~{nodes[0].nonce}", nodes, list(held), findings, table)
 
 
@@ -257,8 +258,10 @@ def _write(
     seqs: dict[str, int],
     prints: dict[str, _integrity.Fingerprint],
     findings: _integrity.Findings,
+    held: dict[str, tuple[Node, dict[str, Any]]],
 ) -> list[Node]:
-    """Write `todo` as nodes of the lineage (`nonce`, or a new one)."""
+    """Write `todo` as nodes of the lineage (`nonce`, or a new one), each the child of
+    the imported revision before it."""
     from theseus.quick import quick
 
     first = folders[todo[0].name]
@@ -268,7 +271,7 @@ def _write(
             spec.root, first.tokenizer, first.model_type, first.eot
         )
         nonce = nonce or agree_on_nonce(Node.new(spec.name).nonce)  # one on every host
-        occupied = sorted(node.seq for node in q.store.query().name(name).nonce(nonce).all())
+        occupied = sorted(node.seq for node, _ in held.values())
         plan = []
         for revision in sorted(todo, key=lambda r: seqs[r.name]):
             seq = seqs[revision.name]
@@ -309,17 +312,29 @@ def _stream(folder: HFFolder, layout: Any) -> Any:
 
 
 def _update_held(
-    root: Path, held: dict[str, tuple[Node, dict[str, Any]]], findings: _integrity.Findings
+    root: Path,
+    held: dict[str, tuple[Node, dict[str, Any]]],
+    written: list[Node],
+    findings: _integrity.Findings,
 ) -> None:
-    """Bring the findings on revisions imported before up to date (a key that no longer
-    applies is set to None)."""
+    """Bring the revisions imported before up to date with those `written` now.
+
+    Each imported revision's node becomes the child of the one before it by step (a
+    revision written now between two held ones takes its place: the later one's parent
+    moves to it), and the findings on held revisions are renewed (a key that no longer
+    applies is set to None). Nodes of the lineage that are not imports (a resumed
+    revision's training) keep their edges.
+    """
     if not held:
-        return
+        return  # the lineage's every node was written now, each after the one before
     with Store(store_root(root)) as store:
         for revision, (node, values) in held.items():
             now: dict[str, Any] = dict(findings.values(revision))
             for key in _FINDINGS:
                 if key in values and values[key] is not None and key not in now:
                     now[key] = None
-            if now:
-                store.log(node, now)
+            if now:  # the node alone: its parent as read before may be about to move
+                store.log(Node(node.name, node.nonce, node.seq), now)
+        chain = sorted([*(node for node, _ in held.values()), *written], key=lambda n: n.seq)
+        for before, node in zip([None, *chain], chain, strict=False):
+            store.reparent(node, before)
