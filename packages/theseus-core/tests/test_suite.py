@@ -433,3 +433,4 @@ def test_the_command_imports_a_suite_and_prints_the_table(
         capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )  # fmt: skip
     assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert "~2000 (step 2000):" in sampled.stderr  # the revision's step, not the optimizer's 0

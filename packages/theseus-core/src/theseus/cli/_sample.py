@@ -199,7 +199,10 @@ def sample_command(
             raise ConfigError(
                 f"{job_name} ({type(job).__name__}) is not a trainer; it cannot sample."
             )
-        click.echo(f"{node} (step {int(job.state.step)}):", err=True)  # type: ignore[attr-defined]
+        # the step of the checkpoint restored (an imported revision's is its training step;
+        # its state counts optimizer steps from 0)
+        saved = from_host_zero(lambda: q.store.checkpoints(node))
+        click.echo(f"{node} (step {saved[-1].step}):", err=True)
         started: list[bool] = []
 
         def show(piece: str) -> None:
