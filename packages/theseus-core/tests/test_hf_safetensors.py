@@ -45,3 +45,31 @@ def test_a_file_that_shrank_after_its_header_was_read_is_one_error(tmp_path: Pat
         handle.truncate(infos["d.large"].start + 16)
     with pytest.raises(SafetensorsError, match="data ended early"):
         map_tensor(infos["d.large"])
+
+
+def test_the_hf_extra_holds_what_an_hf_import_imports() -> None:
+    """`pip install "theseus-core[hf]"` gives the one package an import needs beyond the
+    core's own dependencies (the weights are read by the module above)."""
+    import ast
+    import tomllib
+
+    core = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((core / "pyproject.toml").read_text())["project"]
+    extra = {req.split(">")[0].split("=")[0] for req in project["optional-dependencies"]["hf"]}
+    base = {req.split(">")[0].split("=")[0].split("[")[0] for req in project["dependencies"]}
+    src = core / "src" / "theseus"
+    needed = set()
+    for module in [*(src / "model" / "hf").glob("*.py"), src / "data" / "tokenizer.py"]:
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                )
+                needed |= {name.split(".")[0] for name in names}
+    stdlib = set(__import__("sys").stdlib_module_names)
+    third_party = {n for n in needed if n and n not in stdlib and n not in {"theseus"}}
+    # ml_dtypes comes with jax (a core dependency), numpy too
+    assert third_party - base - extra <= {"ml_dtypes", "numpy"}, third_party - base - extra
+    assert extra == {"tokenizers"}

@@ -154,6 +154,27 @@ def test_folders_that_are_not_suites_are_one_line(
         select(discover(only_main), "all")
 
 
+def test_a_suite_imported_as_one_model_says_how_to_import_a_suite(
+    revisions: dict[str, Path], tmp_path: Path
+) -> None:
+    stepped = {k: v for k, v in revisions.items() if k != "main"}
+    cache = suites.hf_cache(tmp_path / "models--org--tiny", stepped)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "step0").symlink_to(revisions["step0"])
+    for folder in (cache, src):
+        root = tmp_path / f"root-{folder.name}"
+        result = CliRunner().invoke(main, ["import", "hf", str(folder), str(root)])
+        assert result.exit_code != 0
+        message = result.output
+        assert "holds a training suite of" in message and "--revisions all" in message
+        assert "step0" in message and "\n" not in message.strip()
+        assert not root.exists()  # nothing written
+    (tmp_path / "plain").mkdir()  # neither a model nor a suite: the folder's own message
+    result = CliRunner().invoke(main, ["import", "hf", str(tmp_path / "plain"), str(root)])
+    assert "has no config.json" in result.output
+
+
 def test_two_revisions_at_one_step_are_refused(revisions: dict[str, Path], tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

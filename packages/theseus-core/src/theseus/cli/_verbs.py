@@ -386,15 +386,14 @@ def import_hf_command(
     """
     from theseus.data.tokenizer import tokenizer_name
     from theseus.experiments.models.gpt2 import check_new_run
-    from theseus.experiments.models.hf import check_overrides, import_hf
-    from theseus.model.hf import read_hf
+    from theseus.experiments.models.hf import check_overrides, import_hf, read_model
 
     settings = parse_overrides(overrides)
     if revisions is not None:  # a training suite: one lineage, a node per revision
         suite_import(src, root, run_name, revisions, project, group, settings)
         return
     check_new_run(root, run_name, project=project, group=group)  # before any reading
-    folder = read_hf(src)  # a bad folder fails here, before the root is touched
+    folder = read_model(src)  # a bad folder fails here, before the root is touched
     check_overrides(folder, settings)
     s = folder.settings
     click.echo(

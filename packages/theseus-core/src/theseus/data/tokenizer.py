@@ -146,7 +146,8 @@ def _tokenizers() -> Any:
         import tokenizers
     except ImportError:
         raise TokenizerError(
-            'BPE tokenizers need the `tokenizers` package: pip install "theseus-core[gpt2]"'
+            'BPE tokenizers need the `tokenizers` package: pip install "theseus-core[hf]" '
+            '(or "theseus-core[gpt2]")'
         ) from None
     return tokenizers
 

@@ -11,10 +11,12 @@ node a job is set up at (a training suite's revisions, one node each).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from theseus.config import field
@@ -23,7 +25,7 @@ from theseus.data.tokenizer import install_tokenizer
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.experiments.models.gpt2 import check_new_run
 from theseus.job import Mode
-from theseus.model.hf import HFFolder, load_state, read_hf
+from theseus.model.hf import HFFolder, HFFolderError, load_state, read_hf
 from theseus.registry import job
 from theseus.store import Node
 from theseus.training._steps import accumulate_steps
@@ -38,6 +40,7 @@ __all__ = [
     "check_settings",
     "compose",
     "import_hf",
+    "read_model",
     "write_revision",
 ]
 
@@ -182,6 +185,28 @@ def check_overrides(folder: HFFolder, overrides: Mapping[str, Any] | None = None
     )
 
 
+def read_model(src: str | os.PathLike[str]) -> HFFolder:
+    """`read_hf(src)`; a suite's folder (a cache or one subfolder per revision) is
+    refused with the way to import a suite."""
+    from theseus.experiments.models._revisions import RevisionError, discover
+
+    try:
+        return read_hf(src)
+    except HFFolderError as error:
+        folder, found = Path(src).expanduser(), []
+        if not (folder / "config.json").is_file():
+            with contextlib.suppress(RevisionError):  # not a suite: read_hf's message stands
+                found = [revision.name for revision in discover(folder)]
+        if not found:
+            raise error
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise HFFolderError(
+            f"{folder} holds a training suite of {len(found)} revision(s) ({shown}), not "
+            "one model's folder; import it with --revisions all or --revisions R1,R2 "
+            "(import_suite in Python), or pass one revision's folder"
+        ) from None
+
+
 def import_hf(
     src: str | os.PathLike[str] | HFFolder,
     root: str | os.PathLike[str],
@@ -216,7 +241,7 @@ def import_hf(
     from theseus.quick import quick
 
     check_new_run(root, run, project=project, group=group)
-    folder = src if isinstance(src, HFFolder) else read_hf(src)
+    folder = src if isinstance(src, HFFolder) else read_model(src)
     check_overrides(folder, overrides)
     with quick(root) as q:
         q.build(HF, run, project=project, group=group)
