@@ -210,6 +210,36 @@ def test_one_compiled_step_serves_every_token_and_every_prompt_of_a_bucket(
     assert generation._step._cache_size() == steps  # the step does not depend on the bucket
 
 
+def test_ids_beyond_the_tokenizers_vocabulary_are_never_drawn(model_and_params) -> None:
+    """A padded embedding (GPT-NeoX's 50304 rows for 50277 tokens): the rows past the
+    tokenizer's vocabulary are made to win; `vocab` keeps every draw below it, greedy
+    takes the argmax over the allowed ids of the plain forward, and one compiled pick
+    serves every bound."""
+    model, params = model_and_params
+    allowed = 30
+    padded = jax.tree_util.tree_map(lambda p: p, params)
+    padded["lm_head"]["kernel"] = padded["lm_head"]["kernel"].at[:, allowed:].mul(50.0)
+    padded["lm_head"]["kernel"] = (
+        padded["lm_head"]["kernel"].at[:, allowed:].add(jnp.abs(padded["lm_head"]["kernel"]).max())
+    )
+    unbounded = generate(model, padded, PROMPTS, 6, temperature=0)
+    assert any(t >= allowed for row in unbounded for t in row)  # the padding would win
+    generation._pick.clear_cache()
+    greedy = generate(model, padded, PROMPTS, 6, temperature=0, vocab=allowed)
+    for prompt, new in zip(PROMPTS, greedy, strict=True):
+        for n in range(6):
+            reference = _full_logits(model, padded, prompt + new[:n])
+            assert new[n] == int(np.argmax(reference[:allowed]))
+    compiled = generation._pick._cache_size()
+    generate(model, padded, PROMPTS, 6, temperature=0, vocab=allowed - 7)
+    assert generation._pick._cache_size() == compiled  # the bound is traced, not static
+    for settings_ in ({"temperature": 1.0}, {"temperature": 2.0, "top_k": 50}, {"top_p": 0.99}):
+        drawn = generate(
+            model, padded, PROMPTS, 8, key=jax.random.key(3), vocab=allowed, **settings_
+        )
+        assert max(t for row in drawn for t in row) < allowed, settings_
+
+
 @pytest.mark.parametrize(
     ("prompts", "n", "settings", "message"),
     [

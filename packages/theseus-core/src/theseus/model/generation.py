@@ -101,6 +101,7 @@ def _pick(
     n: jax.Array,
     temperature: jax.Array,
     top_p: jax.Array,
+    allowed: jax.Array,
     *,
     greedy: bool,
     top_k: int | None,
@@ -109,9 +110,11 @@ def _pick(
     """The next token of each row (`[batch]` int32) from its logits `[batch, vocab]`.
 
     Row `b` draws its token `n` with `fold_in(keys[b], n)`, one row at a time (`vmap`),
-    so its draw does not depend on the other rows.
+    so its draw does not depend on the other rows. Only ids below `allowed` are drawn
+    (a traced bound: no program per value).
     """
     logits = logits.astype(jnp.float32)
+    logits = jnp.where(jnp.arange(logits.shape[-1]) < allowed, logits, -jnp.inf)
     if greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = logits / temperature
@@ -197,6 +200,7 @@ def generate(
     top_p: float | None = None,
     key: jax.Array | None = None,
     on_token: Callable[[np.ndarray], None] | None = None,
+    vocab: int | None = None,
 ) -> list[list[int]]:
     """Continue each prompt by `max_new_tokens` tokens.
 
@@ -213,6 +217,9 @@ def generate(
             tokens are the same alone as in any batch, at any position.
         on_token: called with each step's new tokens (`[batch]` NumPy ints) as soon as
             they are known, to stream them.
+        vocab: draw only ids below it: the tokenizer's vocabulary, where the model's
+            embedding is padded beyond it (GPT-NeoX's 50304 rows for Pythia's 50277
+            tokens); default every id of the model.
 
     Returns:
         The new tokens of each prompt (the prompt itself not included).
@@ -236,8 +243,9 @@ def generate(
         _pick,
         temperature=jnp.float32(max(temperature, 1e-6)),
         top_p=jnp.float32(1.0 if top_p is None else top_p),
+        allowed=jnp.int32(cfg.vocab_size if vocab is None else min(vocab, cfg.vocab_size)),
         greedy=temperature == 0,
-        top_k=None if top_k is None else min(top_k, cfg.vocab_size),
+        top_k=None if top_k is None else min(top_k, cfg.vocab_size, vocab or cfg.vocab_size),
         nucleus=top_p is not None and top_p < 1,
     )
     new: list[np.ndarray] = []

@@ -195,6 +195,7 @@ def generate(
     new = decode(
         trainer.model, state.params, ids, max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, key=key, on_token=on_token,
+        vocab=tokenizer.vocab_size,  # never an id the tokenizer cannot decode
     )  # fmt: skip
     if not as_text:
         return new
