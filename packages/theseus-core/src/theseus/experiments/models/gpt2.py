@@ -11,21 +11,17 @@ on text prepared with the same tokenizer (`theseus data prepare text --tokenizer
 from __future__ import annotations
 
 import os
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
 from theseus.config import field
-from theseus.data.datasets import TextFiles
 from theseus.data.tokenizer import install_tokenizer
-from theseus.experiments.models.gpt import PretrainGPT
-from theseus.job import Mode, store_root
+from theseus.experiments.models._imported import ImportedWeights, check_new_run
 from theseus.model.gpt2 import read_gpt2
 from theseus.registry import job
-from theseus.store import MARKER, Node, Store
+from theseus.store import Node
 from theseus.training import state as train_state
 from theseus.training.base import BaseTrainerConfig, TrainerError
-from theseus.training.flywheel.strategy import Sampling
 
 __all__ = ["GPT2", "GPT2Config", "check_new_run", "import_gpt2"]
 
@@ -40,24 +36,15 @@ class GPT2Config(BaseTrainerConfig):
 
 
 @job("gpt2")
-class GPT2(PretrainGPT):
+class GPT2(ImportedWeights):
     """GPT-2 weights: a fresh run imports `gpt2/source`; resume or branch fine-tunes on `text`."""
 
     CONFIG = GPT2Config
-    DATASET = Sampling(TextFiles, 1.0, "pmd")
-
-    def data_required(self, mode: Mode) -> bool:
-        """Only a branch must find its data at setup (an import reads none)."""
-        return mode is Mode.BRANCH
+    KIND = "gpt2"
 
     def initial_state(self) -> Any:
         """The folder's weights, checked against this job's configuration."""
-        if not self.args.source:
-            raise TrainerError(
-                "a fresh gpt2 run imports weights and gpt2/source is empty; run "
-                "theseus import gpt2 FOLDER ROOT, or resume or branch an imported lineage"
-            )
-        folder = read_gpt2(self.args.source)
+        folder = read_gpt2(self.source())
         for key, value in folder.settings.items():
             if self.configuration[key] != value:
                 raise TrainerError(
@@ -66,45 +53,6 @@ class GPT2(PretrainGPT):
                 )
         assert self._layout is not None
         return train_state.from_params(self._layout, folder.params())
-
-    def run(self) -> Any:
-        """Fresh: save the imported weights as the first node's checkpoint. Else: train."""
-        if self.mode is not Mode.FRESH:
-            return super().run()
-        self.save_checkpoint()
-        return self.state
-
-    def outcome(self, result: Any) -> list[str]:
-        if self.mode is not Mode.FRESH:
-            return super().outcome(result)
-        root = shlex.quote(str(self.spec.root))
-        return [
-            f"Tokenizer: {self.configuration['architecture/tokenizer']} "
-            f"(under {os.path.join(self.spec.root, 'tokenizers')})",
-            f"Sample:    theseus sample {root} {self.node.name}~{self.node.nonce} "
-            "'Hello, my name is' --max-new-tokens 20",
-        ]
-
-
-def check_new_run(
-    root: str | os.PathLike[str], run: str, *, project: str | None = None, group: str | None = None
-) -> None:
-    """Refuse a name that cannot be a run's, or a run that already has a lineage in `root`.
-
-    Raises:
-        InvalidNodeError: not a valid name.
-        TrainerError: the run exists (an import makes a run of its own).
-    """
-    name = Node.new(run, project=project, group=group).name
-    if not (store_root(root) / MARKER).is_file():
-        return
-    with Store(store_root(root)) as store:
-        taken = sorted({f"{n.name}~{n.nonce}" for n in store.query().name(name).all()})
-    if taken:
-        raise TrainerError(
-            f"run {name} already has lineage(s) {', '.join(taken)} under {root}; import "
-            "under another --run, or use that lineage"
-        )
 
 
 def import_gpt2(

@@ -13,24 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from theseus.config import field
-from theseus.data.datasets import TextFiles
 from theseus.data.tokenizer import install_tokenizer
-from theseus.experiments.models.gpt import PretrainGPT
-from theseus.experiments.models.gpt2 import check_new_run
-from theseus.job import Mode
+from theseus.experiments.models._imported import ImportedWeights, check_new_run
 from theseus.model.hf import HFFolder, HFFolderError, load_state, read_hf
 from theseus.registry import job
 from theseus.store import Node
 from theseus.training._steps import accumulate_steps
 from theseus.training.base import BaseTrainerConfig, TrainerError
-from theseus.training.flywheel.strategy import Sampling
 from theseus.training.sharding import make_mesh
 
 __all__ = [
@@ -80,45 +75,18 @@ def check_settings(configuration: Any, folder: HFFolder) -> None:
 
 
 @job("hf")
-class HF(PretrainGPT):
+class HF(ImportedWeights):
     """Hugging Face weights: a fresh run imports `hf/source`; resume or branch fine-tunes."""
 
     CONFIG = HFConfig
-    DATASET = Sampling(TextFiles, 1.0, "pmd")
-
-    def data_required(self, mode: Mode) -> bool:
-        """Only a branch must find its data at setup (an import reads none)."""
-        return mode is Mode.BRANCH
+    KIND = "hf"
 
     def initial_state(self) -> Any:
         """The folder's weights, streamed into this job's state layout."""
-        if not self.args.source:
-            raise TrainerError(
-                "a fresh hf run imports weights and hf/source is empty; run theseus import "
-                "hf FOLDER ROOT, or resume or branch an imported lineage"
-            )
-        folder = read_hf(self.args.source)
+        folder = read_hf(self.source())
         check_settings(self.configuration, folder)
         assert self._layout is not None
         return load_state(self._layout, folder)
-
-    def run(self) -> Any:
-        """Fresh: save the imported weights as the first node's checkpoint. Else: train."""
-        if self.mode is not Mode.FRESH:
-            return super().run()
-        self.save_checkpoint(copy=False)  # nothing changes the weights while they are written
-        return self.state
-
-    def outcome(self, result: Any) -> list[str]:
-        if self.mode is not Mode.FRESH:
-            return super().outcome(result)
-        root = shlex.quote(str(self.spec.root))
-        return [
-            f"Tokenizer: {self.configuration['architecture/tokenizer']} "
-            f"(under {os.path.join(self.spec.root, 'tokenizers')})",
-            f"Sample:    theseus sample {root} {self.node.name}~{self.node.nonce} "
-            "'Hello, my name is' --max-new-tokens 20",
-        ]
 
 
 def write_revision(job: HF, folder: HFFolder) -> None:
