@@ -153,6 +153,20 @@ def over_vs_resume(
     return ours, theirs, outputs
 
 
+def same_as_resume(scratch: Path, config: Path, over: list[str], node: str, *extra: str) -> bool:
+    """Whether `theseus *over` and a `--resume` of `node` (`name~nonce~seq`, in a copy of
+    the root) leave byte-identical `stats` artifacts on it: the walk checked against the
+    single run."""
+    root, reference = scratch / "root", scratch / "reference"
+    shutil.copytree(root, reference)
+    theseus("run", "backfill", str(config), str(reference), "--resume", node, *extra)
+    theseus(*over)
+    name, nonce, seq = node.split("~")
+    same = artifact(root, name, nonce, int(seq)) == artifact(reference, name, nonce, int(seq))
+    print(f"check: --over and --resume artifacts byte-identical: {same}", flush=True)
+    return same
+
+
 def artifact(root: Path, name: str, nonce: str, seq: int) -> bytes:
     from theseus.store import Node, Store
 
@@ -173,15 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         over = [*run, "--over", f"{name}~{nonce}", "--force"]
         nodes = [f"{name}~{nonce}~{seq}" for seq in range(args.checkpoints)]
 
-        # check: --over and a separate --resume leave the same bytes on a node
-        reference = scratch / "reference"
-        shutil.copytree(root, reference)
-        theseus("run", "backfill", str(config), str(reference), "--resume", nodes[-1])
-        theseus(*over)
-        same = artifact(root, name, nonce, args.checkpoints - 1) == artifact(
-            reference, name, nonce, args.checkpoints - 1
-        )
-        print(f"check: --over and --resume artifacts byte-identical: {same}", flush=True)
+        same = same_as_resume(scratch, config, over, nodes[-1])
 
         ours, theirs, outputs = over_vs_resume(over, run, nodes, args.rounds)
         hidden = []

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
 from benchmarks import _report
-from benchmarks.backfill import artifact, over_vs_resume, theseus
+from benchmarks.backfill import over_vs_resume, same_as_resume, theseus
 
 GOAL = 10.0
 QUICK = {"revisions": 4, "rounds": 1}
@@ -90,12 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = [1000 * i for i in range(args.revisions)]
         nodes = [f"{name}~{nonce}~{step}" for step in steps]
 
-        reference = scratch / "reference"
-        shutil.copytree(root, reference)
-        theseus("run", "backfill", str(config), str(reference), "--resume", nodes[-1], PROMPT)
-        theseus(*over)
-        same = artifact(root, name, nonce, steps[-1]) == artifact(reference, name, nonce, steps[-1])
-        print(f"check: --over and --resume artifacts byte-identical: {same}", flush=True)
+        same = same_as_resume(scratch, config, over, nodes[-1], PROMPT)
 
         ours, theirs, _ = over_vs_resume(over, run, nodes, args.rounds, PROMPT)
         each = statistics.median(theirs) / len(nodes)  # one --resume run, start to end
