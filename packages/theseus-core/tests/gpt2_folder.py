@@ -175,3 +175,27 @@ def reference_forward(folder: Path, ids: list[int]) -> tuple[np.ndarray, list[np
         x = x + linear((weights @ v).transpose(1, 0, 2).reshape(seq, width), f"{h}.attn.c_proj")
         x = x + linear(act(linear(norm(x, f"{h}.ln_2"), f"{h}.mlp.c_fc")), f"{h}.mlp.c_proj")
     return norm(x, "ln_f") @ w["wte.weight"].T, attention
+
+
+def edit_config(**changes: object):  # type: ignore[no-untyped-def]
+    """A folder breaker: `config.json` with `changes` applied."""
+
+    def apply(src: Path) -> None:
+        config = json.loads((src / "config.json").read_text())
+        config.update(changes)
+        (src / "config.json").write_text(json.dumps(config))
+
+    return apply
+
+
+def edit_weights(edit):  # type: ignore[no-untyped-def]
+    """A folder breaker: `model.safetensors` rewritten after `edit(tensors)` changed it."""
+
+    def apply(src: Path) -> None:
+        from safetensors.numpy import load_file, save_file
+
+        tensors = load_file(str(src / "model.safetensors"))
+        edit(tensors)
+        save_file(tensors, str(src / "model.safetensors"))
+
+    return apply

@@ -280,26 +280,6 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def _break_config(**changes: object):  # type: ignore[no-untyped-def]
-    def apply(src: Path) -> None:
-        config = json.loads((src / "config.json").read_text())
-        config.update(changes)
-        (src / "config.json").write_text(json.dumps(config))
-
-    return apply
-
-
-def _rewrite_weights(edit):  # type: ignore[no-untyped-def]
-    def apply(src: Path) -> None:
-        from safetensors.numpy import load_file, save_file
-
-        tensors = load_file(str(src / "model.safetensors"))
-        edit(tensors)
-        save_file(tensors, str(src / "model.safetensors"))
-
-    return apply
-
-
 def _truncate(src: Path) -> None:
     data = (src / "model.safetensors").read_bytes()
     (src / "model.safetensors").write_bytes(data[: len(data) // 2])
@@ -324,20 +304,20 @@ def _no_end_of_text(src: Path) -> None:
 BAD = {
     "no-config": (lambda src: (src / "config.json").unlink(), "has no config.json"),
     "config-not-json": (lambda src: _write(src / "config.json", "{nope"), "not valid JSON"),
-    "llama": (_break_config(model_type="llama", architectures=["LlamaForCausalLM"]), "model_type 'llama'"),
-    "swish": (_break_config(activation_function="swish"), "activation_function 'swish'"),
-    "inverse-layer-scaling": (_break_config(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
-    "bad-n-inner": (_break_config(n_inner=50), "n_inner is 50"),
-    "negative-layers": (_break_config(n_layer=-1), "n_layer is -1"),
+    "llama": (folders.edit_config(model_type="llama", architectures=["LlamaForCausalLM"]), "model_type 'llama'"),
+    "swish": (folders.edit_config(activation_function="swish"), "activation_function 'swish'"),
+    "inverse-layer-scaling": (folders.edit_config(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
+    "bad-n-inner": (folders.edit_config(n_inner=50), "n_inner is 50"),
+    "negative-layers": (folders.edit_config(n_layer=-1), "n_layer is -1"),
     "pickle-only": (_pickle_only, "pytorch_model.bin"),
     "truncated-weights": (_truncate, "not a readable safetensors file"),
-    "missing-tensor": (_rewrite_weights(lambda t: t.pop("h.1.mlp.c_fc.bias")), "no h.1.mlp.c_fc.bias"),
-    "wrong-shape": (_rewrite_weights(lambda t: t.update({"wpe.weight": t["wpe.weight"][:10]})), "wpe.weight has shape [10, 32]"),
-    "more-layers-than-config": (_break_config(n_layer=1), "h.1."),
-    "fewer-layers-than-config": (_break_config(n_layer=3), "no h.2."),
+    "missing-tensor": (folders.edit_weights(lambda t: t.pop("h.1.mlp.c_fc.bias")), "no h.1.mlp.c_fc.bias"),
+    "wrong-shape": (folders.edit_weights(lambda t: t.update({"wpe.weight": t["wpe.weight"][:10]})), "wpe.weight has shape [10, 32]"),
+    "more-layers-than-config": (folders.edit_config(n_layer=1), "h.1."),
+    "fewer-layers-than-config": (folders.edit_config(n_layer=3), "no h.2."),
     "no-tokenizer": (_no_tokenizer, "has no tokenizer"),
     "no-end-of-text": (_no_end_of_text, "no <|endoftext|> token"),
-    "config-vocabulary-not-the-weights": (_break_config(vocab_size=100), "wte.weight has shape [300, 32], but"),
+    "config-vocabulary-not-the-weights": (folders.edit_config(vocab_size=100), "wte.weight has shape [300, 32], but"),
 }  # fmt: skip
 
 

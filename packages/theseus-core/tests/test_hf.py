@@ -33,6 +33,7 @@ from theseus.training.base import TrainerError
 pytestmark = pytest.mark.tokenizers
 
 H = import_module_or_file(str(Path(__file__).with_name("hf_folder.py")))
+G = import_module_or_file(str(Path(__file__).with_name("gpt2_folder.py")))
 RELATIVE = 1e-5
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
@@ -186,26 +187,6 @@ def test_the_parameter_tree_is_the_contracts(family: str, tmp_path: Path) -> Non
 
 
 # ------------------------------------------------------------------- bad folders
-def _config(**changes: object):  # type: ignore[no-untyped-def]
-    def apply(src: Path) -> None:
-        config = json.loads((src / "config.json").read_text())
-        config.update(changes)
-        (src / "config.json").write_text(json.dumps(config))
-
-    return apply
-
-
-def _weights(edit):  # type: ignore[no-untyped-def]
-    def apply(src: Path) -> None:
-        from safetensors.numpy import load_file, save_file
-
-        tensors = load_file(str(src / "model.safetensors"))
-        edit(tensors)
-        save_file(tensors, str(src / "model.safetensors"))
-
-    return apply
-
-
 def _sharded_index_names_a_missing_file(src: Path) -> None:
     from safetensors.numpy import load_file, save_file
 
@@ -219,18 +200,18 @@ def _sharded_index_names_a_missing_file(src: Path) -> None:
 
 Q = "model.layers.1.self_attn.q_proj.weight"
 BAD = {
-    "unknown-model-type": (_config(model_type="falcon"), "model_type 'falcon'; theseus import hf reads gpt2, gpt_neox, llama, mistral, olmo2, qwen2"),
-    "unknown-rope-type": (_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope type 'yarn'"),
-    "unknown-rope-type-v5": (_config(rope_parameters={"rope_type": "dynamic", "factor": 2.0}), "rope type 'dynamic'"),
-    "other-activation": (_config(hidden_act="gelu"), "hidden_act 'gelu'"),
-    "head-dim": (_config(head_dim=16), "head_dim is 16"),
-    "missing-tensor": (_weights(lambda t: t.pop(Q)), f"no {Q}, which a 2-layer llama"),
-    "wrong-shape": (_weights(lambda t: t.update({Q: t[Q][:16]})), f"{Q} has shape [16, 32], but"),
-    "extra-tensor": (_weights(lambda t: t.update({"model.layers.2.mlp.up_proj.weight": t[Q]})), "hold model.layers.2.mlp.up_proj.weight, which"),
-    "integer-tensor": (_weights(lambda t: t.update({Q: t[Q].astype(np.int32)})), f"{Q} is I32"),
+    "unknown-model-type": (G.edit_config(model_type="falcon"), "model_type 'falcon'; theseus import hf reads gpt2, gpt_neox, llama, mistral, olmo2, qwen2"),
+    "unknown-rope-type": (G.edit_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope type 'yarn'"),
+    "unknown-rope-type-v5": (G.edit_config(rope_parameters={"rope_type": "dynamic", "factor": 2.0}), "rope type 'dynamic'"),
+    "other-activation": (G.edit_config(hidden_act="gelu"), "hidden_act 'gelu'"),
+    "head-dim": (G.edit_config(head_dim=16), "head_dim is 16"),
+    "missing-tensor": (G.edit_weights(lambda t: t.pop(Q)), f"no {Q}, which a 2-layer llama"),
+    "wrong-shape": (G.edit_weights(lambda t: t.update({Q: t[Q][:16]})), f"{Q} has shape [16, 32], but"),
+    "extra-tensor": (G.edit_weights(lambda t: t.update({"model.layers.2.mlp.up_proj.weight": t[Q]})), "hold model.layers.2.mlp.up_proj.weight, which"),
+    "integer-tensor": (G.edit_weights(lambda t: t.update({Q: t[Q].astype(np.int32)})), f"{Q} is I32"),
     "index-names-a-missing-file": (_sharded_index_names_a_missing_file, "names model-00002-of-00002.safetensors, which is not a file"),
     "no-tokenizer": (lambda src: (src / "tokenizer.json").unlink(), "has no tokenizer.json"),
-    "eos-not-in-vocabulary": (_config(eos_token_id=9999), "eos_token_id 9999 is not in"),
+    "eos-not-in-vocabulary": (G.edit_config(eos_token_id=9999), "eos_token_id 9999 is not in"),
     "no-config": (lambda src: (src / "config.json").unlink(), "has no config.json"),
 }  # fmt: skip
 
@@ -275,7 +256,7 @@ def test_an_existing_root_is_untouched_by_a_bad_folder_or_override(
     before = _digest(root)
     broken = tmp_path / "broken"
     shutil.copytree(pristine, broken)
-    _weights(lambda t: t.pop(Q))(broken)
+    G.edit_weights(lambda t: t.pop(Q))(broken)
     for argv in (
         ["import", "hf", str(broken), str(root), "--run", "second"],
         ["import", "hf", str(pristine), str(root), "--run", "second", "architecture.n_head=2"],
