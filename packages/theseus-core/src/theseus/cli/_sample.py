@@ -201,8 +201,8 @@ def sample_command(
             )
         # the step of the checkpoint restored (an imported revision's is its training step;
         # its state counts optimizer steps from 0)
-        saved = from_host_zero(lambda: q.store.checkpoints(node))
-        click.echo(f"{node} (step {saved[-1].step}):", err=True)
+        restored = from_host_zero(lambda: q.store.checkpoints(node))
+        click.echo(f"{node} (step {restored[-1].step}):", err=True)
         started: list[bool] = []
 
         def show(piece: str) -> None:
