@@ -1,0 +1,189 @@
+"""Loglikelihoods of continuations, against each pair's own unpadded forward.
+
+Reference: `GPT.__call__` on one pair's tokens alone (one row, right-padded to the
+window, which causal attention never reads back; compiled once), float64 NumPy
+log-softmax of its logits, the continuation's log-probabilities summed, and greedy =
+every continuation token is the argmax. Tolerances (float32 on CPU, logits of order
+50 here): 1e-4 absolute per pair, and 1e-5 relative for a long document's sum, the
+tolerances evaluation parity asks of lm-evaluation-harness's own model.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from theseus.model import scoring
+from theseus.model.models import GPT
+from theseus.model.scoring import ScoringError, loglikelihoods, rolling_windows
+
+VOCAB, BLOCK = 40, 32
+ATOL = 1e-4  # per pair
+RTOL = 1e-5  # a document's sum over its windows
+
+
+def _close(ours: float, reference: float) -> bool:
+    return abs(ours - reference) <= ATOL
+
+
+MODEL = GPT.build(
+    n_layers=2, n_embd=32, n_head=4, block_size=BLOCK, vocab_size=VOCAB, positions="rotary"
+)
+
+
+@pytest.fixture(scope="module")
+def model_and_params() -> tuple[GPT, dict]:
+    model = MODEL
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))
+    # larger weights than the init's 0.02, so the argmax moves from token to token
+    return model, jax.tree.map(lambda p: p * 6.0, params["params"])
+
+
+@jax.jit
+def _forward(params: dict, padded: jax.Array) -> jax.Array:
+    return MODEL.apply({"params": params}, padded)[0][0]
+
+
+def _reference(model: GPT, params: dict, context: list[int], continuation: list[int]):
+    assert model is MODEL
+    ids = [*context, *continuation][-(BLOCK + 1) :]
+    padded = np.zeros((1, BLOCK), np.int32)
+    padded[0, : len(ids) - 1] = ids[:-1]
+    logits = np.asarray(_forward(params, jnp.asarray(padded)), np.float64)[: len(ids) - 1]
+    logprobs = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1))[:, None]
+        - logits.max(-1, keepdims=True)
+    )
+    scored = range(len(ids) - 1 - len(continuation), len(ids) - 1)
+    total = sum(logprobs[i, ids[i + 1]] for i in scored)
+    greedy = all(int(np.argmax(logits[i])) == ids[i + 1] for i in scored)
+    return total, greedy
+
+
+def test_each_pair_scores_as_its_own_forward_in_any_batch(model_and_params) -> None:
+    model, params = model_and_params
+    rng = np.random.default_rng(0)
+    pairs = [
+        (rng.integers(0, VOCAB, rng.integers(1, 40)).tolist(),
+         rng.integers(0, VOCAB, rng.integers(1, 9)).tolist())
+        for _ in range(21)
+    ]  # fmt: skip
+    # a pair whose continuation is the greedy one (decoded from the reference forward)
+    context = [3, 1, 4, 1, 5]
+    greedy_tail: list[int] = []
+    for _ in range(4):
+        ids = context + greedy_tail
+        padded = np.zeros((1, BLOCK), np.int32)
+        padded[0, : len(ids)] = ids
+        greedy_tail.append(int(np.argmax(np.asarray(_forward(params, padded))[len(ids) - 1])))
+    pairs.append((context, greedy_tail))
+    ours = loglikelihoods(model, params, pairs, batch_size=4)
+    for (ctx, cont), (total, greedy) in zip(pairs, ours, strict=True):
+        expected_total, expected_greedy = _reference(model, params, ctx, cont)
+        assert _close(total, expected_total), (ctx, cont, total, expected_total)
+        assert greedy == expected_greedy
+    assert ours[-1][1] is True  # the greedy continuation is recognized
+    assert sum(g for _, g in ours[:-1]) < len(ours) - 1  # and random ones mostly are not
+    # the batch size and the order change nothing
+    again = loglikelihoods(model, params, pairs[::-1], batch_size=7)[::-1]
+    assert all(_close(a, b) for (a, _), (b, _) in zip(again, ours, strict=True))
+    assert [g for _, g in again] == [g for _, g in ours]
+
+
+def test_a_context_longer_than_the_window_loses_its_left(model_and_params) -> None:
+    model, params = model_and_params
+    tail = list(range(1, BLOCK))  # with the continuation, exactly the window
+    (short,), (long,) = (
+        loglikelihoods(model, params, [(context, [7, 8])])
+        for context in (tail, [9, 9, 9, 9, *tail])
+    )
+    assert _close(long[0], short[0]) and short[1] == long[1]
+
+
+def test_one_program_per_length_bucket(model_and_params) -> None:
+    model, params = model_and_params
+    scoring._score.clear_cache()
+    rng = np.random.default_rng(1)
+    pairs = [
+        (rng.integers(0, VOCAB, n).tolist(), rng.integers(0, VOCAB, 2).tolist())
+        for n in rng.integers(1, BLOCK, 60)
+    ]
+    loglikelihoods(model, params, pairs, batch_size=8)
+    buckets = {max(8, 1 << int(np.ceil(np.log2(len(c) + 1)))) for c, _ in pairs}
+    buckets = {min(b, BLOCK) for b in buckets}
+    assert scoring._score._cache_size() <= len(buckets) <= 3  # 8, 16 and 32: not 60
+    loglikelihoods(model, params, pairs[::-1], batch_size=8)
+    assert scoring._score._cache_size() <= len(buckets)  # a second task compiles nothing
+
+
+def test_rolling_windows_predict_every_token_once() -> None:
+    # worked by hand from the definition: window 4, prefix 99, tokens 0..9
+    assert rolling_windows(range(10), 99, 4) == [
+        ([99], [0, 1, 2, 3]),
+        ([3], [4, 5, 6, 7]),
+        ([5, 6, 7], [8, 9]),
+    ]
+    assert rolling_windows([5, 6], 0, 4) == [([0], [5, 6])]
+    assert rolling_windows([], 0, 4) == []
+    for n in (1, 4, 5, 17, 64):
+        pairs = rolling_windows(range(n), -1, 4)
+        assert [t for _, c in pairs for t in c] == list(range(n))  # each token once
+        for context, continuation in pairs[1:]:  # each from the 4 tokens before it, or all
+            assert len(context) + len(continuation) == 5
+
+
+def test_a_documents_rolling_loglikelihood_is_the_sum_of_its_tokens(model_and_params) -> None:
+    """Each token's log-probability from the tokens its window reads, one forward each."""
+    model, params = model_and_params
+    rng = np.random.default_rng(2)
+    document = rng.integers(1, VOCAB, 3 * BLOCK + 5).tolist()
+    pairs = rolling_windows(document, 0, BLOCK)
+    total = sum(t for t, _ in loglikelihoods(model, params, pairs))
+    expected = 0.0
+    for end in range(len(document)):  # token `end`, read from its window
+        window_end = min(len(document), (end // BLOCK + 1) * BLOCK)
+        start = 0 if end < BLOCK else window_end - BLOCK - 1
+        context = [0, *document[:end]] if end < BLOCK else document[start:end]
+        expected += _reference(model, params, context, [document[end]])[0]
+    assert abs(total - expected) <= RTOL * abs(expected), (total, expected)
+
+
+@pytest.mark.parametrize(
+    ("pairs", "settings", "message"),
+    [
+        ([([], [1])], {}, "context has no tokens"),
+        ([([1], [])], {}, "continuation to score has no tokens"),
+        ([([1], [2] * (BLOCK + 1))], {}, "longer than the model's context"),
+        ([([1], [2])], {"batch_size": 0}, "batch_size must be a positive int"),
+    ],
+)
+def test_bad_pairs_are_one_line_errors(model_and_params, pairs, settings, message) -> None:
+    model, params = model_and_params
+    with pytest.raises(ScoringError, match=message) as info:
+        loglikelihoods(model, params, pairs, **settings)
+    assert "\n" not in str(info.value)
+
+
+def test_parameters_sharded_over_devices_score_the_same(model_and_params) -> None:
+    model, params = model_and_params
+    devices = jax.devices()
+    if len(devices) < 4:
+        pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count=4)")
+    mesh = jax.sharding.Mesh(np.array(devices[:4]), ("shard",))
+
+    def spread(p: jax.Array) -> jax.Array:  # the first axis split where it divides
+        spec = ("shard",) if p.ndim and p.shape[0] % 4 == 0 else ()
+        return jax.device_put(
+            p, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+        )
+
+    sharded = jax.tree.map(spread, params)
+    assert any(len(p.sharding.device_set) == 4 for p in jax.tree.leaves(sharded))
+    pairs = [([1, 2, 3], [4, 5]), (list(range(30)), [7]), ([9], [8, 7, 6, 5])]
+    one = loglikelihoods(model, params, pairs)
+    four = loglikelihoods(model, sharded, pairs)
+    assert all(abs(a - b) <= ATOL and g == h for (a, g), (b, h) in zip(one, four, strict=True))
