@@ -49,27 +49,34 @@ def test_a_file_that_shrank_after_its_header_was_read_is_one_error(tmp_path: Pat
 
 def test_the_hf_extra_holds_what_an_hf_import_imports() -> None:
     """`pip install "theseus-core[hf]"` gives the one package an import needs beyond the
-    core's own dependencies (the weights are read by the module above)."""
+    core's own dependencies (the weights are read by the module above). Read from the
+    installed distribution's metadata and modules, as a user's environment has them."""
     import ast
-    import tomllib
+    import importlib.metadata
+    import re
+    import sys
 
-    core = Path(__file__).resolve().parents[1]
-    project = tomllib.loads((core / "pyproject.toml").read_text())["project"]
-    extra = {req.split(">")[0].split("=")[0] for req in project["optional-dependencies"]["hf"]}
-    base = {req.split(">")[0].split("=")[0].split("[")[0] for req in project["dependencies"]}
-    src = core / "src" / "theseus"
+    import theseus.data.tokenizer
+    import theseus.model.hf
+
+    def name(requirement: str) -> str:
+        return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].replace("-", "_")
+
+    requires = importlib.metadata.requires("theseus-core") or []
+    extra = {name(r) for r in requires if re.search(r"extra\s*==\s*['\"]hf['\"]", r)}
+    base = {name(r) for r in requires if "extra" not in r}
+    modules = [
+        *Path(theseus.model.hf.__path__[0]).glob("*.py"),
+        Path(theseus.data.tokenizer.__file__),
+    ]
     needed = set()
-    for module in [*(src / "model" / "hf").glob("*.py"), src / "data" / "tokenizer.py"]:
+    for module in modules:
         for node in ast.walk(ast.parse(module.read_text())):
-            if isinstance(node, ast.Import | ast.ImportFrom):
-                names = (
-                    [a.name for a in node.names]
-                    if isinstance(node, ast.Import)
-                    else [node.module or ""]
-                )
-                needed |= {name.split(".")[0] for name in names}
-    stdlib = set(__import__("sys").stdlib_module_names)
-    third_party = {n for n in needed if n and n not in stdlib and n not in {"theseus"}}
+            if isinstance(node, ast.Import):
+                needed |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                needed.add(node.module.split(".")[0])
+    third_party = needed - set(sys.stdlib_module_names) - {"theseus"}
     # ml_dtypes comes with jax (a core dependency), numpy too
     assert third_party - base - extra <= {"ml_dtypes", "numpy"}, third_party - base - extra
     assert extra == {"tokenizers"}
