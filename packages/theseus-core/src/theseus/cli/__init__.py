@@ -3,6 +3,7 @@
 from theseus.cli import _data, _sample, _verbs
 from theseus.cli._app import ENTRY_POINT_GROUP, PluginError, TheseusGroup, common_options, main
 from theseus.cli._cluster import cluster_options
+from theseus.cli._sample import open_trainer
 
 del _data, _sample, _verbs  # imported for their verbs
 
@@ -13,4 +14,5 @@ __all__ = [
     "cluster_options",
     "common_options",
     "main",
+    "open_trainer",
 ]

@@ -21,7 +21,7 @@ from theseus.cli._app import common_options, main
 from theseus.cli._verbs import _base_node, _job_class
 from theseus.config import ConfigError, load
 from theseus.job import BasicJob, from_host_zero, store_root
-from theseus.quick import quick
+from theseus.quick import Quick, quick
 from theseus.registry import UnknownNameError
 from theseus.store import MARKER, Node, Store
 
@@ -74,6 +74,45 @@ def job_class(store: Store, node: Node, name: str) -> type[BasicJob]:
             f"its run recorded module {module!r}: pass --import {module} (before the verb or "
             "after it)"
         ) from None
+
+
+def _recorded(q: Quick, target: str) -> tuple[Node, dict[str, Any], type[BasicJob]]:
+    """TARGET's node (a lineage or run: its latest checkpoint), its saved configuration
+    and the job class that wrote it, read from the store (host zero's answer)."""
+    node = from_host_zero(lambda: _base_node(q.store, target))
+    saved = from_host_zero(lambda: q.store.job_config(node))
+    values = load(saved) if saved else {}
+    job_name = values.get("job")
+    if not isinstance(job_name, str):
+        raise ConfigError(
+            f"{target} ({node}) has no recorded job configuration, so its model is unknown; "
+            "pass a node a theseus training job or import wrote."
+        )
+    return node, values, job_class(q.store, node, job_name)
+
+
+def _restored(q: Quick, node: Node, cls: type[BasicJob]) -> BasicJob:
+    """A job of `cls` resumed at `node` (its checkpoint loaded), set up."""
+    project, group, run = node.name.split(".", 2)
+    q.build(cls, run, project=project, group=group)
+    q.find().node(node).resume()
+    return q.create()
+
+
+def open_trainer(q: Quick, target: str) -> BasicJob:
+    """The job that wrote TARGET, set up at its checkpoint under `q`'s root.
+
+    Args:
+        q: an open `quick` session.
+        target: a node (`name~nonce~seq`), a lineage (`name~nonce`: its latest
+            checkpoint) or a run's name with one lineage.
+
+    Raises:
+        ConfigError: the node has no recorded job, or its job is not registered here
+            (the message names the module to import).
+    """
+    node, _, cls = _recorded(q, target)
+    return _restored(q, node, cls)
 
 
 def _room(prompt: str, values: dict[str, Any], root: Path, max_new_tokens: int | None) -> int:
@@ -179,25 +218,13 @@ def sample_command(
             "a training run wrote (`theseus run ... ROOT`)."
         )
     with quick(root) as q:
-        node = from_host_zero(lambda: _base_node(q.store, target))
-        saved = from_host_zero(lambda: q.store.job_config(node))
-        values = load(saved) if saved else {}
-        job_name = values.get("job")
-        if not isinstance(job_name, str):
-            raise ConfigError(
-                f"{target} ({node}) has no recorded job configuration, so its model is unknown; "
-                "sample from a node a theseus training job wrote."
-            )
-        cls = job_class(q.store, node, job_name)
+        node, values, cls = _recorded(q, target)
         new_tokens = _room(prompt, values, root, max_new_tokens)  # before the checkpoint loads
-        project, group, run = node.name.split(".", 2)
-        q.build(cls, run, project=project, group=group)
-        q.find().node(node).resume()
-        job = q.create()
+        job = _restored(q, node, cls)
         generate = getattr(job, "generate", None)
         if generate is None:
             raise ConfigError(
-                f"{job_name} ({type(job).__name__}) is not a trainer; it cannot sample."
+                f"{values['job']} ({type(job).__name__}) is not a trainer; it cannot sample."
             )
         # the step of the checkpoint restored (an imported revision's is its training step;
         # its state counts optimizer steps from 0)

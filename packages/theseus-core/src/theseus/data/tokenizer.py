@@ -82,8 +82,9 @@ class ByteTokenizer:
         """The smallest unsigned dtype that holds every id."""
         return np.dtype(np.uint16)
 
-    def encode(self, text: str, *, eot: bool = False) -> np.ndarray:
-        """Encode text to ids `[n]`, appending end-of-text when `eot` is true."""
+    def encode(self, text: str, *, eot: bool = False, special: bool = True) -> np.ndarray:
+        """Encode text to ids `[n]`, appending end-of-text when `eot` is true (`special`:
+        no start-of-text to add here)."""
         ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(self.dtype)
         if eot:
             ids = np.append(ids, np.asarray(self.eot, dtype=self.dtype))
@@ -136,7 +137,7 @@ class Tokenizer(Protocol):
     def vocab_size(self) -> int: ...
     @property
     def dtype(self) -> np.dtype: ...
-    def encode(self, text: str, *, eot: bool = False) -> np.ndarray: ...
+    def encode(self, text: str, *, eot: bool = False, special: bool = True) -> np.ndarray: ...
     def encode_batch(self, texts: Iterable[str]) -> np.ndarray: ...
     def decode(self, ids: Iterable[int] | np.ndarray) -> str: ...
 
@@ -194,9 +195,11 @@ class BPETokenizer:
         """The smallest unsigned dtype that holds every id."""
         return np.dtype(np.uint16 if self.vocab_size <= 1 << 16 else np.uint32)
 
-    def encode(self, text: str, *, eot: bool = False) -> np.ndarray:
-        """Encode text to ids `[n]`, appending end-of-text when `eot` is true."""
-        ids = self._backend.encode(text).ids
+    def encode(self, text: str, *, eot: bool = False, special: bool = True) -> np.ndarray:
+        """Encode text to ids `[n]`, appending end-of-text when `eot` is true; without
+        `special`, the post-processor's start-of-text is left out (an evaluation
+        harness scores text pieces that way)."""
+        ids = self._backend.encode(text, add_special_tokens=special).ids
         if eot:
             ids = [*ids, self.eot]
         return np.asarray(ids, dtype=self.dtype)

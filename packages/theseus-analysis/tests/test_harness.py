@@ -1,0 +1,164 @@
+"""lm-evaluation-harness's model over a node (`TheseusLM`), against the model's own forward.
+
+References: each request's loglikelihood from the trainer's plain forward on the request's
+tokens alone (float64 NumPy log-softmax; 1e-4 absolute, the parity tolerance of the
+harness's `hf` model), the rolling windows lm-eval's own `get_rolling_token_windows` and
+`make_disjoint_window` produce, and greedy generation from `trainer.generate`. A local
+JSON task run through `lm_eval.simple_evaluate` scores `acc` as the references say.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from lm_eval import utils as lm_utils  # noqa: E402
+
+from theseus.analysis.evaluation import EvaluationError, TheseusLM  # noqa: E402
+from theseus.data.datasets import Synthetic  # noqa: E402
+from theseus.model import scoring  # noqa: E402
+from theseus.quick import quick  # noqa: E402
+from theseus.registry import import_module_or_file  # noqa: E402
+
+jobs = import_module_or_file(str(Path(__file__).with_name("analysis_jobs.py")))
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    root = tmp_path_factory.mktemp("harness")
+    Synthetic.prepare(root, tokens=40_000, val_tokens=6_000)
+    with quick(root) as q:
+        q.build(jobs.PretrainGPT, "scored")
+        jobs.tiny(q.config, steps=4, **{"training/analyze": False})
+        trainer = q.create()
+        trainer()
+    return root, trainer
+
+
+def _reference(trainer, ids: list[int], scored: int) -> tuple[float, bool]:
+    """The last `scored` tokens of `ids` from the plain forward on `ids` alone."""
+    logits, _ = trainer.model.apply(
+        {"params": trainer.state.params}, jnp.asarray([ids[:-1]], jnp.int32)
+    )
+    logits = np.asarray(logits[0], np.float64)
+    top = logits.max(-1, keepdims=True)
+    logprobs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    positions = range(len(ids) - 1 - scored, len(ids) - 1)
+    total = float(sum(logprobs[i, ids[i + 1]] for i in positions))
+    return total, all(int(np.argmax(logits[i])) == ids[i + 1] for i in positions)
+
+
+def _request(*args):  # what the harness hands a model: an object with `args`
+    return SimpleNamespace(args=args)
+
+
+def test_loglikelihoods_are_the_forwards(trained) -> None:
+    _, trainer = trained
+    lm = TheseusLM(trainer=trainer, batch_size=4)
+    requests = [("the quick brown", " fox"), ("a", "b"), ("", "hello"), ("x y ", "z")]
+    answers = lm.loglikelihood([_request(*r) for r in requests])
+    for (context, continuation), (total, greedy) in zip(requests, answers, strict=True):
+        if context:
+            context, continuation = (
+                context.rstrip(),
+                context[len(context.rstrip()) :] + continuation,
+            )
+            ctx = lm.tok_encode(context)
+            cont = lm.tok_encode(context + continuation)[len(ctx) :]
+        else:
+            ctx, cont = [lm.eot_token_id], lm.tok_encode(continuation)
+        expected = _reference(trainer, ctx + cont, len(cont))
+        assert abs(total - expected[0]) <= ATOL and greedy == expected[1], (context, continuation)
+
+
+def test_rolling_windows_are_lm_evals(trained) -> None:
+    _, trainer = trained
+    lm = TheseusLM(trainer=trainer)
+    block = lm.max_length
+    for n in (1, 5, block, block + 1, 3 * block + 7):
+        tokens = list(range(1, n + 1))
+        theirs = [
+            lm_utils.make_disjoint_window(w)
+            for w in lm_utils.get_rolling_token_windows(tokens, 0, block, 1)
+        ]
+        assert scoring.rolling_windows(tokens, 0, block) == [(list(a), list(b)) for a, b in theirs]
+    text = "the cat sat on the mat and then " * 6  # longer than the context
+    [total] = lm.loglikelihood_rolling([_request(text)])
+    ids = lm.tok_encode(text)
+    expected = sum(
+        _reference(trainer, [*ctx, *cont], len(cont))[0]
+        for ctx, cont in scoring.rolling_windows(ids, lm.eot_token_id, block)
+    )
+    assert abs(total - expected) <= 1e-5 * abs(expected)
+
+
+def test_generation_stops_at_until_and_is_the_trainers_greedy_text(trained) -> None:
+    _, trainer = trained
+    lm = TheseusLM(trainer=trainer)
+    full = trainer.generate("the ", 8, temperature=0)
+    assert len(full) >= 3
+    stop = full[2]  # a character the greedy text holds: the answer ends before it
+    [free, cut] = lm.generate_until(
+        [
+            _request("the ", {"max_gen_toks": 8}),
+            _request("the ", {"until": [stop], "max_gen_toks": 8}),
+        ]
+    )
+    assert free == full
+    assert cut == full.split(stop)[0]
+
+
+def test_a_local_multiple_choice_task_scores_its_accuracy(trained, tmp_path: Path) -> None:
+    _, trainer = trained
+    lm = TheseusLM(trainer=trainer)
+    rows = [{"query": f"{w} ", "choices": ["cat", "dog", "the"], "gold": g}
+            for w, g in (("the", 0), ("a", 1), ("on", 2), ("sat", 0))]  # fmt: skip
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "tiny_mc.yaml").write_text(
+        "task: tiny_mc\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / 'rows.jsonl'}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        "doc_to_text: '{{query}}'\n"
+        "doc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{gold}}'\n"
+        "metric_list:\n  - metric: acc\n"
+    )
+    from lm_eval.tasks import TaskManager
+
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=["tiny_mc"], task_manager=TaskManager(include_path=str(tmp_path)),
+        torch_random_seed=None,
+    )  # fmt: skip
+    acc = results["results"]["tiny_mc"]["acc,none"]
+    right = 0
+    for row in rows:  # the choice the model finds most likely, from its own forward
+        ctx = lm.tok_encode(row["query"].rstrip())
+        scores = []
+        for choice in row["choices"]:
+            cont = lm.tok_encode(row["query"].rstrip() + " " + choice)[len(ctx) :]
+            scores.append(_reference(trainer, ctx + cont, len(cont))[0])
+        right += int(np.argmax(scores)) == row["gold"]
+    assert acc == right / len(rows)
+
+
+def test_bad_model_arguments_are_one_line(trained, tmp_path: Path) -> None:
+    _, trainer = trained
+    for kwargs, message in (
+        ({}, "needs a node"),
+        ({"trainer": trainer, "batch_size": "x"}, "batch_size must be a positive integer"),
+        ({"trainer": trainer, "pretrained": "gpt2"}, "take root, target"),
+        ({"root": str(tmp_path / "none"), "target": "x"}, "holds no store"),
+    ):
+        with pytest.raises(EvaluationError, match=message) as info:
+            TheseusLM(**kwargs)
+        assert "\n" not in str(info.value)
