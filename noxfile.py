@@ -51,7 +51,7 @@ SUITE_DEPS = sorted({dep for deps in TEST_DEPS.values() for dep in deps})
 # (filelock lets their processes share one compilation cache; see conftest.py).
 SPREAD = {"theseus-core", "theseus-analysis"}
 XDIST = ("-n", "auto", "--dist", "loadfile")
-EXTRAS = {"theseus-store": "[ui]", "theseus-core": "[gpt2]", "theseus-analysis": "[inspect]"}
+EXTRAS = {"theseus-store": "[ui]", "theseus-core": "[gpt2]", "theseus-analysis": "[inspect,eval]"}
 # theseus-store alone must pull nothing but the standard library: `isolated` installs it
 # bare first, then adds its [ui] extra from the same wheel and runs the browser's tests.
 BARE = {"theseus-store"}

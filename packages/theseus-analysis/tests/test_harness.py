@@ -116,11 +116,13 @@ def test_generation_stops_at_until_and_is_the_trainers_greedy_text(trained) -> N
     assert cut == full.split(stop)[0]
 
 
-def test_a_local_multiple_choice_task_scores_its_accuracy(trained, tmp_path: Path) -> None:
-    _, trainer = trained
-    lm = TheseusLM(trainer=trainer)
-    rows = [{"query": f"{w} ", "choices": ["cat", "dog", "the"], "gold": g}
-            for w, g in (("the", 0), ("a", 1), ("on", 2), ("sat", 0))]  # fmt: skip
+ROWS = [{"query": f"{w} ", "choices": ["cat", "dog", "the"], "gold": g}
+        for w, g in (("the", 0), ("a", 1), ("on", 2), ("sat", 0))]  # fmt: skip
+
+
+def _task(tmp_path: Path) -> None:
+    """A local multiple-choice task `tiny_mc` (JSON rows, no download) in `tmp_path`."""
+    rows = ROWS
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "tiny_mc.yaml").write_text(
         "task: tiny_mc\n"
@@ -133,6 +135,13 @@ def test_a_local_multiple_choice_task_scores_its_accuracy(trained, tmp_path: Pat
         "doc_to_target: '{{gold}}'\n"
         "metric_list:\n  - metric: acc\n"
     )
+
+
+def test_a_local_multiple_choice_task_scores_its_accuracy(trained, tmp_path: Path) -> None:
+    _, trainer = trained
+    lm = TheseusLM(trainer=trainer)
+    rows = ROWS
+    _task(tmp_path)
     from lm_eval.tasks import TaskManager
 
     results = lm_eval.simple_evaluate(
@@ -149,6 +158,32 @@ def test_a_local_multiple_choice_task_scores_its_accuracy(trained, tmp_path: Pat
             scores.append(_reference(trainer, ctx + cont, len(cont))[0])
         right += int(np.argmax(scores)) == row["gold"]
     assert acc == right / len(rows)
+
+
+@pytest.mark.slow  # a fresh interpreter imports lm-eval, JAX and the model: about 15 s
+def test_the_plain_lm_eval_command_finds_the_theseus_model(trained, tmp_path: Path) -> None:
+    """`lm_eval --model theseus` from a fresh interpreter, nothing imported by hand."""
+    import os
+    import subprocess
+    import sys
+
+    root, trainer = trained
+    _task(tmp_path)
+    out = tmp_path / "out"
+    command = Path(sys.executable).with_name("lm_eval")
+    done = subprocess.run(
+        [str(command), "--model", "theseus", "--model_args", f"root={root},target=scored",
+         "--tasks", "tiny_mc", "--include_path", str(tmp_path), "--output_path", str(out)],
+        capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    [written] = out.rglob("results_*.json")
+    acc = json.loads(written.read_text())["results"]["tiny_mc"]["acc,none"]
+    in_process = lm_eval.simple_evaluate(
+        model=TheseusLM(trainer=trainer), tasks=["tiny_mc"], torch_random_seed=None,
+        task_manager=__import__("lm_eval.tasks").tasks.TaskManager(include_path=str(tmp_path)),
+    )["results"]["tiny_mc"]["acc,none"]  # fmt: skip
+    assert acc == in_process
 
 
 def test_bad_model_arguments_are_one_line(trained, tmp_path: Path) -> None:
