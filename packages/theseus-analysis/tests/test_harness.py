@@ -43,12 +43,24 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     return root, trainer
 
 
+_FORWARDS: dict[int, object] = {}
+
+
 def _reference(trainer, ids: list[int], scored: int) -> tuple[float, bool]:
-    """The last `scored` tokens of `ids` from the plain forward on `ids` alone."""
-    logits, _ = trainer.model.apply(
-        {"params": trainer.state.params}, jnp.asarray([ids[:-1]], jnp.int32)
-    )
-    logits = np.asarray(logits[0], np.float64)
+    """The last `scored` tokens of `ids` from the plain forward on `ids` alone (one row,
+    right-padded to the context, which causal attention never reads back)."""
+    import jax
+
+    block = trainer.model.config.block_size
+    if id(trainer) not in _FORWARDS:
+        _FORWARDS[id(trainer)] = jax.jit(
+            lambda params, x: trainer.model.apply({"params": params}, x)[0][0]
+        )
+    padded = np.zeros((1, block), np.int32)
+    padded[0, : len(ids) - 1] = ids[:-1]
+    forward = _FORWARDS[id(trainer)]
+    logits = np.asarray(forward(trainer.state.params, jnp.asarray(padded)), np.float64)
+    logits = logits[: len(ids) - 1]
     top = logits.max(-1, keepdims=True)
     logprobs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
     positions = range(len(ids) - 1 - scored, len(ids) - 1)
