@@ -209,3 +209,53 @@ def test_bad_model_arguments_are_one_line(trained, tmp_path: Path) -> None:
         with pytest.raises(EvaluationError, match=message) as info:
             TheseusLM(**kwargs)
         assert "\n" not in str(info.value)
+
+
+def test_theseus_eval_keeps_each_metric_on_the_node_once(trained, tmp_path: Path) -> None:
+    import shutil
+
+    from click.testing import CliRunner
+
+    from theseus.cli import main
+    from theseus.store import Store
+
+    trained_root, trainer = trained
+    root = tmp_path / "root"
+    shutil.copytree(trained_root, root)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    _task(tasks)
+    command = ["eval", str(root), "scored", "--tasks", "tiny_mc", "--include-path", str(tasks)]
+    first = CliRunner().invoke(main, command)
+    assert first.exit_code == 0, first.output
+    with Store(root / "store") as store:
+        [node] = [n for n in store.query().all() if n.seq == trainer.node.seq]
+        values = store.values(node)
+        artifact = store.get(node)["eval-tiny_mc"]
+    right = 0  # the accuracy the model's own forward gives (as in the simple_evaluate test)
+    lm = TheseusLM(trainer=trainer)
+    for row in ROWS:
+        ctx = lm.tok_encode(row["query"].rstrip())
+        scores = [
+            _reference(trainer, ctx + cont, len(cont))[0]
+            for cont in (lm.tok_encode(row["query"].rstrip() + " " + c)[len(ctx) :]
+                         for c in row["choices"])
+        ]  # fmt: skip
+        right += int(np.argmax(scores)) == row["gold"]
+    assert values["eval/tiny_mc/acc"] == right / len(ROWS)
+    assert "eval/tiny_mc/acc_stderr" in values
+    assert values["eval/harness_version"] == lm_eval.__version__
+    assert values["eval/tiny_mc/fewshot_seed"] == 1234
+    kept = json.loads(artifact.content)
+    assert kept["results"]["acc,none"] == values["eval/tiny_mc/acc"]
+    again = CliRunner().invoke(main, command)
+    assert again.exit_code == 0 and "skipped" in again.output
+    forced = CliRunner().invoke(main, [*command, "--force"])
+    assert forced.exit_code == 0, forced.output
+    with Store(root / "store") as store:
+        assert len(store.history(node, "eval-tiny_mc")) == 2  # the skip wrote nothing
+    unknown = CliRunner().invoke(
+        main, ["eval", str(root), "scored", "--tasks", "no_such_task", "--include-path", str(tasks)]
+    )
+    assert unknown.exit_code != 0 and "no_such_task" in unknown.output
+    assert len(unknown.output.strip().splitlines()) == 1
