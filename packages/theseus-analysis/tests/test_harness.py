@@ -13,8 +13,6 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -28,6 +26,7 @@ from theseus.quick import quick  # noqa: E402
 from theseus.registry import import_module_or_file  # noqa: E402
 
 jobs = import_module_or_file(str(Path(__file__).with_name("analysis_jobs.py")))
+helpers = import_module_or_file(str(Path(__file__).with_name("eval_helpers.py")))
 ATOL = 1e-4
 
 
@@ -43,29 +42,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     return root, trainer
 
 
-_FORWARDS: dict[int, object] = {}
-
-
-def _reference(trainer, ids: list[int], scored: int) -> tuple[float, bool]:
-    """The last `scored` tokens of `ids` from the plain forward on `ids` alone (one row,
-    right-padded to the context, which causal attention never reads back)."""
-    import jax
-
-    block = trainer.model.config.block_size
-    if id(trainer) not in _FORWARDS:
-        _FORWARDS[id(trainer)] = jax.jit(
-            lambda params, x: trainer.model.apply({"params": params}, x)[0][0]
-        )
-    padded = np.zeros((1, block), np.int32)
-    padded[0, : len(ids) - 1] = ids[:-1]
-    forward = _FORWARDS[id(trainer)]
-    logits = np.asarray(forward(trainer.state.params, jnp.asarray(padded)), np.float64)
-    logits = logits[: len(ids) - 1]
-    top = logits.max(-1, keepdims=True)
-    logprobs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
-    positions = range(len(ids) - 1 - scored, len(ids) - 1)
-    total = float(sum(logprobs[i, ids[i + 1]] for i in positions))
-    return total, all(int(np.argmax(logits[i])) == ids[i + 1] for i in positions)
+_reference = helpers.reference
 
 
 def _request(*args):  # what the harness hands a model: an object with `args`
@@ -128,25 +105,8 @@ def test_generation_stops_at_until_and_is_the_trainers_greedy_text(trained) -> N
     assert cut == full.split(stop)[0]
 
 
-ROWS = [{"query": f"{w} ", "choices": ["cat", "dog", "the"], "gold": g}
-        for w, g in (("the", 0), ("a", 1), ("on", 2), ("sat", 0))]  # fmt: skip
-
-
-def _task(tmp_path: Path) -> None:
-    """A local multiple-choice task `tiny_mc` (JSON rows, no download) in `tmp_path`."""
-    rows = ROWS
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "tiny_mc.yaml").write_text(
-        "task: tiny_mc\n"
-        "dataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / 'rows.jsonl'}\n"
-        "test_split: test\n"
-        "output_type: multiple_choice\n"
-        "doc_to_text: '{{query}}'\n"
-        "doc_to_choice: '{{choices}}'\n"
-        "doc_to_target: '{{gold}}'\n"
-        "metric_list:\n  - metric: acc\n"
-    )
+ROWS = helpers.ROWS
+_task = helpers.write_task
 
 
 def test_a_local_multiple_choice_task_scores_its_accuracy(trained, tmp_path: Path) -> None:
@@ -161,15 +121,7 @@ def test_a_local_multiple_choice_task_scores_its_accuracy(trained, tmp_path: Pat
         torch_random_seed=None,
     )  # fmt: skip
     acc = results["results"]["tiny_mc"]["acc,none"]
-    right = 0
-    for row in rows:  # the choice the model finds most likely, from its own forward
-        ctx = lm.tok_encode(row["query"].rstrip())
-        scores = []
-        for choice in row["choices"]:
-            cont = lm.tok_encode(row["query"].rstrip() + " " + choice)[len(ctx) :]
-            scores.append(_reference(trainer, ctx + cont, len(cont))[0])
-        right += int(np.argmax(scores)) == row["gold"]
-    assert acc == right / len(rows)
+    assert acc == helpers.reference_accuracy(trainer, lm.tok_encode, rows)
 
 
 @pytest.mark.slow  # a fresh interpreter imports lm-eval, JAX and the model: about 15 s
@@ -209,53 +161,3 @@ def test_bad_model_arguments_are_one_line(trained, tmp_path: Path) -> None:
         with pytest.raises(EvaluationError, match=message) as info:
             TheseusLM(**kwargs)
         assert "\n" not in str(info.value)
-
-
-def test_theseus_eval_keeps_each_metric_on_the_node_once(trained, tmp_path: Path) -> None:
-    import shutil
-
-    from click.testing import CliRunner
-
-    from theseus.cli import main
-    from theseus.store import Store
-
-    trained_root, trainer = trained
-    root = tmp_path / "root"
-    shutil.copytree(trained_root, root)
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    _task(tasks)
-    command = ["eval", str(root), "scored", "--tasks", "tiny_mc", "--include-path", str(tasks)]
-    first = CliRunner().invoke(main, command)
-    assert first.exit_code == 0, first.output
-    with Store(root / "store") as store:
-        [node] = [n for n in store.query().all() if n.seq == trainer.node.seq]
-        values = store.values(node)
-        artifact = store.get(node)["eval-tiny_mc"]
-    right = 0  # the accuracy the model's own forward gives (as in the simple_evaluate test)
-    lm = TheseusLM(trainer=trainer)
-    for row in ROWS:
-        ctx = lm.tok_encode(row["query"].rstrip())
-        scores = [
-            _reference(trainer, ctx + cont, len(cont))[0]
-            for cont in (lm.tok_encode(row["query"].rstrip() + " " + c)[len(ctx) :]
-                         for c in row["choices"])
-        ]  # fmt: skip
-        right += int(np.argmax(scores)) == row["gold"]
-    assert values["eval/tiny_mc/acc"] == right / len(ROWS)
-    assert "eval/tiny_mc/acc_stderr" in values
-    assert values["eval/harness_version"] == lm_eval.__version__
-    assert values["eval/tiny_mc/fewshot_seed"] == 1234
-    kept = json.loads(artifact.content)
-    assert kept["results"]["acc,none"] == values["eval/tiny_mc/acc"]
-    again = CliRunner().invoke(main, command)
-    assert again.exit_code == 0 and "skipped" in again.output
-    forced = CliRunner().invoke(main, [*command, "--force"])
-    assert forced.exit_code == 0, forced.output
-    with Store(root / "store") as store:
-        assert len(store.history(node, "eval-tiny_mc")) == 2  # the skip wrote nothing
-    unknown = CliRunner().invoke(
-        main, ["eval", str(root), "scored", "--tasks", "no_such_task", "--include-path", str(tasks)]
-    )
-    assert unknown.exit_code != 0 and "no_such_task" in unknown.output
-    assert len(unknown.output.strip().splitlines()) == 1

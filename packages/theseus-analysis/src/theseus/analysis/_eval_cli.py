@@ -7,26 +7,40 @@ harness as `TheseusLM`, and each task's metrics written as values on the node:
 `eval/TASK/num_fewshot`, `eval/TASK/fewshot_seed` and `eval/harness_version`; the
 harness's results for the task (its metrics, configuration, versions) are the artifact
 `eval-TASK` (JSON). A task the node holds values for already is skipped unless
-`--force`. Tasks come from lm-eval's own folder or `--include-path` (task YAML with
-`dataset_path: json` and local `data_files` needs no network).
+`--force`.
+
+`--over` walks every checkpoint of TARGET's lineage with one trainer: its compiled
+scoring programs serve every node (the parameters change, not their shapes), the next
+checkpoint is read while the current one is evaluated, and nodes that hold the tasks
+already are skipped.
+
+Tasks come from lm-eval's own folder, the synthetic language's folder shipped here
+(`synthetic_mc`, `synthetic_ppl`; the root's own language settings are passed to them)
+and `--include-path`. Nothing is downloaded: a task whose data lives on the Hugging Face
+Hub is refused before anything runs.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import click
 
 from theseus.cli import common_options
-from theseus.job import store_root
-from theseus.store import Node, Store
+from theseus.job import is_primary, process_count
 
 __all__ = ["FEWSHOT_SEED", "eval_command", "evaluate_node", "metric_values"]
 
 #: the few-shot sampler's seed (lm-eval's default), recorded with every result
 FEWSHOT_SEED = 1234
+#: the `datasets` builders that read the files a task names (no download)
+LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas"}
 
 
 def metric_values(task: str, results: dict[str, Any]) -> dict[str, float]:
@@ -41,6 +55,171 @@ def metric_values(task: str, results: dict[str, Any]) -> dict[str, float]:
     return values
 
 
+def task_manager(root: str | Path, include_path: str | None, tasks: Sequence[str] = ()) -> Any:
+    """lm-eval's tasks with the shipped synthetic ones and `include_path`; the synthetic
+    tasks get ROOT's language when ROOT holds prepared synthetic data.
+
+    Indexing lm-eval's own folder (thousands of YAML files) takes seconds, so when every
+    one of `tasks` is a task of the two local folders, only they are indexed; a full
+    index is kept for the process (made again when a YAML file of `include_path`
+    changes).
+    """
+    from theseus.analysis.evaluation import TASKS
+    from theseus.data.datasets import Synthetic
+
+    metadata: tuple[tuple[str, Any], ...] = ()
+    try:
+        language = Synthetic.language(root)
+    except Exception:  # no synthetic data under ROOT: the language's defaults
+        language = None
+    if language is not None:
+        metadata = tuple(
+            (name, getattr(language, name))
+            for name in ("alphabet", "order", "concentration", "smoothing", "mean_doc_len", "seed")
+        )
+    paths = (str(TASKS), *([str(Path(include_path).resolve())] if include_path else []))
+    stamp = tuple(
+        sorted((str(f), f.stat().st_mtime_ns) for f in Path(include_path or TASKS).rglob("*.y*ml"))
+    )
+    if tasks:
+        local = _manager(paths, metadata, stamp, False)
+        if all(str(getattr(local.task_index.get(t), "kind", "")).endswith("TASK") for t in tasks):
+            return local
+    return _manager(paths, metadata, stamp, True)
+
+
+@functools.lru_cache(maxsize=8)
+def _manager(
+    paths: tuple[str, ...], metadata: tuple[tuple[str, Any], ...], stamp: object, defaults: bool
+) -> Any:
+    """One `TaskManager` per folder list, language, state of the YAML files and scope."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(
+        include_path=list(paths), include_defaults=defaults, metadata=dict(metadata) or None
+    )
+
+
+def _leaves(manager: Any, name: str, seen: set[str]) -> list[dict[str, Any]]:
+    """The configurations of the tasks `name` (a task, group or tag) stands for."""
+    entry = manager.task_index.get(name)
+    if entry is None or name in seen:
+        return []
+    seen.add(name)
+    config = entry.cfg or {}
+    kind = str(entry.kind.name)
+    if kind in ("TASK", "PY_TASK"):
+        return [config]
+    if kind == "TAG":
+        members = [n for n, e in manager.task_index.items() if name in (e.tags or ())]
+    else:
+        listed = config.get("task") or []
+        members = [m if isinstance(m, str) else m.get("task", "") for m in listed]
+    return [leaf for member in members for leaf in _leaves(manager, member, seen)]
+
+
+def needs_download(manager: Any, name: str) -> str | None:
+    """Where task `name`'s data would come from when it is not a local file, else None."""
+    import os
+
+    if os.environ.get("HF_DATASETS_OFFLINE") == "1":  # the user's own cached copies
+        return None
+    for config in _leaves(manager, name, set()):
+        if config.get("custom_dataset") is not None:
+            continue
+        path = config.get("dataset_path")
+        if path is None or (isinstance(path, str) and Path(path).expanduser().is_dir()):
+            continue
+        files = (config.get("dataset_kwargs") or {}).get("data_files")
+        if path in LOCAL_BUILDERS and files is not None:
+            continue
+        return str(path)
+    return None
+
+
+def check_tasks(manager: Any, tasks: list[str], include_path: str | None) -> None:
+    """Refuse unknown tasks and tasks whose data would be downloaded, in one line."""
+    from theseus.analysis.evaluation import EvaluationError
+
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        raise EvaluationError(
+            f"task(s) {', '.join(unknown)} are not in lm-eval's task folder"
+            + (f" nor in {include_path}" if include_path else "")
+            + "; `lm_eval ls tasks` lists them, --include-path adds a folder of task YAML"
+        )
+    for task in tasks:
+        source = needs_download(manager, task)
+        if source is not None:
+            raise EvaluationError(
+                f"task {task} reads its data from {source!r}, which needs a download, and "
+                "Theseus downloads nothing; put the data in local files and name them in a "
+                "task YAML (dataset_path: json, dataset_kwargs: data_files) passed with "
+                "--include-path, or set HF_DATASETS_OFFLINE=1 to use a copy already in the "
+                "Hugging Face cache"
+            )
+
+
+def _lineage_checkpoints(store: Any, target: str) -> list[Any]:
+    """The checkpointed nodes of TARGET's lineage, in seq order."""
+    from theseus.analysis.evaluation import EvaluationError
+
+    node = store.resolve(target)
+    saved = {
+        c.node for c in store.query().nonce(node.nonce).checkpoints() if c.node.name == node.name
+    }
+    if not saved:
+        raise EvaluationError(
+            f"{target} ({node.name}~{node.nonce}) has no checkpoint to evaluate; train or "
+            "import it first"
+        )
+    return sorted(saved, key=lambda n: n.seq)
+
+
+def _done(values: dict[str, Any], task: str) -> bool:
+    return any(key.startswith(f"eval/{task}/") for key in values)
+
+
+def _write(
+    store: Any, node: Any, task: str, results: dict[str, Any], limit: int | None
+) -> dict[str, Any]:
+    """Keep one task's results on `node`: its values and the artifact `eval-TASK`."""
+    import lm_eval
+
+    values: dict[str, Any] = dict(metric_values(task, results["results"].get(task, {})))
+    version = results.get("versions", {}).get(task)
+    if version is not None:  # a number, or "Yaml" for a task file without one
+        values[f"eval/{task}/version"] = version if isinstance(version, float) else str(version)
+    shots = results.get("n-shot", {}).get(task)
+    if shots is not None:
+        values[f"eval/{task}/num_fewshot"] = int(shots)
+    values[f"eval/{task}/fewshot_seed"] = FEWSHOT_SEED
+    values["eval/harness_version"] = lm_eval.__version__
+    kept = {
+        "task": task,
+        "results": results["results"].get(task),
+        "config": results.get("configs", {}).get(task),
+        "version": version,
+        "n-shot": shots,
+        "fewshot_seed": FEWSHOT_SEED,
+        "harness_version": lm_eval.__version__,
+        "limit": limit,
+    }
+    text = json.dumps(kept, indent=1, sort_keys=True, default=str) + "\n"
+    with store.batch():
+        store.log(node, values)
+        store.put(node, f"eval-{task}", f"eval-{task}.json", text.encode())
+    return values
+
+
+def _shown(task: str, values: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k.rsplit('/', 1)[1]} {v:.4g}"
+        for k, v in values.items()
+        if k.startswith(f"eval/{task}/") and not k.endswith(("version", "seed", "fewshot"))
+    )
+
+
 def evaluate_node(
     root: str | Path,
     target: str,
@@ -51,83 +230,101 @@ def evaluate_node(
     limit: int | None = None,
     batch_size: int | None = None,
     force: bool = False,
-    echo: Any = print,
-) -> dict[str, dict[str, float]]:
-    """Run `tasks` on TARGET's checkpoint under `root` and keep the results on its node.
+    over: bool = False,
+    echo: Callable[[str], Any] = print,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Run `tasks` on TARGET's checkpoint under `root` (every checkpoint of its lineage with
+    `over`) and keep the results on each node.
+
+    Every process runs the harness on the same requests (the model's programs are
+    collective across hosts); process 0 writes the results.
 
     Returns:
-        task -> the values written (skipped tasks are absent).
+        node (`name~nonce~seq`) -> task -> the numeric values written (skipped tasks
+        and nodes are absent).
 
     Raises:
-        EvaluationError: no store, an unknown task, or bad settings.
+        EvaluationError: no store, an unknown task, a task that needs a download, or bad
+            settings.
     """
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
-    from theseus.analysis.evaluation._harness import EvaluationError, TheseusLM, open_trainer_at
+    from theseus.analysis.evaluation._harness import TheseusLM, stored
+    from theseus.cli import open_trainer, target_node
+    from theseus.job import from_host_zero, store_root
+    from theseus.quick import quick
+    from theseus.store import Node, Store
 
-    manager = TaskManager(include_path=include_path)
-    unknown = [task for task in tasks if task not in manager.all_tasks]
-    if unknown:
-        raise EvaluationError(
-            f"task(s) {', '.join(unknown)} are not in lm-eval's task folder"
-            + (f" nor in {include_path}" if include_path else "")
-            + "; `lm_eval ls tasks` lists them, --include-path adds a folder of task YAML"
+    say = echo if is_primary() else (lambda line: None)
+    manager = task_manager(root, include_path, tasks)
+    check_tasks(manager, tasks, include_path)
+    with Store(store_root(stored(root))) as store:  # what to do, before a model is opened
+        nodes = (
+            from_host_zero(lambda: _lineage_checkpoints(store, target))
+            if over
+            else [from_host_zero(lambda: target_node(store, target))]
         )
-    trainer = open_trainer_at(str(root), target)
-    node = Node(trainer.node.name, trainer.node.nonce, trainer.node.seq)
-    with Store(store_root(root)) as store:
-        held = store.values(node)
-    todo = []
-    for task in tasks:
-        if not force and any(key.startswith(f"eval/{task}/") for key in held):
-            echo(f"{task}: already on {node.serialize()}, skipped (--force runs it again)")
-        else:
-            todo.append(task)
-    if not todo:
+        plan: list[tuple[Node, list[str]]] = []
+        for node in nodes:
+            held = from_host_zero(functools.partial(store.values, node))
+            todo = [task for task in tasks if force or not _done(held, task)]
+            skipped = [task for task in tasks if task not in todo]
+            if skipped:
+                say(
+                    f"{node.serialize()}: {', '.join(skipped)} already there, skipped "
+                    "(--force runs it again)"
+                )
+            if todo:
+                plan.append((node, todo))
+    if not plan:
         return {}
-    echo(f"evaluating {', '.join(todo)} on {node.serialize()} ...")
-    results = lm_eval.simple_evaluate(
-        model=TheseusLM(trainer=trainer, batch_size=batch_size),
-        tasks=todo,
-        num_fewshot=num_fewshot,
-        limit=limit,
-        task_manager=manager,
-        torch_random_seed=None,
-        fewshot_random_seed=FEWSHOT_SEED,
-    )
-    written: dict[str, dict[str, float]] = {}
-    for task in todo:
-        values: dict[str, Any] = dict(metric_values(task, results["results"].get(task, {})))
-        version = results.get("versions", {}).get(task)
-        if version is not None:  # a number, or "Yaml" for a task file without one
-            values[f"eval/{task}/version"] = version if isinstance(version, float) else str(version)
-        shots = results.get("n-shot", {}).get(task)
-        if shots is not None:
-            values[f"eval/{task}/num_fewshot"] = int(shots)
-        values[f"eval/{task}/fewshot_seed"] = FEWSHOT_SEED
-        values["eval/harness_version"] = lm_eval.__version__
-        kept = {
-            "task": task,
-            "results": results["results"].get(task),
-            "config": results.get("configs", {}).get(task),
-            "version": results.get("versions", {}).get(task),
-            "n-shot": shots,
-            "fewshot_seed": FEWSHOT_SEED,
-            "harness_version": lm_eval.__version__,
-            "limit": limit,
-        }
-        text = json.dumps(kept, indent=1, sort_keys=True, default=str) + "\n"
-        with Store(store_root(root)) as store:
-            store.log(node, values)
-            store.put(node, f"eval-{task}", f"eval-{task}.json", text.encode())
-        written[task] = {k: v for k, v in values.items() if isinstance(v, float)}
-        shown = ", ".join(
-            f"{k.rsplit('/', 1)[1]} {v:.4g}"
-            for k, v in values.items()
-            if k.startswith(f"eval/{task}/") and not k.endswith(("version", "seed", "fewshot"))
-        )
-        echo(f"{task}: {shown}")
+    with quick(Path(root)) as q:
+        trainer: Any = open_trainer(q, plan[0][0].serialize())
+        store = q.store
+        model = TheseusLM(trainer=trainer, batch_size=batch_size)
+        written: dict[str, dict[str, dict[str, float]]] = {}
+        ahead = process_count() == 1  # across hosts, restores synchronize: keep their order
+        started = time.perf_counter()
+        with ThreadPoolExecutor(1, thread_name_prefix="theseus-eval-read") as pool:
+            pending = None
+            for index, (node, todo) in enumerate(plan):
+                if node != trainer.node:
+                    saved = pending.result() if pending is not None else None
+                    trainer.restore_node(node, saved)
+                following = plan[index + 1][0] if index + 1 < len(plan) else None
+                pending = (
+                    pool.submit(
+                        lambda n: trainer.read_checkpoint(trainer.checkpoint_path(n)), following
+                    )
+                    if ahead and following is not None and following != trainer.node
+                    else None
+                )
+                say(f"evaluating {', '.join(todo)} on {node.serialize()} ...")
+                results = lm_eval.simple_evaluate(
+                    model=model, tasks=todo, num_fewshot=num_fewshot, limit=limit,
+                    task_manager=manager, torch_random_seed=None, fewshot_random_seed=FEWSHOT_SEED,
+                )  # fmt: skip
+                for task in todo:
+                    if is_primary():
+                        values = _write(store, node, task, results, limit)
+                    else:
+                        values = dict(metric_values(task, results["results"].get(task, {})))
+                    written.setdefault(node.serialize(), {})[task] = {
+                        k: v for k, v in values.items() if isinstance(v, float)
+                    }
+                    say(f"{task}: {_shown(task, values)}")
+                if over:
+                    elapsed = time.perf_counter() - started
+                    left = elapsed / (index + 1) * (len(plan) - index - 1)
+                    say(
+                        f"checkpoint {index + 1}/{len(plan)} (seq {node.seq}) done, elapsed "
+                        f"{elapsed:.1f} s, ETA {left:.1f} s"
+                    )
+        if over:
+            say(
+                f"evaluated {len(plan)} of {len(nodes)} checkpoint(s) of "
+                f"{nodes[0].name}~{nodes[0].nonce}; the browser draws eval/TASK/METRIC over them"
+            )
     return written
 
 
@@ -143,6 +340,7 @@ def evaluate_node(
 @click.option("--num-fewshot", type=click.IntRange(0, 10_000), help="Few-shot examples.")
 @click.option("--limit", type=click.IntRange(1, 2**31 - 1), help="Documents per task at most.")
 @click.option("--batch-size", type=click.IntRange(1, 65_536), help="Rows per compiled call.")
+@click.option("--over", is_flag=True, help="Evaluate every checkpoint of TARGET's lineage.")
 @click.option("--force", is_flag=True, help="Evaluate again tasks the node holds already.")
 @common_options
 def eval_command(
@@ -153,13 +351,15 @@ def eval_command(
     num_fewshot: int | None,
     limit: int | None,
     batch_size: int | None,
+    over: bool,
     force: bool,
 ) -> None:
     """Run lm-evaluation-harness TASKS on TARGET's checkpoint under ROOT; keep the results.
 
-    TARGET is a node, a lineage (its latest checkpoint) or a run's name. Each metric
-    becomes a value `eval/TASK/METRIC` on the node, and the harness's results the
-    artifact `eval-TASK`.
+    TARGET is a node, a lineage (its latest checkpoint; with --over, all of them) or a
+    run's name. Each metric becomes a value `eval/TASK/METRIC` on the node, and the
+    harness's results the artifact `eval-TASK`. Besides lm-eval's tasks (local data
+    only), `synthetic_mc` and `synthetic_ppl` test the synthetic language.
     """
     names = [t.strip() for t in tasks.split(",")]
     if not all(names):
@@ -172,5 +372,5 @@ def eval_command(
         ) from None
     evaluate_node(
         root, target, names, include_path=include_path, num_fewshot=num_fewshot, limit=limit,
-        batch_size=batch_size, force=force, echo=click.echo,
+        batch_size=batch_size, force=force, over=over, echo=click.echo,
     )  # fmt: skip

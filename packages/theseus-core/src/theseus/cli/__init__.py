@@ -3,7 +3,7 @@
 from theseus.cli import _data, _sample, _verbs
 from theseus.cli._app import ENTRY_POINT_GROUP, PluginError, TheseusGroup, common_options, main
 from theseus.cli._cluster import cluster_options
-from theseus.cli._sample import open_trainer
+from theseus.cli._sample import open_trainer, require_store, target_node
 
 del _data, _sample, _verbs  # imported for their verbs
 
@@ -15,4 +15,6 @@ __all__ = [
     "common_options",
     "main",
     "open_trainer",
+    "require_store",
+    "target_node",
 ]

@@ -12,6 +12,7 @@ recorded (`job/module`), so the message says what to `--import`.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,25 @@ def _restored(q: Quick, node: Node, cls: type[BasicJob]) -> BasicJob:
     q.build(cls, run, project=project, group=group)
     q.find().node(node).resume()
     return q.create()
+
+
+def require_store(root: str | os.PathLike[str]) -> None:
+    """Refuse a ROOT that holds no store (before `quick` would make an empty one there).
+
+    Raises:
+        ConfigError: the store's marker file is missing under `root`.
+    """
+    if not (store_root(root) / MARKER).is_file():
+        raise ConfigError(
+            f"{root} holds no store ({store_root(root) / MARKER} is missing); pass the ROOT "
+            "a training run or an import wrote (`theseus run ... ROOT`)."
+        )
+
+
+def target_node(store: Store, target: str) -> Node:
+    """The node TARGET names: a node as written; a lineage (`name~nonce`) or a run's name
+    with one lineage: its latest checkpoint (its last node when it has none)."""
+    return _base_node(store, target)
 
 
 def open_trainer(q: Quick, target: str) -> BasicJob:
@@ -212,11 +232,7 @@ def sample_command(
         raise click.BadParameter(
             "is empty; give at least one character to continue", param_hint="PROMPT"
         )
-    if not (store_root(root) / MARKER).is_file():
-        raise ConfigError(
-            f"{root} holds no store ({store_root(root) / MARKER} is missing); pass the ROOT "
-            "a training run wrote (`theseus run ... ROOT`)."
-        )
+    require_store(root)
     with quick(root) as q:
         node, values, cls = _recorded(q, target)
         new_tokens = _room(prompt, values, root, max_new_tokens)  # before the checkpoint loads

@@ -54,19 +54,24 @@ def _positive(name: str, value: Any, default: int) -> int:
     return number
 
 
-def open_trainer_at(root: str, target: str) -> Any:
+def stored(root: str | Path) -> Path:
+    """`root` as a path, once it is known to hold a store (else `EvaluationError`)."""
+    from theseus.cli import require_store
+    from theseus.config import ConfigError
+
+    try:
+        require_store(root)
+    except ConfigError as error:
+        raise EvaluationError(str(error)) from None
+    return Path(root)
+
+
+def open_trainer_at(root: str | Path, target: str) -> Any:
     """The trainer that wrote `target` under `root`, restored at its checkpoint."""
     from theseus.cli import open_trainer
-    from theseus.job import store_root
     from theseus.quick import quick
-    from theseus.store import MARKER
 
-    if not (store_root(root) / MARKER).is_file():
-        raise EvaluationError(
-            f"{root} holds no store ({store_root(root) / MARKER} is missing); pass the ROOT "
-            "a training run or an import wrote"
-        )
-    with quick(Path(root)) as q:
+    with quick(stored(root)) as q:
         return open_trainer(q, target)
 
 
