@@ -65,6 +65,21 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
         assert pattern[0].content == pattern[1].content  # same weights and batch
         [ablation] = store.history(node, "head-ablation")
         assert ablation.content == pdfs[3].read_bytes() and pdfs[3].name == "head-ablation.pdf"
+        values = store.values(node)  # the evaluation the demo printed, kept on the node
+    printed = re.search(r"synthetic_mc  acc ([\d.]+) \+/- ([\d.]+)", result.output)
+    assert printed and float(printed.group(1)) == pytest.approx(
+        values["eval/synthetic_mc/acc"], abs=5e-4
+    )
+    assert values["eval/synthetic_mc/sample_len"] == 200
+    bits = re.search(r"synthetic_ppl ([\d.]+) bits/byte", result.output)
+    assert bits and float(bits.group(1)) == pytest.approx(
+        values["eval/synthetic_ppl/bits_per_byte"], abs=5e-4
+    )
+    (command,) = [line for line in result.output.splitlines() if " eval " in line]
+    argv = shlex.split(command)
+    over = CliRunner().invoke(main, argv[argv.index("--import") :])  # as printed
+    assert over.exit_code == 0, over.output
+    assert "skipped" in over.output  # the last node holds both tasks already
     match = re.search(r"without layer (\d) head (\d): ([+-][\d.]+) nats", result.output)
     assert match and int(match.group(1)) < 2 and int(match.group(2)) < 4
 

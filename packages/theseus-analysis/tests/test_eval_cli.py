@@ -22,7 +22,7 @@ lm_eval = pytest.importorskip("lm_eval")
 from click.testing import CliRunner  # noqa: E402
 
 from theseus.analysis._eval_cli import evaluate_node, needs_download, task_manager  # noqa: E402
-from theseus.analysis.evaluation import TheseusLM  # noqa: E402
+from theseus.analysis.evaluation import TASKS, TheseusLM  # noqa: E402
 from theseus.analysis.evaluation._harness import open_trainer_at  # noqa: E402
 from theseus.cli import main  # noqa: E402
 from theseus.data.datasets import Synthetic  # noqa: E402
@@ -34,11 +34,7 @@ from theseus.store import Store  # noqa: E402
 
 jobs = import_module_or_file(str(Path(__file__).with_name("analysis_jobs.py")))
 helpers = import_module_or_file(str(Path(__file__).with_name("eval_helpers.py")))
-tasks_module = import_module_or_file(
-    str(Path(__file__).parents[1] / "src/theseus/analysis/evaluation/tasks/synthetic.py")
-    if (Path(__file__).parents[1] / "src").is_dir()
-    else str(__import__("theseus.analysis.evaluation").analysis.evaluation.TASKS / "synthetic.py")
-)
+tasks_module = import_module_or_file(str(TASKS / "synthetic.py"))  # the installed folder's
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,10 @@
 The whole pipeline in one command, on a CPU, with no download: prepare `synthetic`,
 train `demo/train` (PretrainGPT with two tandem analyses, see `theseus.analysis.demo`)
 with small settings, checkpoint it, analyze its latest checkpoint as a standalone job,
-ablate each of its heads (an intervention sweep), sample a few continuations of held-out text, and print the lineage, the checkpoints, the losses against the language's entropy
-bound, where the PDFs are, and what to run next.
+ablate each of its heads (an intervention sweep), sample a few continuations of held-out
+text, evaluate it on the synthetic language's own lm-evaluation-harness tasks (when the
+`eval` extra is installed), and print the lineage, the checkpoints, the losses against
+the language's entropy bound, the scores, where the PDFs are, and what to run next.
 """
 
 from __future__ import annotations
@@ -45,6 +47,23 @@ def _command(name: str) -> str:
         return f"uv run {name}"
     here = Path(sys.executable).parent / name
     return name if shutil.which(name) == str(here) else str(here)
+
+
+def _evaluate(root: Path, lineage: str) -> dict[str, dict[str, float]] | None:
+    """The synthetic tasks on `lineage`'s latest checkpoint (None without lm-eval)."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        return None
+    from theseus.analysis._eval_cli import evaluate_node
+
+    click.echo("Evaluating the model on synthetic_mc and synthetic_ppl ...")
+    written = evaluate_node(
+        root, lineage, ["synthetic_mc", "synthetic_ppl"], batch_size=32, force=True,
+        echo=lambda line: None,
+    )  # fmt: skip
+    [scores] = written.values()
+    return scores
 
 
 @click.command("demo")
@@ -131,6 +150,10 @@ def demo(root: Path, steps: int) -> None:
         q.find().nonce(trainer.node.nonce).checkpoint().latest().resume()
         ablated = q.create()()
 
+    # The model on the language's own evaluations, kept on the latest checkpoint's node.
+    lineage = f"{trainer.node.name}~{trainer.node.nonce}"
+    scores = _evaluate(root, lineage)
+
     if not is_primary():
         click.echo(
             f"Process {process_index()} of {process_count()} finished run "
@@ -168,6 +191,25 @@ def demo(root: Path, steps: int) -> None:
     click.echo("  samples (8 tokens of held-out text, then 40 drawn at temperature 0.8):")
     for prompt, sample in zip(prompts, samples, strict=True):
         click.echo(f"    {prompt!r} -> {sample!r}")
+    if scores is None:
+        click.echo(
+            "  evaluation:   skipped (lm-evaluation-harness is not installed: pip install "
+            '"theseus-analysis[eval]")'
+        )
+    else:
+        mc, ppl = scores.get("synthetic_mc", {}), scores.get("synthetic_ppl", {})
+        click.echo(
+            "  evaluation (lm-evaluation-harness; values eval/TASK/METRIC on the last node):"
+        )
+        click.echo(
+            f"    synthetic_mc  acc {mc['eval/synthetic_mc/acc']:.3f} "
+            f"+/- {mc['eval/synthetic_mc/acc_stderr']:.3f} (chance 0.25; the language itself 1.0)"
+        )
+        click.echo(
+            f"    synthetic_ppl {ppl['eval/synthetic_ppl/bits_per_byte']:.3f} bits/byte (val "
+            f"loss {final['val/loss'] / math.log(2):.3f} bits/token; entropy bound "
+            f"{bound / math.log(2):.3f})"
+        )
     click.echo(f"  store:        {root / 'store'}")
     click.echo("")
     click.echo("Look at it:")
@@ -185,6 +227,10 @@ def demo(root: Path, steps: int) -> None:
     click.echo(
         f'  {python} -c "from theseus.quick import init; '
         f"q = init({str(root)!r}); print(q.find().spec(run='demo').checkpoint().latest().first())\""
+    )
+    click.echo(
+        f"  {_command('theseus')} --import theseus.analysis.demo eval {shlex.quote(str(root))} "
+        f"{lineage} --over --tasks synthetic_mc,synthetic_ppl"
     )
     click.echo('Browse it in a web browser (read-only; pip install "theseus-store[ui]"):')
     click.echo(f"  {store_cli} ui {shlex.quote(str(root))}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,21 @@ __all__ = ["FEWSHOT_SEED", "eval_command", "evaluate_node", "metric_values"]
 FEWSHOT_SEED = 1234
 #: the `datasets` builders that read the files a task names (no download)
 LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas"}
+
+
+class _OwnTaskNote(logging.Filter):
+    """Drops lm-eval's note on passing `--metadata` to a task with its own dataset
+    function, for the synthetic tasks (Theseus passes the root's language itself)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        return not (text.startswith("synthetic_") and "Custom kwargs" in text)
+
+
+def _quiet() -> None:
+    logger = logging.getLogger("lm_eval.api.task")
+    if not any(isinstance(f, _OwnTaskNote) for f in logger.filters):
+        logger.addFilter(_OwnTaskNote())
 
 
 def metric_values(task: str, results: dict[str, Any]) -> dict[str, float]:
@@ -256,6 +272,7 @@ def evaluate_node(
     from theseus.store import Node, Store
 
     say = echo if is_primary() else (lambda line: None)
+    _quiet()
     manager = task_manager(root, include_path, tasks)
     check_tasks(manager, tasks, include_path)
     with Store(store_root(stored(root))) as store:  # what to do, before a model is opened
