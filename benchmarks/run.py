@@ -72,6 +72,7 @@ BENCHMARKS = (
     Benchmark("ui", "store browser: page, series and PDF-render latency at scale"),
     Benchmark("hf_import", "hf import: host memory streaming a 1 GB sharded folder / shard"),
     Benchmark("hf_vs_transformers", "hf import throughput vs transformers from_pretrained"),
+    Benchmark("evaluation", "tandem multiple choice in the validation step vs plain validation"),
 )
 
 

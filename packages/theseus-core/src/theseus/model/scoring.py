@@ -74,6 +74,7 @@ def loglikelihoods(
     pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
     batch_size: int = 8,
+    width: int | None = None,
 ) -> list[tuple[float, bool]]:
     """Each continuation's log-probability given its context, and whether it is greedy.
 
@@ -82,6 +83,9 @@ def loglikelihoods(
         params: its parameters (`state.params`, laid out as the trainer lays them out).
         pairs: `(context, continuation)` token ids; neither may be empty.
         batch_size: rows per compiled call (the last batch is padded with empty rows).
+        width: pad every batch to this many positions instead of its length bucket (one
+            program for a fixed set of pairs scored again and again; at least the
+            longest pair's, at most `block_size`).
 
     Returns:
         `(loglikelihood, is_greedy)` per pair, in the order given.
@@ -99,10 +103,16 @@ def loglikelihoods(
     results: list[tuple[float, bool]] = [(0.0, False)] * len(windows)
     for first in range(0, len(order), batch_size):
         rows = order[first : first + batch_size]
-        width = prompt_bucket(max(len(windows[i]) - 1 for i in rows), block)
-        tokens = np.zeros((batch_size, width), np.int32)
-        targets = np.zeros((batch_size, width), np.int32)
-        weights = np.zeros((batch_size, width), np.float32)
+        longest = max(len(windows[i]) - 1 for i in rows)
+        if width is not None and not longest <= width <= block:
+            raise ScoringError(
+                f"width {width} must hold the longest pair ({longest} positions) and fit the "
+                f"model's context ({block})"
+            )
+        padded = width if width is not None else prompt_bucket(longest, block)
+        tokens = np.zeros((batch_size, padded), np.int32)
+        targets = np.zeros((batch_size, padded), np.int32)
+        weights = np.zeros((batch_size, padded), np.float32)
         for row, index in enumerate(rows):
             window, scored = windows[index], lengths[index]
             n = len(window) - 1

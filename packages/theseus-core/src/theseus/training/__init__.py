@@ -21,6 +21,12 @@ from theseus.training.evaluation import (
     TandemView,
 )
 from theseus.training.flywheel.strategy import DatasetDeclaration, Sampling
+from theseus.training.local_evaluations import (
+    BitsPerByte,
+    BitsPerByteConfig,
+    MultipleChoice,
+    MultipleChoiceConfig,
+)
 from theseus.training.optimizers import AdamW, AdamWConfig, Optimizer
 from theseus.training.schedules import WSD, Schedule, WSDConfig, constant
 from theseus.training.sharding import DEFAULT_RULES, ParameterShardingContext, make_mesh
@@ -32,10 +38,14 @@ __all__ = [
     "AdamWConfig",
     "BaseTrainer",
     "BaseTrainerConfig",
+    "BitsPerByte",
+    "BitsPerByteConfig",
     "CheckpointKeeper",
     "CheckpointMismatchError",
     "DatasetDeclaration",
     "Evaluation",
+    "MultipleChoice",
+    "MultipleChoiceConfig",
     "Optimizer",
     "ParameterShardingContext",
     "Perplexity",
