@@ -212,7 +212,9 @@ def torch(session: nox.Session) -> None:
     # The GPT-2 import's reference (tests/test_gpt2_transformers.py), installed after
     # torch so pip keeps the CPU wheel: transformers (5.x asks torch>=2.6 only in its
     # extras, so pip never touches torch) and the tokenizers it saves with.
-    session.install("transformers", "tokenizers", "safetensors")
+    # lm-evaluation-harness's `hf` model, the parity reference of `theseus eval`
+    # (test_harness_parity.py), needs accelerate too.
+    session.install("transformers", "tokenizers", "safetensors", "accelerate")
     kept = (
         "import torch, transformers; print('torch', torch.__version__, 'transformers', "
         f"transformers.__version__); assert torch.__version__.split('+')[0] == {TORCH_VERSION!r}"

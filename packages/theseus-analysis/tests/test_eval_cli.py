@@ -218,3 +218,58 @@ def test_a_task_that_needs_a_download_is_one_line(
     del before
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the user's cached copies: not refused
     assert needs_download(task_manager(root, None), task) is None
+
+
+@pytest.mark.slow  # two fresh interpreters import lm-eval and JAX and join: about 30 s
+@pytest.mark.multiprocess
+def test_two_processes_evaluate_as_one(lineage: Path, tmp_path: Path) -> None:
+    """`theseus eval` on two jax.distributed processes (one CPU device each, gloo): the
+    values process 0 writes equal a one-process evaluation's; process 1 writes nothing."""
+    import os
+    import re
+    import socket
+    import subprocess
+    import sys
+
+    one, two = _copy(lineage, tmp_path / "one"), _copy(lineage, tmp_path / "two")
+    tasks = ["tiny_mc", "synthetic_ppl"]
+    [alone] = evaluate_node(one, "scored", tasks, include_path=str(one), limit=3).values()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("THESEUS_", "SLURM_"))}
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
+    env |= {
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=1",
+    }
+    command = [sys.executable, "-c", "from theseus.cli import main; main()", "eval", str(two),
+               "scored", "--tasks", ",".join(tasks), "--include-path", str(two), "--limit", "3",
+               "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [*command, "--process-id", str(i)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in (0, 1)
+    ]
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=300))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        assert proc.returncode == 0, outputs[-1][1][-3000:]
+    assert "tiny_mc: " in outputs[0][0] and "tiny_mc: " not in outputs[1][0]  # 0 reports
+    node = _checkpointed(two)[-1]
+    with Store(two / "store") as store:
+        values = store.values(node)
+        assert len(store.history(node, "eval-tiny_mc")) == 1  # written once, by process 0
+    for task in tasks:
+        for key, value in alone[task].items():
+            assert values[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key

@@ -117,7 +117,8 @@ def test_a_local_multiple_choice_task_scores_its_accuracy(trained, tmp_path: Pat
     from lm_eval.tasks import TaskManager
 
     results = lm_eval.simple_evaluate(
-        model=lm, tasks=["tiny_mc"], task_manager=TaskManager(include_path=str(tmp_path)),
+        model=lm, tasks=["tiny_mc"],
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
         torch_random_seed=None,
     )  # fmt: skip
     acc = results["results"]["tiny_mc"]["acc,none"]

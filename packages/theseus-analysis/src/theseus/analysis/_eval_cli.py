@@ -33,7 +33,7 @@ from typing import Any
 
 import click
 
-from theseus.cli import common_options
+from theseus.cli import cluster_options, common_options
 from theseus.job import is_primary, process_count
 
 __all__ = ["FEWSHOT_SEED", "eval_command", "evaluate_node", "metric_values"]
@@ -359,6 +359,7 @@ def evaluate_node(
 @click.option("--batch-size", type=click.IntRange(1, 65_536), help="Rows per compiled call.")
 @click.option("--over", is_flag=True, help="Evaluate every checkpoint of TARGET's lineage.")
 @click.option("--force", is_flag=True, help="Evaluate again tasks the node holds already.")
+@cluster_options
 @common_options
 def eval_command(
     root: Path,

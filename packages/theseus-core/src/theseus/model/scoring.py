@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from theseus.errors import TheseusError
 from theseus.model.generation import prompt_bucket
@@ -48,6 +49,16 @@ def _score(
     total = jnp.sum(jnp.where(weights > 0, logprobs, 0.0), axis=-1)
     hits = (jnp.argmax(logits, axis=-1) == targets) | (weights == 0)
     return total, jnp.all(hits, axis=-1)
+
+
+def _placed(params: Any, *arrays: np.ndarray) -> list[jax.Array]:
+    """`arrays` replicated over the devices of `params`' mesh (every process of a cluster
+    holds the same rows), or on the default device when `params` have no mesh."""
+    sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        replicated = NamedSharding(sharding.mesh, PartitionSpec())
+        return [jax.device_put(array, replicated) for array in arrays]
+    return [jnp.asarray(array) for array in arrays]
 
 
 def _window(context: Sequence[int], continuation: Sequence[int], block: int) -> list[int]:
@@ -119,7 +130,7 @@ def loglikelihoods(
             tokens[row, :n], targets[row, :n] = window[:-1], window[1:]
             weights[row, n - scored : n] = 1.0
         total, greedy = jax.device_get(
-            _score(model, params, jnp.asarray(tokens), jnp.asarray(targets), jnp.asarray(weights))
+            _score(model, params, *_placed(params, tokens, targets, weights))
         )
         for row, index in enumerate(rows):
             results[index] = (float(total[row]), bool(greedy[row]))

@@ -11,7 +11,8 @@ The harness asks a model three things; each goes through Theseus's own compiled 
   context, made disjoint), its windows' loglikelihoods summed;
 * `generate_until`: `theseus.model.generation.generate` (the key-value cache) for
   `max_gen_toks` tokens from the context's last `block_size - max_gen_toks` tokens,
-  greedy unless the request asks to sample, the text cut at the first `until` string.
+  greedy unless the request asks to sample, the text cut at the end-of-text token and at
+  the first `until` string.
 
 The model and its parameters are the trainer's, as its checkpoint restored them (no
 copy): `TheseusLM(root=ROOT, target=NODE)` opens the node as `theseus sample` does, and
@@ -197,7 +198,10 @@ class TheseusLM(TemplateLM):
                     vocab=self._tokenizer.vocab_size,
                 )  # fmt: skip
                 for index, continuation in zip(rows, tokens, strict=True):
-                    text = self.tok_decode(continuation)
+                    ids = list(continuation)
+                    if self.eot_token_id in ids:  # the model ended its text there
+                        ids = ids[: ids.index(self.eot_token_id)]
+                    text = self.tok_decode(ids)
                     for stop in settings[index][2]:
                         if stop:
                             text = text.split(stop)[0]
