@@ -83,20 +83,22 @@ print(json.dumps({"seconds": seconds, "anon_mb": int(status.split()[0]) / 1024})
 """
 
 
-def torch_python() -> str:
-    """An interpreter with PyTorch and transformers (made once; never the workspace's)."""
+def torch_python(extra: tuple[str, ...] = (), name: str = "torch") -> str:
+    """An interpreter with PyTorch, transformers and `extra` (made once under
+    ``~/.cache/theseus-benchmarks/NAME``; never the workspace's)."""
     named = os.environ.get("THESEUS_BENCH_TORCH_PYTHON")
     if named:
         return named
-    home = Path.home() / ".cache" / "theseus-benchmarks" / "torch"
+    home = Path.home() / ".cache" / "theseus-benchmarks" / name
     python = home / "bin" / "python"
     ready = home / ".ready"
-    if not ready.is_file():
+    wanted = " ".join([TORCH, "transformers", *extra]) + "\n"
+    if not ready.is_file() or ready.read_text() != wanted:
         venv.create(home, with_pip=True, clear=True)
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run([*pip, TORCH], check=True)  # pip takes the CPU wheel; uv never does
-        subprocess.run([*pip, "transformers", "safetensors", "tokenizers"], check=True)
-        ready.write_text("torch==2.13.0 transformers\n")
+        subprocess.run([*pip, "transformers", "safetensors", "tokenizers", *extra], check=True)
+        ready.write_text(wanted)
     return str(python)
 
 

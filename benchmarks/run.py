@@ -73,6 +73,7 @@ BENCHMARKS = (
     Benchmark("hf_import", "hf import: host memory streaming a 1 GB sharded folder / shard"),
     Benchmark("hf_vs_transformers", "hf import throughput vs transformers from_pretrained"),
     Benchmark("evaluation", "tandem multiple choice in the validation step vs plain validation"),
+    Benchmark("harness", "lm-eval requests/s: theseus's model vs the harness's hf model"),
 )
 
 

@@ -104,8 +104,9 @@ def test_a_context_longer_than_the_window_loses_its_left(model_and_params) -> No
     assert _close(long[0], short[0]) and short[1] == long[1]
 
 
-def test_one_program_per_length_bucket(model_and_params) -> None:
+def test_one_program_per_length_bucket(model_and_params, monkeypatch) -> None:
     model, params = model_and_params
+    monkeypatch.setattr(scoring, "MIN_BUCKET", 8)  # several buckets within this small block
     scoring._score.clear_cache()
     rng = np.random.default_rng(1)
     pairs = [
