@@ -207,7 +207,7 @@ def demo(root: Path, steps: int) -> None:
         )
         click.echo(
             f"    synthetic_ppl {ppl['eval/synthetic_ppl/bits_per_byte']:.3f} bits/byte (val "
-            f"loss {final['val/loss'] / math.log(2):.3f} bits/token; entropy bound "
+            f"loss {float(final['val/loss']) / math.log(2):.3f} bits/token; entropy bound "
             f"{bound / math.log(2):.3f})"
         )
     click.echo(f"  store:        {root / 'store'}")
