@@ -198,6 +198,8 @@ def demo(root: Path, steps: int) -> None:
         )
     else:
         mc, ppl = scores.get("synthetic_mc", {}), scores.get("synthetic_ppl", {})
+        loss = final["val/loss"]
+        assert isinstance(loss, float)
         click.echo(
             "  evaluation (lm-evaluation-harness; values eval/TASK/METRIC on the last node):"
         )
@@ -207,7 +209,7 @@ def demo(root: Path, steps: int) -> None:
         )
         click.echo(
             f"    synthetic_ppl {ppl['eval/synthetic_ppl/bits_per_byte']:.3f} bits/byte (val "
-            f"loss {float(final['val/loss']) / math.log(2):.3f} bits/token; entropy bound "
+            f"loss {loss / math.log(2):.3f} bits/token; entropy bound "
             f"{bound / math.log(2):.3f})"
         )
     click.echo(f"  store:        {root / 'store'}")
