@@ -188,3 +188,21 @@ def test_parameters_sharded_over_devices_score_the_same(model_and_params) -> Non
     one = loglikelihoods(model, params, pairs)
     four = loglikelihoods(model, sharded, pairs)
     assert all(abs(a - b) <= ATOL and g == h for (a, g), (b, h) in zip(one, four, strict=True))
+
+
+def test_a_fixed_width_is_one_program_with_the_same_scores(model_and_params, monkeypatch) -> None:
+    model, params = model_and_params
+    monkeypatch.setattr(scoring, "MIN_BUCKET", 8)
+    rng = np.random.default_rng(2)
+    pairs = [
+        (rng.integers(0, VOCAB, n).tolist(), rng.integers(0, VOCAB, 3).tolist())
+        for n in (2, 5, 11, 20)
+    ]
+    bucketed = loglikelihoods(model, params, pairs, batch_size=2)
+    scoring._score.clear_cache()
+    fixed = loglikelihoods(model, params, pairs, batch_size=2, width=23)
+    assert scoring._score._cache_size() == 1  # its batches fall in buckets 32 and 8: two programs
+    for (a, greedy_a), (b, greedy_b) in zip(fixed, bucketed, strict=True):
+        assert _close(a, b) and greedy_a == greedy_b
+    with pytest.raises(scoring.ScoringError, match="longest pair"):
+        loglikelihoods(model, params, pairs, width=10)

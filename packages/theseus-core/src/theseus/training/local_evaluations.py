@@ -218,7 +218,11 @@ class MultipleChoice(Evaluation):
             [
                 s
                 for s, _ in loglikelihoods(
-                    trainer.model, trainer.state.params, pairs, batch_size=cfg.batch_size
+                    trainer.model,
+                    trainer.state.params,
+                    pairs,
+                    batch_size=cfg.batch_size,
+                    width=_width(pairs, trainer),
                 )
             ]
         )
@@ -267,7 +271,11 @@ class BitsPerByte(Evaluation):
         total = sum(
             s
             for s, _ in loglikelihoods(
-                trainer.model, trainer.state.params, windows, batch_size=cfg.batch_size
+                trainer.model,
+                trainer.state.params,
+                windows,
+                batch_size=cfg.batch_size,
+                width=_width(windows, trainer),
             )
         )
         return {"bits_per_byte": -total / max(size, 1) / math.log(2)}
