@@ -138,6 +138,13 @@ def test_over_evaluates_every_checkpoint_with_one_compiled_program(
         root, "scored", tasks, include_path=str(root), limit=2, over=True, echo=lines.append
     )
     assert again == {} and sum("skipped" in line for line in lines) == 3
+    try:  # the browser's curve of the accuracy over training (theseus-store's ui extra)
+        from theseus.store.ui._data import series
+    except ImportError:  # the isolated session installs theseus-store without it
+        return
+    with Store(root / "store") as store:
+        curve = series(store, nodes[0].name, nodes[0].nonce, "eval/synthetic_ppl/bits_per_byte")
+    assert curve["node"] == [n.serialize() for n in nodes] and curve["y"] == pytest.approx(bits)
 
 
 def _chain_probability(lang: MarkovLanguage, prefix: str, continuation: str) -> float:
