@@ -162,3 +162,36 @@ def test_bad_model_arguments_are_one_line(trained, tmp_path: Path) -> None:
         with pytest.raises(EvaluationError, match=message) as info:
             TheseusLM(**kwargs)
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow  # two fresh interpreters import lm-eval, JAX and the model: about 25 s
+def test_the_plain_command_imports_the_jobs_model_args_name(tmp_path: Path) -> None:
+    """A node whose job lives in a module of the user's: one line naming `import=`, then
+    `import=FILE` in --model_args evaluates it."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    Synthetic.prepare(root, tokens=20_000, val_tokens=4_000)
+    with quick(root) as q:
+        q.build(jobs.GPTWithAnalysis, "own")
+        jobs.tiny(q.config, steps=2, **{"training/analyze": False})
+        q.create()()
+    _task(tmp_path)
+    command = [str(Path(sys.executable).with_name("lm_eval")), "--model", "theseus",
+               "--tasks", "tiny_mc", "--include_path", str(tmp_path), "--model_args"]  # fmt: skip
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    refused = subprocess.run(
+        [*command, f"root={root},target=own"], capture_output=True, text=True, env=env,
+        timeout=300,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "import=" in refused.stderr and "analysis_jobs" in refused.stderr
+    jobs_file = Path(__file__).with_name("analysis_jobs.py")
+    done = subprocess.run(
+        [*command, f"root={root},target=own,import={jobs_file}"], capture_output=True,
+        text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tiny_mc" in done.stdout

@@ -21,6 +21,7 @@ copy): `TheseusLM(root=ROOT, target=NODE)` opens the node as `theseus sample` do
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import jax
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from theseus.config import ConfigError
 from theseus.errors import TheseusError
 from theseus.model.generation import generate
 from theseus.model.scoring import loglikelihoods, rolling_windows
@@ -67,6 +69,18 @@ def stored(root: str | Path) -> Path:
     return Path(root)
 
 
+def _import(module: str) -> None:
+    """Import a module or file of jobs, as `theseus --import` does (one-line errors)."""
+    from theseus.registry import import_module_or_file
+
+    try:
+        import_module_or_file(module)
+    except ImportError as error:
+        raise EvaluationError(
+            f"import={module} in --model_args cannot be imported: {error}"
+        ) from None
+
+
 def open_trainer_at(root: str | Path, target: str) -> Any:
     """The trainer that wrote `target` under `root`, restored at its checkpoint."""
     from theseus.cli import open_trainer
@@ -83,6 +97,9 @@ class TheseusLM(TemplateLM):
     Args:
         root, target: where the node is (`lm_eval --model theseus --model_args
             root=ROOT,target=NODE`); TARGET as `theseus sample` takes it.
+        import (a `--model_args` key): modules (or files) of jobs to import first,
+            `;`-separated, as `theseus --import` takes them (the job that wrote the node
+            must be registered).
         batch_size: rows per compiled call (`auto` is 8).
         max_gen_toks: tokens `generate_until` adds when a task does not say.
         trainer: a trainer already set up (instead of root and target).
@@ -99,19 +116,30 @@ class TheseusLM(TemplateLM):
         **ignored: Any,
     ) -> None:
         super().__init__()
+        modules = str(ignored.pop("import", "") or "")
         unknown = sorted(set(ignored) - {"device", "max_batch_size"})
         if unknown:
             raise EvaluationError(
-                f"--model_args for theseus take root, target, batch_size, max_gen_toks; "
-                f"got {', '.join(unknown)}"
+                f"--model_args for theseus take root, target, import, batch_size, "
+                f"max_gen_toks; got {', '.join(unknown)}"
             )
+        for module in filter(None, (m.strip() for m in modules.split(";"))):
+            _import(module)
         if trainer is None:
             if not root or not target:
                 raise EvaluationError(
                     "the theseus model needs a node: --model_args root=ROOT,target=NODE "
                     "(TARGET: a run name, name~nonce or name~nonce~seq)"
                 )
-            trainer = open_trainer_at(str(root), str(target))
+            try:
+                trainer = open_trainer_at(str(root), str(target))
+            except ConfigError as error:  # a job this interpreter has not registered
+                said = re.sub(
+                    r"pass --import (\S+) \(before the verb or after it\)",
+                    r"add import=\1 to --model_args",
+                    str(error),
+                )
+                raise EvaluationError(said) from None
         if not hasattr(trainer.model, "cached"):
             raise EvaluationError(
                 f"{type(trainer).__name__}'s model ({type(trainer.model).__name__}) has no "
