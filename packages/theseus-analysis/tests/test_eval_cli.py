@@ -85,7 +85,8 @@ def test_theseus_eval_keeps_each_metric_on_the_node_once(lineage: Path, tmp_path
     with Store(root / "store") as store:
         assert len(store.history(node, "eval-tiny_mc")) == 2  # the skip wrote nothing
     unknown = CliRunner().invoke(
-        main, ["eval", str(root), "scored", "--tasks", "no_such_task", "--include-path", str(root)]
+        main,  # (lm-eval's whole index is read once a process: the folder is the fixture's)
+        ["eval", str(root), "scored", "--tasks", "no_such_task", "--include-path", str(lineage)],
     )
     assert unknown.exit_code != 0 and "no_such_task" in unknown.output
     assert len(unknown.output.strip().splitlines()) == 1
@@ -216,7 +217,9 @@ def test_a_task_that_needs_a_download_is_one_line(
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     root = _copy(lineage, tmp_path)
     before = (root / "store").stat().st_mtime_ns, sorted(p.name for p in (root / "store").iterdir())
-    done = CliRunner().invoke(main, ["eval", str(root), "scored", "--tasks", task])
+    done = CliRunner().invoke(
+        main, ["eval", str(root), "scored", "--tasks", task, "--include-path", str(lineage)]
+    )
     assert done.exit_code != 0
     [line] = done.output.strip().splitlines()
     assert "download" in line and task in line
@@ -224,7 +227,7 @@ def test_a_task_that_needs_a_download_is_one_line(
         assert not any(k.startswith("eval/") for n in _checkpointed(root) for k in store.values(n))
     del before
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the user's cached copies: not refused
-    assert needs_download(task_manager(root, None), task) is None
+    assert needs_download(task_manager(root, str(lineage)), task) is None
 
 
 @pytest.mark.slow  # two fresh interpreters import lm-eval and JAX and join: about 30 s
