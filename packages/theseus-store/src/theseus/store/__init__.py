@@ -51,6 +51,7 @@ from theseus.store._folders import (
     strays,
 )
 from theseus.store._fsck import FsckReport
+from theseus.store._netfs import NetworkFilesystemWarning
 from theseus.store._node import Node
 from theseus.store._paths import canonical_path
 from theseus.store._query import Query
@@ -75,6 +76,7 @@ __all__ = [
     "InvalidNodeError",
     "LineageGrowth",
     "MissingBlobError",
+    "NetworkFilesystemWarning",
     "Node",
     "NotAStoreError",
     "Query",

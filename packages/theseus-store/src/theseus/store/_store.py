@@ -41,6 +41,7 @@ from theseus.store._errors import (
     ValueTypeError,
 )
 from theseus.store._fsck import FsckReport, fsck
+from theseus.store._netfs import warn_if_network
 from theseus.store._node import Node
 from theseus.store._opening import (
     CREATE_LOCK,
@@ -113,6 +114,8 @@ class Store(StoreReader):
                 f"{self.root} is not a theseus-store root (no {MARKER}).{inner_hint(self.root)} "
                 "Check the path, or open it with create=True to start a new store there."
             )
+        # SQLite is not safe on NFS, Lustre and their kind: say so, once per path.
+        warn_if_network(self.db_path)
         try:
             if not marker.exists():
                 self._create(marker)
