@@ -242,3 +242,20 @@ def test_a_writer_killed_mid_transaction_loses_only_that_transaction(
         assert store.get(node) == {}
         store.log(node, {"after": 3})  # the killed writer's lock went with it
         assert store.query().node(node).select() == [{"after": 3, "kept": 1}]
+
+
+def test_every_entry_point_takes_the_url(pg_url: Any, tmp_path: Path) -> None:
+    """JobSpec, quick, store_root and theseus-store read the URL before making any path."""
+    from theseus.job import JobSpec, store_root
+    from theseus.store.cli import main
+
+    url = pg_url(tmp_path / "files")
+    spec = JobSpec("run", url)
+    assert spec.root == tmp_path / "files"
+    assert store_root(url) == tmp_path / "files" / "store"
+    assert not any(p.name.startswith("postgresql:") for p in Path.cwd().iterdir())
+    node = Node.new("run")
+    with Store(url) as store:
+        store.log(node, {"loss": 0.5})
+    assert main(["show", url, node.serialize()]) == 0
+    assert main(["show", url.split("?")[0] + f"?files={tmp_path / 'nothing'}", "x"]) == 2
