@@ -185,6 +185,15 @@ def tpu(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def postgres(session: nox.Session) -> None:
+    """The store's tests on PostgreSQL: a private server (Debian's postgresql) they start."""
+    session.run(
+        "pytest", "-q", "-p", "no:cacheprovider", "packages/theseus-store/tests", "--postgres",
+        "-n", "2", *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session(python=False)
 def slow(session: nox.Session) -> None:
     """Only the tests marked slow (long crash-safety loops, long training runs)."""
     session.run("pytest", "-q", "-m", "slow", *session.posargs)

@@ -6,7 +6,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from theseus.store import Node
+from theseus.store import Node, bind_root
 
 STORE_DIR = "store"
 # Named for what it holds, so a root called `results` (as in `quick("./results")`)
@@ -19,9 +19,10 @@ def store_root(root: str | os.PathLike[str]) -> Path:
 
     A root holds everything of its runs: ``store/`` (the lineage database),
     ``data/`` (prepared datasets), ``analyses/`` (the files analyses write) and
-    ``checkpoints/``.
+    ``checkpoints/``. A root given as ``postgresql://USER@HOST:PORT/DB?files=DIR`` is
+    the folder DIR, whose store keeps its rows in that database (``bind_root``).
     """
-    return Path(root) / STORE_DIR
+    return bind_root(root) / STORE_DIR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class JobSpec:
     ) -> None:
         node = Node.new(name, project=project, group=group)  # validates every part
         object.__setattr__(self, "name", name)
-        object.__setattr__(self, "root", Path(root))
+        object.__setattr__(self, "root", bind_root(root))
         object.__setattr__(self, "project", node.project)
         object.__setattr__(self, "group", node.group)
 

@@ -22,7 +22,7 @@ from theseus.job import (
 )
 from theseus.quick._find import Finder, QuickError
 from theseus.registry import resolve_job
-from theseus.store import MARKER, Node, NotAStoreError, Store
+from theseus.store import MARKER, Node, NotAStoreError, Store, bind_root
 
 
 class Quick:
@@ -36,7 +36,7 @@ class Quick:
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+        self.root = bind_root(root)
         self._made = _missing(self.root)  # folders this session creates (removed if unused)
         self.store = _open_store(store_root(self.root))
         self._job: type[BasicJob] | None = None

@@ -23,6 +23,7 @@ Example:
     [{'name': 'notes', 'content': b'hello'}]
 """
 
+from theseus.store._binding import bind_root
 from theseus.store._browse import LineageGrowth, WrittenNode
 from theseus.store._errors import (
     AmbiguousNodeError,
@@ -54,6 +55,7 @@ from theseus.store._fsck import FsckReport
 from theseus.store._netfs import NetworkFilesystemWarning
 from theseus.store._node import Node
 from theseus.store._paths import canonical_path
+from theseus.store._postgres import is_database_url
 from theseus.store._query import Query
 from theseus.store._reading import StoreReader
 from theseus.store._records import Artifact, Checkpoint, Scalar
@@ -92,7 +94,9 @@ __all__ = [
     "UnknownNodeError",
     "ValueTypeError",
     "WrittenNode",
+    "bind_root",
     "canonical_path",
+    "is_database_url",
     "named_checkpoints",
     "open_lineage_folder",
     "registered_checkpoints",

@@ -21,6 +21,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from theseus.store._dialect import SQLITE, dialect
 from theseus.store._errors import QueryError
 from theseus.store._node import Node
 from theseus.store._records import Scalar, decode_value
@@ -53,7 +54,11 @@ __all__ = [
 
 # The tables whose rows a lineage summary counts (``holding_totals``, ``holdings_by_lineage``).
 HOLDINGS = ("checkpoints", "artifacts")
-_NUMERIC = "v.kind = 'v' AND typeof(v.value) IN ('integer', 'real')"
+
+
+def _numeric(conn: Any) -> str:
+    """SQL true for a plain number in ``vals v`` (not a boolean, NaN, text or None)."""
+    return f"v.kind IN ('v', 'z') AND {dialect(conn).numeric('v.value')}"
 
 
 class WrittenNode(NamedTuple):
@@ -83,7 +88,7 @@ class LineageGrowth(NamedTuple):
 
 def data_version(conn: sqlite3.Connection) -> int:
     """A number that changes whenever another connection commits (SQLite's ``data_version``)."""
-    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+    return int(conn.execute(dialect(conn).data_version).fetchone()[0])
 
 
 def write_mark(conn: sqlite3.Connection) -> float | None:
@@ -91,22 +96,24 @@ def write_mark(conn: sqlite3.Connection) -> float | None:
 
     None for a store made before the ``nodes_written`` index, which only a writer adds.
     """
-    indexed = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'nodes_written'"
-    ).fetchone()
-    if indexed is None:
-        return None
+    if dialect(conn) is SQLITE:  # PostgreSQL stores were made with the index
+        indexed = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'nodes_written'"
+        ).fetchone()
+        if indexed is None:
+            return None
     (top,) = conn.execute("SELECT MAX(written) FROM nodes").fetchone()
     return float(top) if top is not None else -math.inf
 
 
 def written_since(conn: sqlite3.Connection, since: float) -> list[WrittenNode]:
     """The nodes whose write mark is ``since`` or later (needs :func:`write_mark` not None)."""
+    hint = dialect(conn).indexed_by("nodes_written")
     rows = conn.execute(
         "SELECT n.id, n.name, n.nonce, n.seq, n.written, v.value, v.kind, "
         "EXISTS (SELECT 1 FROM edges e JOIN nodes p ON p.id = e.parent WHERE e.child = n.id "
         "AND NOT (p.name = n.name AND p.nonce = n.nonce)) "
-        "FROM nodes n INDEXED BY nodes_written LEFT JOIN vals v ON v.node = n.id "
+        f"FROM nodes n {hint} LEFT JOIN vals v ON v.node = n.id "
         "AND v.key = 'job/status' WHERE n.written >= ?",
         (since,),
     ).fetchall()
@@ -167,12 +174,13 @@ def holdings_by_lineage(
 
 def last_statuses(conn: sqlite3.Connection) -> dict[tuple[str, str], tuple[int, Scalar]]:
     """Per lineage, ``(seq, value)`` of its last ``job/status``."""
-    # SQLite takes the other columns from the MAX(seq) row.
+    d = dialect(conn)
+    columns = d.last_columns("n.name, n.nonce", "n.name, n.nonce, v.value, v.kind", "n.seq")
     return {
         (name, nonce): (int(seq), decode_value(value, kind))
         for name, nonce, value, kind, seq in conn.execute(
-            "SELECT n.name, n.nonce, v.value, v.kind, MAX(n.seq) FROM vals v "
-            "JOIN nodes n ON n.id = v.node WHERE v.key = 'job/status' GROUP BY n.name, n.nonce"
+            f"SELECT {columns} FROM vals v JOIN nodes n ON n.id = v.node "
+            "WHERE v.key = 'job/status'" + d.last_tail("n.name, n.nonce", "n.seq")
         )
     }
 
@@ -187,7 +195,7 @@ def status_values(conn: sqlite3.Connection) -> list[str]:
 def numeric_keys(conn: sqlite3.Connection) -> list[str]:
     """Every value key with a numeric value somewhere, sorted."""
     return sorted(
-        str(r[0]) for r in conn.execute(f"SELECT DISTINCT v.key FROM vals v WHERE {_NUMERIC}")
+        str(r[0]) for r in conn.execute(f"SELECT DISTINCT v.key FROM vals v WHERE {_numeric(conn)}")
     )
 
 
@@ -262,7 +270,7 @@ def numeric_series(
     rows = conn.execute(
         "SELECT n.seq, v.value FROM vals v JOIN nodes n ON n.id = v.node "
         "WHERE n.name = ? AND n.nonce = ? AND n.seq >= ? AND n.seq <= ? AND v.key = ? "
-        f"AND {_NUMERIC} ORDER BY n.seq",
+        f"AND {_numeric(conn)} ORDER BY n.seq",
         (name, nonce, first, last, key),
     ).fetchall()
     isfinite = math.isfinite
@@ -276,7 +284,7 @@ def numeric_values(conn: sqlite3.Connection, key: str, ids: Sequence[int]) -> di
     for lo in range(0, len(listed), 500):
         chunk = listed[lo : lo + 500]
         for nid, value in conn.execute(
-            f"SELECT v.node, v.value FROM vals v WHERE v.key = ? AND {_NUMERIC} "
+            f"SELECT v.node, v.value FROM vals v WHERE v.key = ? AND {_numeric(conn)} "
             f"AND v.node IN ({', '.join('?' * len(chunk))})",
             (key, *chunk),
         ):
@@ -290,7 +298,7 @@ def job_in_lineage(conn: sqlite3.Connection, node: Node) -> tuple[str, str] | No
     (jobs,) = conn.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()
     # CROSS JOIN keeps the jobs table outermost (SQLite never reorders it): the cheaper
     # walk when the table holds fewer rows than the lineage has nodes up to ``node``.
-    join = "CROSS JOIN" if int(jobs) <= node.seq else "JOIN"
+    join = dialect(conn).ordered_join() if int(jobs) <= node.seq else "JOIN"
     row = conn.execute(
         f"SELECT j.job, j.config FROM jobs j {join} nodes n ON n.id = j.node "
         "WHERE n.name = ? AND n.nonce = ? AND n.seq <= ? "
@@ -315,9 +323,10 @@ def lineage_outline(conn: sqlite3.Connection, name: str, nonce: str) -> dict[str
 
     mine = "JOIN nodes n ON n.id = t.node WHERE n.name = ? AND n.nonce = ?"
     kids = conn.execute(
-        "SELECT DISTINCT n.name, n.nonce, p.seq FROM nodes p JOIN edges e ON e.parent = p.id "
+        "SELECT n.name, n.nonce, p.seq FROM nodes p JOIN edges e ON e.parent = p.id "
         "JOIN nodes n ON n.id = e.child WHERE p.name = ? AND p.nonce = ? "
-        "AND NOT (n.name = p.name AND n.nonce = p.nonce) ORDER BY p.seq, n.id",
+        "AND NOT (n.name = p.name AND n.nonce = p.nonce) "
+        "GROUP BY n.name, n.nonce, p.seq ORDER BY p.seq, MIN(n.id)",
         (name, nonce),
     ).fetchall()
     children: list[tuple[str, str]] = []

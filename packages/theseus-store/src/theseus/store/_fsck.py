@@ -44,6 +44,7 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from theseus.store._dialect import dialect
 from theseus.store._folders import (
     FolderLock,
     checkpoint_folders,
@@ -165,9 +166,11 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
     report = FsckReport(store.root)
 
     def inspect(conn: sqlite3.Connection) -> dict[str, int]:
-        rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
-        if rows != ["ok"]:
-            report.problems += [f"{store.db_path}: SQLite integrity check: {r}" for r in rows]
+        d = dialect(conn)
+        if d.integrity_check is not None:
+            rows = [r[0] for r in conn.execute(d.integrity_check)]
+            if rows != ["ok"]:
+                report.problems += [f"{store.database}: SQLite integrity check: {r}" for r in rows]
         for table, column in _DANGLING:
             (count,) = conn.execute(
                 f"SELECT COUNT(*) FROM {table} t WHERE NOT EXISTS "
@@ -175,15 +178,15 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
             ).fetchone()
             if count:
                 report.problems.append(
-                    f"{store.db_path}: {count} row(s) of table {table} point at missing nodes"
+                    f"{store.database}: {count} row(s) of table {table} point at missing nodes"
                 )
         (stale,) = conn.execute(
-            "SELECT COUNT(*) FROM nodes n WHERE n.ckpt IS NOT "
-            "(SELECT MAX(c.id) FROM checkpoints c WHERE c.node = n.id)"
+            "SELECT COUNT(*) FROM nodes n WHERE "
+            + d.differs("n.ckpt", "(SELECT MAX(c.id) FROM checkpoints c WHERE c.node = n.id)")
         ).fetchone()
         if stale:
             report.problems.append(
-                f"{store.db_path}: {stale} node(s) whose latest-checkpoint pointer disagrees "
+                f"{store.database}: {stale} node(s) whose latest-checkpoint pointer disagrees "
                 "with the checkpoint table"
             )
         (report.artifacts,) = conn.execute("SELECT COUNT(*) FROM artifacts").fetchone()
@@ -194,7 +197,7 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
         )
         for digest, size, content in inline:
             report.blobs += 1
-            where = f"The inline blob {digest} in {store.db_path}"
+            where = f"The inline blob {digest} in {store.database}"
             if content is None:
                 report.problems.append(f"{where} is missing (expected {size} bytes)")
             elif hashlib.sha256(content).hexdigest() != digest:

@@ -10,16 +10,17 @@ import difflib
 import sqlite3
 from typing import Any
 
+from theseus.store._dialect import Dialect
 from theseus.store._errors import InvalidNodeError, UnknownNodeError
 from theseus.store._node import Node
 from theseus.store._records import Scalar, decode_value
 
 __all__ = [
-    "CURRENT_ARTIFACTS",
     "ancestors",
     "artifact_history",
     "checkpoint_layouts",
     "checkpoint_rows",
+    "current_artifacts",
     "folded_values",
     "job_record",
     "lineages",
@@ -129,7 +130,8 @@ def lookup(conn: sqlite3.Connection, node: Node) -> int:
     if row is not None:
         return int(row[0])
     same = conn.execute(
-        "SELECT name, nonce, MAX(seq) FROM nodes WHERE name = ? GROUP BY nonce", (node.name,)
+        "SELECT name, nonce, MAX(seq) FROM nodes WHERE name = ? GROUP BY name, nonce",
+        (node.name,),
     ).fetchall()
     if same:
         hint = "Lineages with that name: " + ", ".join(
@@ -146,14 +148,16 @@ def lookup(conn: sqlite3.Connection, node: Node) -> int:
     raise UnknownNodeError(f"The store has no node {node.serialize()}. {hint}.")
 
 
-# ``(name, filename, hash, size, created, version, id)`` of each current artifact of the
-# node ``(name, nonce, seq)``: with MAX(), SQLite takes the other columns from the row
-# holding the maximum, i.e. the latest version of each name.
-CURRENT_ARTIFACTS = (
-    "SELECT a.name, a.filename, a.hash, a.size, a.created, a.version, MAX(a.id) "
-    "FROM nodes n JOIN artifacts a ON a.node = n.id "
-    "WHERE n.name = ? AND n.nonce = ? AND n.seq = ? GROUP BY a.name ORDER BY a.name"
-)
+def current_artifacts(d: Dialect) -> str:
+    """``(name, filename, hash, size, created, version, id)`` of each current artifact of
+    the node ``(name, nonce, seq)``: the latest version of each name."""
+    columns = d.last_columns(
+        "a.name", "a.name, a.filename, a.hash, a.size, a.created, a.version", "a.id"
+    )
+    return (
+        f"SELECT {columns} FROM nodes n JOIN artifacts a ON a.node = n.id "
+        "WHERE n.name = ? AND n.nonce = ? AND n.seq = ?" + d.last_tail("a.name", "a.id", True)
+    )
 
 
 def artifact_history(conn: sqlite3.Connection, node: Node, name: str) -> list[tuple[Any, ...]]:

@@ -14,8 +14,9 @@ import contextlib
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from theseus.store._db import FORMAT, FORMATS_READ
 from theseus.store._errors import CorruptStoreError, NotAStoreError
@@ -33,6 +34,7 @@ __all__ = [
     "exclusive",
     "inner_hint",
     "read_marker",
+    "read_marker_entry",
     "refuse_foreign",
     "remove_files",
     "write_marker",
@@ -77,6 +79,17 @@ def read_marker(root: Path) -> int:
         CorruptStoreError: the marker is damaged or names a format this version
             does not read.
     """
+    return int(read_marker_entry(root)["format"])
+
+
+def read_marker_entry(root: Path) -> dict[str, Any]:
+    """Return ``root``'s marker: its format, and for a PostgreSQL store its ``database``
+    (the URL without a password) and the store's ``id``.
+
+    Raises:
+        CorruptStoreError: the marker is damaged or names a format this version
+            does not read.
+    """
     marker = root / MARKER
     try:
         fmt = json.loads(marker.read_text())["format"]
@@ -91,13 +104,34 @@ def read_marker(root: Path) -> int:
             f"formats {', '.join(map(str, FORMATS_READ))}. Install the theseus-store "
             "version that wrote it."
         )
-    return int(fmt)
+    entry = json.loads(marker.read_text())
+    if not isinstance(entry, dict) or (
+        "database" in entry
+        and not (isinstance(entry["database"], str) and isinstance(entry.get("id"), str))
+    ):
+        raise CorruptStoreError(
+            f"The store marker {marker} is damaged: a PostgreSQL store's marker holds the "
+            "strings 'database' and 'id'. Restore it from a backup."
+        )
+    return dict(entry)
 
 
-def write_marker(root: Path) -> None:
-    """Write the marker atomically (a file of this process's own, fsynced, renamed)."""
+def write_marker(root: Path, database: Mapping[str, str] | None = None) -> None:
+    """Write the marker atomically (a file of this process's own, fsynced, renamed).
+
+    Args:
+        root: the store's folder.
+        database: for a PostgreSQL store, its ``database`` (URL without a password)
+            and ``id``; the marker of a store that has them keeps them.
+    """
     marker = root / MARKER
-    text = json.dumps({"format": FORMAT}) + "\n"
+    entry: dict[str, Any] = {"format": FORMAT}
+    if database is None and marker.exists():
+        with contextlib.suppress(ValueError, OSError):
+            kept = json.loads(marker.read_text())
+            database = {k: kept[k] for k in ("database", "id") if k in kept} or None
+    entry.update(database or {})
+    text = json.dumps(entry) + "\n"
     if marker.exists() and marker.read_text() == text:
         return
     tmp = root / f"{MARKER}.{os.getpid()}-{secrets.token_hex(4)}.tmp"

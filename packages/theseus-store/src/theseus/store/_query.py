@@ -21,6 +21,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from theseus.store._dialect import dialect
 from theseus.store._errors import QueryError, UnknownKeyError, ValueTypeError
 from theseus.store._node import Node
 from theseus.store._records import (
@@ -106,7 +107,10 @@ class Query:
                     f"spec({what}=...) takes ASCII letters, digits, '_', '-' and '*' wildcards "
                     f"within one dotted part; got {pattern!r}."
                 )
-            self._add(f"n.{column} {'GLOB' if '*' in pattern else '='} ?", pattern)
+            if "*" in pattern:
+                self._add(*self.store.dialect.glob(f"n.{column}", pattern))
+            else:
+                self._add(f"n.{column} = ?", pattern)
         return self
 
     def job(self, key: str) -> Query:
@@ -151,6 +155,7 @@ class Query:
             raise QueryError(f"where() operator must be one of {' '.join(_OPS)}; got {op!r}.")
         self._known(key)
         stored, kind = encode_value(key, value)
+        d = self.store.dialect
         sql = "EXISTS (SELECT 1 FROM vals v WHERE v.node = n.id AND v.key = ? AND {})"
         if kind == KIND_NAN or stored is None:
             if _OPS[op] not in ("=", "!="):
@@ -168,16 +173,17 @@ class Query:
         if _OPS[op] in ("<", "<=", ">", ">="):
             # Order numbers with numbers and text with text; SQLite would rank every
             # number below every string and answer a meaningless comparison.
-            family = "('text')" if isinstance(stored, str) else "('integer', 'real')"
+            text = isinstance(stored, str)
+            family = "('text')" if text else "('integer', 'real')"
             self._comparable(key, op, value, family)
-            return self._add(
-                sql.format(f"typeof(v.value) IN {family} AND v.value {_OPS[op]} ?"), key, stored
-            )
-        return self._add(sql.format(f"v.value {_OPS[op]} ?"), key, stored)
+            same = (d.textual if text else d.numeric)("v.value")
+            return self._add(sql.format(f"{same} AND v.value {_OPS[op]} ?"), key, d.value(stored))
+        return self._add(sql.format(f"v.value {_OPS[op]} ?"), key, d.value(stored))
 
     def _comparable(self, key: str, op: str, value: Scalar, family: str) -> None:
         def kinds(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute("SELECT DISTINCT typeof(value) FROM vals WHERE key = ?", (key,))
+            kind = dialect(conn).typeof("value")
+            rows = conn.execute(f"SELECT DISTINCT {kind} FROM vals WHERE key = ?", (key,))
             return [row[0] for row in rows]
 
         found = self.store.read(kinds)
@@ -334,19 +340,23 @@ class Query:
         position = {nid: k for k, (nid, _) in enumerate(nodes)}
         ids = list(position)
         rows: list[tuple[Any, ...]] = []
+        d = self.store.dialect
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]
-            # With MAX(), SQLite takes the bare columns from the latest version's row.
+            columns = d.last_columns(
+                "a.node, a.name",
+                "a.name, a.filename, a.hash, a.size, a.created, a.version, i.content, a.node",
+                "a.id",
+            )
             sql = (
-                "SELECT a.name, a.filename, a.hash, a.size, a.created, a.version, i.content, "
-                "a.node, MAX(a.id) FROM artifacts a LEFT JOIN inline i "
+                f"SELECT {columns} FROM artifacts a LEFT JOIN inline i "
                 "ON a.size <= ? AND i.hash = a.hash "
                 f"WHERE a.node IN ({','.join('?' * len(chunk))})"
             )
             params: tuple[Any, ...] = (self.store.inline_max, *chunk)
             if name is not None:
                 sql, params = sql + " AND a.name = ?", (*params, name)
-            rows += self.store.read_one(sql + " GROUP BY a.node, a.name", params)
+            rows += self.store.read_one(sql + d.last_tail("a.node, a.name", "a.id"), params)
         rows.sort(key=lambda row: (position[row[7]], row[0]))
         bare = {nid: Node.trusted(n.name, n.nonce, n.seq) for nid, n in nodes}
         load = self.store.load
@@ -354,9 +364,15 @@ class Query:
 
     def _artifacts_in_creation_order(self, name: str | None) -> list[Artifact]:
         """The same as :meth:`artifacts` in one statement, when nodes come in id order."""
-        sql, params = self._sql(
+        d = self.store.dialect
+        columns = d.last_columns(
+            "n.id, a.name",
             "a.name, a.filename, a.hash, a.size, a.created, a.version, i.content, "
-            "n.name, n.nonce, n.seq, MAX(a.id) FROM nodes n JOIN artifacts a ON a.node = n.id "
+            "n.name, n.nonce, n.seq",
+            "a.id",
+        )
+        sql, params = self._sql(
+            f"{columns} FROM nodes n JOIN artifacts a ON a.node = n.id "
             "LEFT JOIN inline i ON a.size <= ? AND i.hash = a.hash",
             ordered=False,
         )
@@ -364,7 +380,7 @@ class Query:
         if name is not None:
             sql += (" AND " if self._where else " WHERE ") + "a.name = ?"
             params.append(name)
-        rows = self.store.read_one(sql + " GROUP BY n.id, a.name ORDER BY n.id, a.name", params)
+        rows = self.store.read_one(sql + d.last_tail("n.id, a.name", "a.id", True), params)
         load = self.store.load
         found = []
         node: Node | None = None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from theseus.store import _browse, _lineage, _resolve
 from theseus.store._blobs import BlobFolder, verified
+from theseus.store._dialect import Dialect
 from theseus.store._errors import MissingBlobError, ValueTypeError
 from theseus.store._node import Node
 from theseus.store._query import Query
@@ -34,7 +35,9 @@ class StoreReader(abc.ABC):
 
     Attributes:
         root: the store's folder, canonical.
-        db_path: its database file.
+        db_path: its database file (SQLite).
+        database: where its rows are: the SQLite file, or the URL without a password.
+        dialect: the SQL its backend speaks where the backends differ (``_dialect``).
         blobs: its blob folder.
         folders: the owner of the question which folders are this root's.
         inline_max: artifacts of at most this many bytes live in the database.
@@ -42,6 +45,8 @@ class StoreReader(abc.ABC):
 
     root: Path
     db_path: Path
+    database: str
+    dialect: Dialect
     blobs: BlobFolder
     folders: RootFolders
     inline_max: int
@@ -84,7 +89,7 @@ class StoreReader(abc.ABC):
         """
         if size > self.inline_max:
             return self.blobs.read(digest, size)
-        where = f"The inline blob {digest} in {self.db_path}"
+        where = f"The inline blob {digest} in {self.database}"
         if fetched is not None:
             return verified(fetched, digest, size, where)
         row = self.read(
@@ -94,7 +99,7 @@ class StoreReader(abc.ABC):
         )
         if row is None:
             raise MissingBlobError(
-                f"{where} is missing (expected {size} bytes). Restore {self.db_path} from "
+                f"{where} is missing (expected {size} bytes). Restore {self.database} from "
                 "a backup; `theseus-store fsck ROOT` lists every missing blob."
             )
         return verified(bytes(row[0]), digest, size, where)
@@ -106,7 +111,9 @@ class StoreReader(abc.ABC):
             UnknownNodeError: if the store never recorded ``node``.
         """
         check_node(node)
-        rows = self.read_one(_lineage.CURRENT_ARTIFACTS, (node.name, node.nonce, node.seq))
+        rows = self.read_one(
+            _lineage.current_artifacts(self.dialect), (node.name, node.nonce, node.seq)
+        )
         if not rows:  # no artifacts, or no such node: tell the two apart
             self.read(lambda conn: _lineage.lookup(conn, node))
         me = node.identity()

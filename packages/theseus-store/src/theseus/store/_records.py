@@ -25,6 +25,8 @@ Scalar = int | float | str | bool | None
 KIND_PLAIN = "v"
 KIND_BOOL = "b"
 KIND_NAN = "n"
+# A PostgreSQL store's -0.0 (jsonb numbers have no sign of zero; ``_dialect``).
+KIND_NEGATIVE_ZERO = "z"
 
 
 def encode_value(key: str, value: object) -> tuple[Scalar, str]:
@@ -70,6 +72,8 @@ def decode_value(stored: Scalar, kind: str) -> Scalar:
         return bool(stored)
     if kind == KIND_NAN:
         return math.nan
+    if kind == KIND_NEGATIVE_ZERO:
+        return -0.0
     return stored
 
 

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from theseus.store import _lineage, _writes
+from theseus.store._binding import STORE_FOLDER, bind_database, bound_url, check_binding
 from theseus.store._blobs import BlobFolder
 from theseus.store._connection import Database
 from theseus.store._db import (
@@ -33,6 +34,7 @@ from theseus.store._db import (
     retrying,
     translate,
 )
+from theseus.store._dialect import POSTGRES, SQLITE
 from theseus.store._errors import (
     CheckpointNotFoundError,
     CorruptStoreError,
@@ -49,11 +51,13 @@ from theseus.store._opening import (
     exclusive,
     inner_hint,
     read_marker,
+    read_marker_entry,
     refuse_foreign,
     remove_files,
     write_marker,
 )
 from theseus.store._paths import canonical_path
+from theseus.store._postgres import DatabaseURL, PostgresDatabase, is_database_url
 from theseus.store._reading import StoreReader, check_node
 from theseus.store._records import (
     Artifact,
@@ -92,12 +96,14 @@ class Store(StoreReader):
     def __init__(
         self, root: str | os.PathLike[str], *, create: bool = True, readonly: bool = False
     ) -> None:
+        url = DatabaseURL.parse(str(root)) if is_database_url(root) else None
+        if url is not None and url.files is not None:
+            root = url.files / STORE_FOLDER
         self.root = canonical_path(root)
         self.db_path = self.root / DATABASE
         self.blobs = BlobFolder(self.root)
         self.readonly = readonly
         create = create and not readonly
-        self._db = Database(self.db_path, readonly)
         self.inline_max = INLINE_MAX
         #: The one owner of the question which folders are this root's (see ``_root``).
         self.folders = RootFolders(self.root, lambda: self.read(_lineage.lineages))
@@ -107,17 +113,26 @@ class Store(StoreReader):
                 f"{self.root} is a file, not a store folder. Pass the folder that contains "
                 f"{MARKER}, or a new or empty folder to create a store in."
             )
+        entry = read_marker_entry(self.root) if marker.exists() else None
+        self.url = url or bound_url(self.root, entry)
+        check_binding(self.root, entry, url)
+        #: Where the rows are: the SQLite file, or the PostgreSQL URL (without a password).
+        self.database = self.url.shown if self.url else str(self.db_path)
+        self.dialect = POSTGRES if self.url else SQLITE
+        self._db: Database | PostgresDatabase = (
+            PostgresDatabase(self.url, readonly) if self.url else Database(self.db_path, readonly)
+        )
         #: Whether this object created the store (a new root, or an empty folder).
         self.created = False
-        if not marker.exists() and not create:
+        if entry is None and not create:
             raise NotAStoreError(
                 f"{self.root} is not a theseus-store root (no {MARKER}).{inner_hint(self.root)} "
                 "Check the path, or open it with create=True to start a new store there."
             )
-        # SQLite is not safe on NFS, Lustre and their kind: say so, once per path.
-        warn_if_network(self.db_path)
+        if self.url is None:  # SQLite is not safe on NFS, Lustre and their kind: say so
+            warn_if_network(self.db_path)
         try:
-            if not marker.exists():
+            if entry is None:
                 self._create(marker)
             self._open(marker)
         except BaseException:
@@ -126,6 +141,9 @@ class Store(StoreReader):
 
     def _open(self, marker: Path) -> None:
         marked = read_marker(self.root)
+        if isinstance(self._db, PostgresDatabase):
+            self._open_bound(read_marker_entry(self.root))
+            return
         if not self.db_path.exists():
             raise CorruptStoreError(
                 f"{marker} marks a store but its database {self.db_path} is missing. "
@@ -145,6 +163,28 @@ class Store(StoreReader):
         if (int(meta.get("format", 1)) < FORMAT or marked < FORMAT) and not self.readonly:
             self._upgrade(marker)
 
+    def _open_bound(self, entry: Mapping[str, Any]) -> None:
+        """Open a PostgreSQL store: its database must hold the store the marker names."""
+        meta = dict(
+            self._db.read_one(
+                "SELECT key, value FROM meta WHERE key IN ('format', 'inline_max', 'id', 'files')",
+                (),
+            )
+        )
+        if meta.get("id") != entry.get("id"):
+            raise NotAStoreError(
+                f"The database {self.database} holds another store (id {meta.get('id')}, "
+                f"files {meta.get('files')}) than the one {self.root} was made with "
+                f"(id {entry.get('id')}). Pass the URL and files folder that belong together."
+            )
+        fmt = int(meta.get("format", FORMAT))
+        if fmt > FORMAT:
+            raise CorruptStoreError(
+                f"The database {self.database} has store format {fmt}; this theseus-store "
+                f"reads formats up to {FORMAT}. Install the theseus-store version that wrote it."
+            )
+        self.inline_max = int(meta.get("inline_max", 0))
+
     def _upgrade(self, marker: Path) -> None:
         """Migrate a store an earlier version wrote (see ``_db.migrate``), then its marker.
 
@@ -162,7 +202,9 @@ class Store(StoreReader):
 
         Creators take an exclusive lock on ``ROOT/.create.lock`` and look for the
         marker again under it, so exactly one creates the schema and renames its
-        marker (written under a name of its own) into place; the rest open.
+        marker (written under a name of its own) into place; the rest open. On
+        PostgreSQL the schema is made under the database's own advisory lock as well,
+        and the database is bound to this folder (both record the store's id).
         """
         refuse_foreign(self.root)
         try:
@@ -182,6 +224,12 @@ class Store(StoreReader):
             if marker.exists():
                 return
             refuse_foreign(self.root)
+            if isinstance(self._db, PostgresDatabase):
+                assert self.url is not None
+                store_id = bind_database(self._db, self.root)
+                write_marker(self.root, {"database": self.url.shown, "id": store_id})
+                self.created = True
+                return
             conn = self._db.connection()
             with translate(self.db_path):
                 retrying(self.db_path, lambda: create_schema(conn))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
+from theseus.store._dialect import dialect
 from theseus.store._lineage import node_id
 from theseus.store._node import Node
 from theseus.store._records import Scalar
@@ -22,10 +23,11 @@ def insert_values(
 ) -> None:
     """Set ``(key, value, kind)`` rows on ``node``; a key written again takes the new value."""
     nid = node_id(conn, node, now)
+    row = dialect(conn).row
     conn.executemany(
         "INSERT INTO vals(node, key, value, kind) VALUES (?, ?, ?, ?) "
         "ON CONFLICT(node, key) DO UPDATE SET value = excluded.value, kind = excluded.kind",
-        [(nid, *row) for row in rows],
+        [(nid, key, *row(stored, kind)) for key, stored, kind in rows],
     )
 
 

@@ -25,9 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from theseus.store._binding import STORE_FOLDER, bind_root
 from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
 from theseus.store._node import Node
 from theseus.store._opening import inner_hint
+from theseus.store._postgres import is_database_url
 from theseus.store._store import MARKER, Store
 
 __all__ = ["main"]
@@ -277,6 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 success, 1 fsck found problems, 2 error.
     """
     args = _parser().parse_args(argv)
+    if is_database_url(args.root):  # a PostgreSQL store: its files folder's store
+        try:
+            args.root = str(bind_root(args.root, create=False) / STORE_FOLDER)
+        except StoreError as err:
+            print(f"theseus-store: error: {err}", file=sys.stderr)
+            return 2
     if args.command == "ui":
         return _ui(args)
     root = Path(args.root)
