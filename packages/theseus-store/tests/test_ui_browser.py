@@ -229,18 +229,31 @@ def test_the_pickers_and_the_version_chooser(tmp_path: Path, page, shots: Path) 
 
 
 @pytest.mark.slow
-def test_click_through_a_demo_run(tmp_path: Path, page, shots: Path) -> None:
-    """The same walk over the store of a real (2-step) training run: `theseus demo`."""
+def test_click_through_a_demo_run(
+    backend: str, tmp_path: Path, page, shots: Path, request: pytest.FixtureRequest
+) -> None:
+    """The same walk over the store of a real (2-step) training run: `theseus demo` on a
+    folder, and (``--postgres``) on a PostgreSQL URL whose files go to the same folder."""
     tab, problems = page
     theseus = Path(sys.executable).with_name("theseus")
     if not theseus.exists():
         pytest.skip("the theseus command (theseus-core, theseus-analysis) is not installed")
-    subprocess.run([str(theseus), "demo", "--steps", "2", str(tmp_path)], check=True, timeout=300)
+    root = str(tmp_path) if backend == "sqlite" else request.getfixturevalue("pg_url")(tmp_path)
+    demo = subprocess.run(
+        [str(theseus), "demo", "--steps", "2", root],
+        check=True, timeout=300, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "postgresql:/" not in "".join(p.name for p in Path.cwd().iterdir())
+    assert str(tmp_path) in demo.stdout
+    if backend == "postgres":
+        assert not (tmp_path / "store" / "store.sqlite").exists()
     with Store(tmp_path / "store", readonly=True) as store:
         (run,) = [r for r in store.runs() if r["name"] == "theseus.demo.demo"]
     lineage = f"{run['name']}~{run['nonce']}"
     with running(tmp_path) as url:
         tab.goto(url + "/")
+        if backend == "postgres":  # the header names the database, not a SQLite file
+            expect(tab.locator("span.root")).to_contain_text("postgresql://")
         tab.get_by_role("link", name="demo", exact=True).click()
         expect(tab.locator("h1")).to_have_text(lineage)
         tab.screenshot(path=shots / "demo-1-lineage.png", full_page=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from theseus.cli import cluster_options, common_options
+from theseus.cli import ROOT, cluster_options, common_options
 
 DEMO_SETTINGS = {
     "architecture/n_layers": 2,
@@ -67,7 +67,7 @@ def _evaluate(root: Path, lineage: str) -> dict[str, dict[str, float]] | None:
 
 
 @click.command("demo")
-@click.argument("root", default="theseus-demo", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("root", default="theseus-demo", type=ROOT)
 @click.option(
     "--steps",
     type=click.IntRange(1, 2**31 - 1),  # the step counter is 32-bit (training/_rules.MAX_STEPS)

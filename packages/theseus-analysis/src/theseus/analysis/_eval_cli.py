@@ -33,7 +33,7 @@ from typing import Any
 
 import click
 
-from theseus.cli import cluster_options, common_options
+from theseus.cli import EXISTING_ROOT, cluster_options, common_options
 from theseus.job import is_primary, process_count
 
 __all__ = ["FEWSHOT_SEED", "eval_command", "evaluate_node", "metric_values"]
@@ -346,7 +346,7 @@ def evaluate_node(
 
 
 @click.command("eval")
-@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("root", type=EXISTING_ROOT)
 @click.argument("target")
 @click.option("--tasks", required=True, help="Comma-separated lm-eval task names.")
 @click.option(

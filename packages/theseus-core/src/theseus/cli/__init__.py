@@ -3,13 +3,17 @@
 from theseus.cli import _data, _sample, _verbs
 from theseus.cli._app import ENTRY_POINT_GROUP, PluginError, TheseusGroup, common_options, main
 from theseus.cli._cluster import cluster_options
+from theseus.cli._root import EXISTING_ROOT, ROOT, RootPath
 from theseus.cli._sample import open_trainer, require_store, target_node
 
 del _data, _sample, _verbs  # imported for their verbs
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "EXISTING_ROOT",
+    "ROOT",
     "PluginError",
+    "RootPath",
     "TheseusGroup",
     "cluster_options",
     "common_options",

@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from theseus.cli._app import common_options, main
+from theseus.cli._root import EXISTING_ROOT
 from theseus.cli._verbs import _base_node, _job_class
 from theseus.config import ConfigError, load
 from theseus.job import BasicJob, from_host_zero, store_root
@@ -180,7 +181,7 @@ def _room(prompt: str, values: dict[str, Any], root: Path, max_new_tokens: int |
 
 
 @main.command("sample")
-@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("root", type=EXISTING_ROOT)
 @click.argument("target")
 @click.argument("prompt")
 @click.option(

@@ -10,6 +10,7 @@ import click
 
 from theseus.cli._app import common_options, main
 from theseus.cli._cluster import cluster_options
+from theseus.cli._root import ROOT
 from theseus.cli._suite import REVISIONS_HELP, suite_import
 from theseus.config import ConfigError, dump, load, parse_overrides
 from theseus.job import BasicJob, CheckpointWalker, from_host_zero, is_primary
@@ -126,7 +127,7 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
 @click.argument(
     "config_file", metavar="CONFIG.yaml", type=click.Path(dir_okay=False, path_type=Path)
 )
-@click.argument("root", metavar="ROOT", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("root", metavar="ROOT", type=ROOT)
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--project", default=None, help="Project name (default: general).")
 @click.option("--group", default=None, help="Group name (default: default).")
@@ -304,7 +305,7 @@ def import_group() -> None:
 
 @import_group.command("gpt2")
 @click.argument("src", type=click.Path(path_type=Path))
-@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("root", type=ROOT)
 @click.option("--run", "run_name", default="gpt2", show_default=True, help="The run's name.")
 @click.option("--project", default=None, help="The project (default: general).")
 @click.option("--group", default=None, help="The group (default: default).")
@@ -358,7 +359,7 @@ def import_gpt2_command(
 
 @import_group.command("hf")
 @click.argument("src", type=click.Path(path_type=Path))
-@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("root", type=ROOT)
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--run", "run_name", default="hf", show_default=True, help="The run's name.")
 @click.option("--project", default=None, help="The project (default: general).")

@@ -75,7 +75,7 @@ class Browser:
     # -- helpers ---------------------------------------------------------------------------
 
     def page(self, template: str, **context: Any) -> HTMLResponse:
-        html = self.env.get_template(template).render(root=str(self.store.root), **context)
+        html = self.env.get_template(template).render(root=_shown(self.store), **context)
         return HTMLResponse(html)
 
     def known_lineage(self, text: str | None) -> tuple[str, str]:
@@ -451,7 +451,7 @@ def create_app(store: Store, allowed_hosts: list[str] | None = None) -> Starlett
         detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": detail}, status_code=code)
-        html = env.get_template("error.html").render(root=str(store.root), code=code, detail=detail)
+        html = env.get_template("error.html").render(root=_shown(store), code=code, detail=detail)
         return HTMLResponse(html, status_code=code)
 
     routes = [
@@ -479,3 +479,10 @@ def create_app(store: Store, allowed_hosts: list[str] | None = None) -> Starlett
         middleware=middleware,
         exception_handlers={HTTPException: error, StoreError: error},
     )
+
+
+def _shown(store: Store) -> str:
+    """The store as the header names it: its folder, and its database where that is elsewhere."""
+    if store.database == str(store.db_path):
+        return str(store.root)
+    return f"{store.database} (files {store.root.parent})"
