@@ -259,3 +259,30 @@ def test_every_entry_point_takes_the_url(pg_url: Any, tmp_path: Path) -> None:
         store.log(node, {"loss": 0.5})
     assert main(["show", url, node.serialize()]) == 0
     assert main(["show", url.split("?")[0] + f"?files={tmp_path / 'nothing'}", "x"]) == 2
+
+
+def test_many_processes_create_one_store_at_once(pg_url: Any, tmp_path: Path) -> None:
+    """The schema is made once (advisory lock) and every creator binds to the same id."""
+    url = pg_url(tmp_path)
+    script = (
+        "import sys\n"
+        "from theseus.store import Node, Store\n"
+        "with Store(sys.argv[1]) as store:\n"
+        "    store.log(Node('p.g.r', '0000beef', int(sys.argv[2])), {'x': int(sys.argv[2])})\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, url, str(k)], stderr=subprocess.PIPE)
+        for k in range(8)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    marker = (tmp_path / "store" / "theseus-store.json").read_text()
+    with Store(url) as store:
+        assert store.query().count() == 8
+        ids = store.read_one("SELECT value FROM meta WHERE key = 'id'", ())
+        tables = store.read_one(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'public'", ()
+        )
+    assert ids[0][0] in marker and len(ids) == 1
+    assert tables == [(9,)]  # meta nodes edges vals checkpoints artifacts jobs inline txns

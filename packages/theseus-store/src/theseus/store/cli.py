@@ -238,6 +238,19 @@ def _parser() -> argparse.ArgumentParser:
     ui = sub.add_parser(
         "ui", help="browse the store in a web browser (read-only; needs theseus-store[ui])"
     )
+    copy = sub.add_parser(
+        "copy",
+        help="copy a whole store into another (SQLite or PostgreSQL): rows, blobs, checkpoints",
+    )
+    copy.add_argument("src", help="the store to copy: a store folder, a Theseus root, or a URL")
+    copy.add_argument(
+        "dst",
+        help="where to: postgresql://USER@HOST:PORT/DB?files=DIR, or a folder (a Theseus "
+        "root: its store goes to DST/store)",
+    )
+    copy.add_argument(
+        "--merge", action="store_true", help="add to a destination that holds other nodes"
+    )
     for command in (runs, show, get, lineage, fsck):
         command.add_argument("root", help="the store's root folder")
     ui.add_argument("root", help="a Theseus root (its store is ROOT/store) or a store folder")
@@ -279,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 success, 1 fsck found problems, 2 error.
     """
     args = _parser().parse_args(argv)
+    if args.command == "copy":
+        return _copy(args)
     if is_database_url(args.root):  # a PostgreSQL store: its files folder's store
         try:
             args.root = str(bind_root(args.root, create=False) / STORE_FOLDER)
@@ -344,3 +359,30 @@ def _ui(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _store_folder(arg: str) -> str:
+    """A copy's end as ``Store`` opens it: a URL; a store folder; a root's ``store/``."""
+    if is_database_url(arg):
+        return arg
+    path = Path(arg)
+    if (path / MARKER).exists() or path.name == STORE_FOLDER:
+        return str(path)
+    return str(path / STORE_FOLDER)
+
+
+def _copy(args: argparse.Namespace) -> int:
+    from theseus.store._copy import copy_store
+
+    try:
+        with (
+            Store(_store_folder(args.src), create=False, readonly=True) as src,
+            Store(_store_folder(args.dst)) as dst,
+        ):
+            print(f"copying {src.database} into {dst.database} (files in {dst.root.parent})")
+            copy_store(src, dst, merge=args.merge, say=lambda line: print("  " + line))
+    except StoreError as err:
+        print(f"theseus-store: error: {err}", file=sys.stderr)
+        return 2
+    print("copied and verified; running it again adds nothing")
+    return 0
