@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from theseus.cli import ROOT, cluster_options, common_options
+from theseus.store import Store, is_database_url
 
 DEMO_SETTINGS = {
     "architecture/n_layers": 2,
@@ -212,7 +213,9 @@ def demo(root: Path, steps: int) -> None:
             f"loss {loss / math.log(2):.3f} bits/token; entropy bound "
             f"{bound / math.log(2):.3f})"
         )
-    click.echo(f"  store:        {root / 'store'}")
+    with Store(root / "store", create=False, readonly=True) as opened:
+        rows = f" (rows in {opened.database})" if is_database_url(opened.database) else ""
+    click.echo(f"  store:        {root / 'store'}{rows}")
     click.echo("")
     click.echo("Look at it:")
     store_cli = _command("theseus-store")
