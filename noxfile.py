@@ -188,7 +188,8 @@ def tpu(session: nox.Session) -> None:
 def postgres(session: nox.Session) -> None:
     """The store's tests on PostgreSQL: a private server (Debian's postgresql) they start."""
     session.run(
-        "pytest", "-q", "-p", "no:cacheprovider", "packages/theseus-store/tests", "--postgres",
+        "pytest", "-q", "-p", "no:cacheprovider", "packages/theseus-store/tests",
+        "tests/test_postgres_cluster.py", "--postgres",
         "-m", "",  # the slow ones too: with --postgres only the PostgreSQL tests are collected
         "-n", "2", *session.posargs,
     )  # fmt: skip

@@ -64,6 +64,9 @@ BENCHMARKS = (
     Benchmark("analysis", "tandem analysis vs plain validation; bytes vs capture_intermediates"),
     Benchmark("scaling", "training tokens/s on 1, 2 and 4 virtual CPU devices"),
     Benchmark("store_scale", "store at scale: latest checkpoint and get(node) p99"),
+    Benchmark(
+        "store_postgres", "store on PostgreSQL at 30,000 runs vs MLflow's server on PostgreSQL"
+    ),
     Benchmark("generation", "generation: KV-cache decoding vs full recompute"),
     Benchmark("backfill", "backfill: one --over run vs a --resume run per checkpoint"),
     Benchmark("suite_over", "suite: --over an imported 10-revision suite vs 10 x --resume"),
