@@ -31,7 +31,7 @@ pytest.importorskip("playwright", reason="playwright is not installed (the dev g
 import _ui_store
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from theseus.store import Node, Store
+from theseus.store import MARKER, Node, Store
 from theseus.store.ui import running
 
 HOSTILE = _ui_store.HOSTILE
@@ -283,7 +283,7 @@ def test_click_through_a_demo_run(
 
 def _lineage_row(store_folder: Path, run: str) -> dict | None:
     """The store's row (`Store.runs()`) of the run named ``run``, any project and group."""
-    if not (store_folder / "store.sqlite").exists():
+    if not (store_folder / MARKER).exists():
         return None
     with Store(store_folder, readonly=True) as store:
         rows = [r for r in store.runs() if r["name"].split(".")[-1] == run]
@@ -303,9 +303,12 @@ def _tree_end(tab: Page) -> int:
 
 
 @pytest.mark.slow
-def test_an_open_lineage_page_follows_a_training_run(tmp_path: Path, page, shots: Path) -> None:
+def test_an_open_lineage_page_follows_a_training_run(
+    backend: str, tmp_path: Path, page, shots: Path, request: pytest.FixtureRequest
+) -> None:
     """While `theseus run` trains a small GPT, the open lineage page shows each new node
-    (one a validation) within 5 s of its write, without a reload."""
+    (one a validation) within 5 s of its write, without a reload (a folder store, and with
+    ``--postgres`` a PostgreSQL one whose files are in the same folder)."""
     tab, problems = page
     theseus = Path(sys.executable).with_name("theseus")
     if not theseus.exists():
@@ -314,6 +317,7 @@ def test_an_open_lineage_page_follows_a_training_run(tmp_path: Path, page, shots
     subprocess.run([*run, "--tokens", "30000", "--val-tokens", "4000"], check=True, timeout=300)
     config = tmp_path / "gpt.yaml"
     subprocess.run([str(theseus), "configure", "gpt/train/pretrain", str(config)], check=True)
+    root = str(tmp_path) if backend == "sqlite" else request.getfixturevalue("pg_url")(tmp_path)
     settings = {
         "architecture.n_layers": 1, "architecture.n_embd": 32, "architecture.n_head": 2,
         "architecture.block_size": 32, "training.batch_size": 8,
@@ -324,7 +328,7 @@ def test_an_open_lineage_page_follows_a_training_run(tmp_path: Path, page, shots
     log = tmp_path / "live.log"
     with log.open("wb") as out:
         training = subprocess.Popen(
-            [str(theseus), "run", "live", str(config), str(tmp_path)]
+            [str(theseus), "run", "live", str(config), root]
             + [f"{key}={value}" for key, value in settings.items()],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
