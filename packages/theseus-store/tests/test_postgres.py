@@ -172,6 +172,15 @@ def _writers(url: str, count: int, rounds: int) -> list[subprocess.Popen[str]]:
     ]
 
 
+def _finish_writers(url: str, writers: list[subprocess.Popen[str]], rounds: int) -> None:
+    """Wait for every writer to say done, then check the store holds each round once."""
+    for proc in writers:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0 and out.endswith("done\n"), err[-2000:]
+    with Store(url) as store:
+        _check_writers(store, [f"w{i}" for i in range(len(writers))], rounds)
+
+
 def _check_writers(store: Store, names: list[str], rounds: int) -> None:
     for who in names:
         node = Node("load.writers." + who, "0000abcd", 0)
@@ -187,11 +196,7 @@ def test_sixteen_writers_lose_nothing_and_double_nothing(pg_url: Any, tmp_path: 
     url = pg_url(tmp_path)
     Store(url).close()
     writers = _writers(url, 16, 500)
-    for proc in writers:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0 and out.endswith("done\n"), err[-2000:]
-    with Store(url) as store:
-        _check_writers(store, [f"w{i}" for i in range(16)], 500)
+    _finish_writers(url, writers, 500)
 
 
 def test_writers_wait_for_a_restarted_server_and_go_on(
@@ -207,11 +212,7 @@ def test_writers_wait_for_a_restarted_server_and_go_on(
     pg_server.halt("fast")
     time.sleep(1.5)
     pg_server.resume()
-    for proc in writers:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0 and out.endswith("done\n"), err[-2000:]
-    with Store(url) as store:
-        _check_writers(store, [f"w{i}" for i in range(4)], 200)
+    _finish_writers(url, writers, 200)
 
 
 def test_a_writer_killed_mid_transaction_loses_only_that_transaction(

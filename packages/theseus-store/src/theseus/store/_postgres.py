@@ -380,9 +380,7 @@ class PostgresDatabase:
                     fsync_dir(folder)
                 self._translated(lambda: conn.execute("COMMIT"))
             except BaseException:
-                with contextlib.suppress(Exception):
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
             finally:
                 self.in_batch = False
@@ -399,9 +397,7 @@ class PostgresDatabase:
             result = fn(conn)
             conn.execute("INSERT INTO txns(token, created) VALUES (?, ?)", (token, time.time()))
         except BaseException:
-            with contextlib.suppress(Exception):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
         try:
             conn.execute("COMMIT")
@@ -501,6 +497,13 @@ def _store_error(url: DatabaseURL, err: Exception) -> StoreError:
             "not a theseus-store database, or its tables were dropped."
         )
     return StoreError(f"PostgreSQL failed on {url.shown}: {_first_line(err)}.")
+
+
+def _rollback(conn: PgConnection) -> None:
+    """End a failed transaction (a connection the server dropped has none to end)."""
+    with contextlib.suppress(Exception):
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
 
 
 def _release(conn: PgConnection, pid: int) -> None:
