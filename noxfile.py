@@ -189,7 +189,7 @@ def postgres(session: nox.Session) -> None:
     """The store's tests on PostgreSQL: a private server (Debian's postgresql) they start."""
     session.run(
         "pytest", "-q", "-p", "no:cacheprovider", "packages/theseus-store/tests",
-        "tests/test_postgres_cluster.py", "--postgres",
+        "tests/test_postgres_cluster.py", "tests/test_postgres_jobs.py", "--postgres",
         "-m", "",  # the slow ones too: with --postgres only the PostgreSQL tests are collected
         "-n", "2", *session.posargs,
     )  # fmt: skip
