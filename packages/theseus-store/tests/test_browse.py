@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from theseus.store import Node, QueryError, Store
 
@@ -115,3 +117,39 @@ def test_what_changed_since_a_mark(stores) -> None:
     assert reader.numeric_values("val/loss", [w.id for w in written]) == {written[1].id: 1.0}
     newest = reader.write_mark()
     assert newest is not None and newest >= max(w.written for w in written)
+
+
+_SCALARS = st.one_of(
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.none(),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.dictionaries(
+        st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=6),
+        st.lists(_SCALARS, min_size=1, max_size=4),
+        min_size=1,
+        max_size=6,
+    )
+)
+@example({"inf": [-math.inf], "low": [-1.7e308], "flags": [True, "x", None, math.nan], "z": [-0.0]})
+def test_numeric_keys_are_the_keys_holding_a_plain_number(store: Store, held: dict) -> None:
+    # Reference: Python's own types of what was written. A number is an int or a float
+    # that is not NaN (infinities and -0.0 count); a bool, None, NaN or text does not.
+    prefix = f"e{len(store.numeric_keys())}-{time.monotonic_ns()}/"
+    base = Node.new("keys")
+    for seq in range(max(len(values) for values in held.values())):
+        node = base if seq == 0 else Node(base.name, base.nonce, seq)
+        store.log(node, {prefix + k: v[seq] for k, v in held.items() if seq < len(v)})
+
+    def plain(value: object) -> bool:
+        return type(value) in (int, float) and not (isinstance(value, float) and math.isnan(value))
+
+    want = sorted(prefix + k for k, values in held.items() if any(map(plain, values)))
+    assert [k for k in store.numeric_keys() if k.startswith(prefix)] == want
+    assert set(want) <= set(store.held_keys([prefix + k for k in held]))

@@ -49,6 +49,11 @@ class Dialect:
         """SQL true when ``column`` holds text."""
         return f"typeof({column}) = 'text'"
 
+    def numbers(self, column: str) -> str:
+        """A range of ``column`` that holds every number and nothing else: what an index on
+        the column narrows to (SQLite orders every number before any text)."""
+        return f"{column} < ''"
+
     def value(self, stored: Any) -> Any:
         """The parameter that stands for a stored value (``_records.encode_value``'s form)."""
         return stored
@@ -105,6 +110,11 @@ class _Postgres(Dialect):
 
     def textual(self, column: str) -> str:
         return f"jsonb_typeof({column}) = 'string'"
+
+    def numbers(self, column: str) -> str:
+        # jsonb orders numbers after every string and null (the store keeps no other JSON
+        # type), and no stored number is below minus the infinity's 400 digits
+        return f"{column} >= '-{_INFINITE}'::jsonb"
 
     def value(self, stored: Any) -> Any:
         from theseus.store._postgres import JsonText

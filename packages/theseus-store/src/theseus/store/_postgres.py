@@ -283,7 +283,11 @@ class PostgresDatabase:
         """This process's connection, opened if needed (a fork opens its own)."""
         if self._conn is None or self._pid != os.getpid():
             psycopg = _psycopg()
-            options = "-c default_transaction_read_only=on" if self.readonly else ""
+            # No JIT: the store's statements are index probes and short aggregates, for
+            # which compiling a plan (100-200 ms) costs more than running it.
+            options = "-c jit=off"
+            if self.readonly:
+                options += " -c default_transaction_read_only=on"
             try:
                 raw = psycopg.connect(
                     self.url.conninfo,
