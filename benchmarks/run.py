@@ -1,7 +1,7 @@
 """Run every benchmark, one subprocess after another, and write one table.
 
-Run: ``uv run --group bench python -m benchmarks [--quick] [--only NAME,...] [--out DIR]
-[--note TEXT]``
+Run: ``uv run --group bench python -m benchmarks [--quick] [--only NAME,...] [--merge]
+[--out DIR] [--note TEXT]``
 
 Each script of ``BENCHMARKS`` runs in its own process (``python benchmarks/NAME.py
 --json FILE [--quick]``), so a JAX device-count flag or a crash in one leaves the others
@@ -9,6 +9,11 @@ alone; its output is echoed as it comes. The rows of the files (``_report.py``) 
 ``results.md``, a table of medians and paired ratios, and ``results.json``, every sample
 plus the machine and the run. The command prints the table and exits 1 when a benchmark
 crashed (no valid results file); a goal not met is a row of the table, not a crash.
+
+``--only NAME --merge`` runs some benchmarks again and puts their records in place of
+the same benchmarks' records in the existing ``results.json``, keeping the others: the
+table stays whole, and each benchmark from an earlier run says when and at which
+commit it ran. A ratio is still measured side by side within one benchmark's run.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class Benchmark:
     name: str
     what: str
     args: tuple[str, ...] = ()
+    limit_s: float | None = None  # a full run's time limit, when not FULL_LIMIT_S
 
 
 BENCHMARKS = (
@@ -65,7 +71,9 @@ BENCHMARKS = (
     Benchmark("scaling", "training tokens/s on 1, 2 and 4 virtual CPU devices"),
     Benchmark("store_scale", "store at scale: latest checkpoint and get(node) p99"),
     Benchmark(
-        "store_postgres", "store on PostgreSQL at 30,000 runs vs MLflow's server on PostgreSQL"
+        "store_postgres",
+        "store on PostgreSQL at 30,000 runs vs MLflow's server on PostgreSQL",
+        limit_s=3600,  # both stores are filled with 45 million values first (~25 min)
     ),
     Benchmark("generation", "generation: KV-cache decoding vs full recompute"),
     Benchmark("backfill", "backfill: one --over run vs a --resume run per checkpoint"),
@@ -85,6 +93,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke run of every benchmark (< 5 min)")
     names = ",".join(b.name for b in BENCHMARKS)
     p.add_argument("--only", help=f"comma-separated subset of {names}")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --only: replace those benchmarks' records in the existing results.json",
+    )
     p.add_argument("--out", type=Path, default=HERE, help="folder of results.md/.json")
     p.add_argument("--note", default="", help="what else ran on the machine (for the header)")
     args = p.parse_args(argv)
@@ -92,6 +105,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.only = args.only.split(",") if args.only else None
     if args.only and set(args.only) - known:
         p.error(f"--only: unknown {sorted(set(args.only) - known)}; choose from {names}")
+    if args.merge and not args.only:
+        p.error("--merge replaces some benchmarks' records: name them with --only")
     return args
 
 
@@ -107,9 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     machine["seconds"] = round(time.perf_counter() - started, 1)
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     partial = None if args.only is None else [b.name for b in chosen]
-    table = markdown(runs, machine, args.note, partial)
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"machine": machine, "note": args.note, "only": partial, "benchmarks": runs}
+    note = args.note
+    if args.merge:
+        runs, note = merged(args.out / "results.json", runs, machine, args.note)
+        partial = None
+    table = markdown(runs, machine, note, partial)
+    record = {"machine": machine, "note": note, "only": partial, "benchmarks": runs}
     _write(args.out / "results.json", json.dumps(record, indent=1) + "\n")
     _write(args.out / "results.md", table)
     print("\n" + table)
@@ -117,6 +136,37 @@ def main(argv: list[str] | None = None) -> int:
     if crashed:
         print(f"crashed: {', '.join(crashed)} (their output is above and in results.json)")
     return 1 if crashed else 0
+
+
+def merged(
+    path: Path, runs: list[dict[str, Any]], machine: dict[str, Any], note: str
+) -> tuple[list[dict[str, Any]], str]:
+    """The records of ``path`` with ``runs`` in place of theirs, in ``BENCHMARKS`` order,
+    each kept one marked with its own run (``ran``), and the header's note.
+
+    Raises:
+        SystemExit: ``path`` is missing, or from a quick run when this one is full (or
+            the reverse): the table would mix a smoke test with measurements.
+    """
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(
+            f"--merge: cannot read {path} ({err}); run every benchmark first."
+        ) from None
+    if earlier["machine"]["quick"] != machine["quick"]:
+        raise SystemExit(
+            f"--merge: {path} is from a {'quick' if earlier['machine']['quick'] else 'full'} run; merge like with like."
+        )
+    stamp = {"date": earlier["machine"]["date"], "commit": earlier["machine"]["git_commit"]}
+    new = {run["name"]: run for run in runs}
+    kept = {r["name"]: {**r, "ran": r.get("ran", stamp)} for r in earlier["benchmarks"]}
+    order = [b.name for b in BENCHMARKS]
+    together = {**kept, **new}
+    result = [together[name] for name in order if name in together]
+    text = f"{', '.join(new)} run again and merged; the others from earlier runs (dated below)"
+    earlier_note = earlier.get("note") or ""
+    return result, "; ".join(x for x in (note, text, earlier_note) if x)
 
 
 def describe_machine(quick: bool) -> dict[str, Any]:
@@ -174,7 +224,7 @@ def run_one(bench: Benchmark, out: Path, quick: bool) -> dict[str, Any]:
         "results": None,
     }
     print(f"\n== {bench.name}: {record['command']}", flush=True)
-    limit = QUICK_LIMIT_S if quick else FULL_LIMIT_S
+    limit = QUICK_LIMIT_S if quick else (bench.limit_s or FULL_LIMIT_S)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -354,7 +404,11 @@ def markdown(
         status = error if error.startswith(run["status"]) else run["status"]
         status += f" ({error})" if error and status != error else ""
         load = " to ".join(str(x) for x in run["load_average"])
-        lines.append(f"- `{run['command']}`: {status}, {run['seconds']:.0f} s, load average {load}")
+        ran = run.get("ran")
+        when = f" (run on {ran['date']}, commit {ran['commit'][:10]})" if ran else ""
+        lines.append(
+            f"- `{run['command']}`: {status}, {run['seconds']:.0f} s, load average {load}{when}"
+        )
     return "\n".join(lines) + "\n"
 
 
