@@ -276,6 +276,8 @@ def _scheduled_lineage(store: Store, job_id: str) -> str | None:
     """``name~nonce`` of the lineage that carries ``slurm/job = job_id`` and holds a
     checkpoint (the newest such, if several), or None: a job's first run."""
     found: dict[tuple[str, str], float] = {}
+    if not store.held_keys(["slurm/job"]):  # no job ran in this root yet
+        return None
     for node in store.query().where("slurm/job", "=", job_id).all():
         latest = store.query().name(node.name).nonce(node.nonce).latest_checkpoint()
         if latest is not None:
