@@ -107,6 +107,30 @@ def _nodes(root: Path, run: str) -> tuple[list[dict], list[tuple[int, int]], Sto
     return [store.values(n) for n in nodes], saved, store
 
 
+def _shown(root: Path, run: str, line: str) -> None:
+    """``line`` is what `theseus-store show` and `lineage` and the browser's lineage page
+    (and its live poll) say of the run's scheduler job."""
+    from starlette.testclient import TestClient
+
+    from theseus.store.ui import create_app
+
+    with Store(store_root(root), readonly=True) as store:
+        last = max(store.query().spec(run=run).all(), key=lambda n: n.seq)
+        lineage = f"{last.name}~{last.nonce}"
+        for verb in ("show", "lineage"):
+            done = subprocess.run(
+                [str(Path(sys.executable).with_name("theseus-store")), verb,
+                 str(store_root(root)), last.serialize()],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            assert f"  {line}\n" in done.stdout, done.stdout
+        with TestClient(create_app(store)) as browser:
+            page = browser.get(f"/lineage/{lineage}")
+            assert f'<b data-field="scheduled">{line}</b>' in page.text
+            polled = browser.get("/api/lineage", params={"l": lineage}).json()
+            assert polled["scheduled"] == line
+
+
 def test_a_warned_run_checkpoints_and_its_requeued_run_ends_bit_identical(tmp_path: Path) -> None:
     root, reference, config = tmp_path / "root", tmp_path / "reference", tmp_path / "tiny.yaml"
     for folder in (root, reference):
@@ -138,6 +162,7 @@ def test_a_warned_run_checkpoints_and_its_requeued_run_ends_bit_identical(tmp_pa
     assert ran["ran/uv_lock_sha256"] == hashlib.sha256(b"version = 1\n").hexdigest()
     assert ran["ran/python"] == ".".join(map(str, sys.version_info[:3]))
     store.close()
+    _shown(root, "warned", f"SLURM job 4242: requeued (at seq {stopped - 1})")
 
     # the requeued job: the same command, SLURM_RESTART_COUNT=1
     again = subprocess.run(run, env={**env, "SLURM_RESTART_COUNT": "1"}, cwd=project,
@@ -149,6 +174,7 @@ def test_a_warned_run_checkpoints_and_its_requeued_run_ends_bit_identical(tmp_pa
     assert values[-1]["job/status"] == "finished" and values[-1]["slurm/state"] == "finished"
     assert values[-1]["slurm/restarts"] == 1
     assert values[stopped - 1]["ran/git_head"] == ran["ran/git_head"]  # where the rerun began
+    _shown(root, "warned", f"SLURM job 4242: finished, requeued 1x (at seq {STEPS - 1})")
 
     _ok("--import", JOBS, "run", "plain", str(config), str(reference), *_settings())
     mine, plain = _params(root, "warned", STEPS), _params(reference, "plain", STEPS)

@@ -128,7 +128,9 @@ _SCALARS = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.dictionaries(
         st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=6),
