@@ -35,7 +35,7 @@ TIMEOUT = 300.0
 
 
 def _settings() -> list[str]:
-    chosen = {**SETTINGS, "logging/report_interval": 1, "logging/checkpoint_interval": 4}
+    chosen = {**SETTINGS, "logging/report_interval": 1, "logging/checkpoint_interval": 5}
     return [f"{k}={v}" for k, v in chosen.items()] + [tokens(STEPS)]
 
 
@@ -55,7 +55,10 @@ def _submitted(cluster: Any, cwd: Path, run: str, root: Path, config: Path,
     job = int(re.search(r"Submitted SLURM job (\d+): 1 node\(s\) x 2 task\(s\)", done.stdout)[1])
     log = Path(re.search(r"  log      (\S+)", done.stdout)[1])
     assert f"  squeue -j {job}\n" in done.stdout
-    assert f"  theseus-store runs {root}/store      (slurm/job = {job} on its lineage)\n" in done.stdout
+    assert (
+        f"  theseus-store runs {root}/store      (slurm/job = {job} on its lineage)\n"
+        in done.stdout
+    )
     return job, log
 
 
@@ -92,7 +95,7 @@ def test_two_tasks_join_through_slurm_and_train_one_lineage(slurm_cluster: Any, 
     assert "2 device(s)" in text or "4 device(s)" in text, text[-2000:]
     values, steps = _lineage(root, "plain")
     assert [v["train/step"] for v in values] == list(range(1, STEPS + 1))
-    assert steps == [4, 8, 12]
+    assert steps == [5, 10, 12]
     assert values[-1]["job/status"] == "finished" and values[-1]["slurm/state"] == "finished"
     assert (values[0]["slurm/job"], values[0]["slurm/restarts"]) == (str(job), 0)
     assert "ran/python" in values[0] and "ran/jax" in values[0]
@@ -130,10 +133,13 @@ def test_a_warned_job_requeues_and_ends_bit_identical(slurm_cluster: Any, prepar
 
     values, steps = _lineage(root, "warned")
     assert [v["train/step"] for v in values] == list(range(1, STEPS + 1))
-    states = [(v["train/step"], v.get("slurm/state")) for v in values if "slurm/state" in v]
-    stopped = next(step for step, state in states if state == "requeued")
-    assert 3 <= stopped < STEPS and stopped in steps  # its checkpoint, besides the due ones
-    assert values[stopped - 1]["job/status"] in ("preempted", "running")  # resumed from there
+    stopped = int(re.search(rf"stopped by SIGUSR2 after step (\d+) of {STEPS}", text)[1])
+    assert 3 <= stopped < STEPS and stopped in steps  # checkpointed where both stopped
+    assert steps == sorted({stopped, 5, 10, 12})  # besides the due ones
+    # the first run's record stays where it started; the second began at the stopped node
+    assert (values[0]["slurm/state"], values[0]["slurm/restarts"]) == ("requeued", 0)
+    assert values[0]["job/status"] == "preempted"
+    assert values[stopped - 1]["slurm/restarts"] == 1
     assert values[-1]["slurm/state"] == "finished" and values[-1]["slurm/restarts"] == 1
     mine, plain = _params(root, "warned", STEPS), _params(reference, "plain", STEPS)
     assert sorted(mine) == sorted(plain)
