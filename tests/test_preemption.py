@@ -13,7 +13,9 @@ git and hashlib themselves.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import signal
 import subprocess
 import sys
@@ -112,18 +114,17 @@ def _shown(root: Path, run: str, line: str) -> None:
     (and its live poll) say of the run's scheduler job."""
     from starlette.testclient import TestClient
 
+    from theseus.store.cli import main as store_main
     from theseus.store.ui import create_app
 
     with Store(store_root(root), readonly=True) as store:
         last = max(store.query().spec(run=run).all(), key=lambda n: n.seq)
         lineage = f"{last.name}~{last.nonce}"
         for verb in ("show", "lineage"):
-            done = subprocess.run(
-                [str(Path(sys.executable).with_name("theseus-store")), verb,
-                 str(store_root(root)), last.serialize()],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            assert f"  {line}\n" in done.stdout, done.stdout
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                assert store_main([verb, str(store_root(root)), last.serialize()]) == 0
+            assert f"  {line}\n" in printed.getvalue(), printed.getvalue()
         with TestClient(create_app(store)) as browser:
             page = browser.get(f"/lineage/{lineage}")
             assert f'<b data-field="scheduled">{line}</b>' in page.text
@@ -131,7 +132,9 @@ def _shown(root: Path, run: str, line: str) -> None:
             assert polled["scheduled"] == line
 
 
-def test_a_warned_run_checkpoints_and_its_requeued_run_ends_bit_identical(tmp_path: Path) -> None:
+def test_a_warned_run_checkpoints_and_its_requeued_run_ends_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root, reference, config = tmp_path / "root", tmp_path / "reference", tmp_path / "tiny.yaml"
     for folder in (root, reference):
         Synthetic.prepare(folder, tokens=40_000, val_tokens=6_000)
@@ -165,9 +168,11 @@ def test_a_warned_run_checkpoints_and_its_requeued_run_ends_bit_identical(tmp_pa
     _shown(root, "warned", f"SLURM job 4242: requeued (at seq {stopped - 1})")
 
     # the requeued job: the same command, SLURM_RESTART_COUNT=1
-    again = subprocess.run(run, env={**env, "SLURM_RESTART_COUNT": "1"}, cwd=project,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert again.returncode == 0, again.stderr[-3000:]
+    monkeypatch.chdir(project)  # in this process: the rerun needs no signal
+    for key, value in {"THESEUS_PREEMPTION": "USR2", "THESEUS_REQUEUES": "1",
+                       "SLURM_RESTART_COUNT": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    _ok(*run[run.index("--import") :])
     values, saved, store = _nodes(root, "warned")
     store.close()
     assert [v["train/step"] for v in values] == list(range(1, STEPS + 1))
