@@ -4,6 +4,10 @@ Sets four virtual CPU devices before JAX is imported, compiles without most of X
 optimizations, keeps matplotlib off any display, gives the test process a compilation
 cache of its own, and skips tests of optional extras that are not installed; warnings
 are errors (pyproject.toml).
+
+``pytest --slurm`` (nox's ``slurm`` session) runs only the tests marked ``slurm``, on a
+private one-node SLURM cluster that the ``slurm_cluster`` fixture starts once for the
+session (``tests/_slurm_cluster.py``); without it those tests are left out.
 """
 
 from __future__ import annotations
@@ -11,7 +15,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,6 +87,15 @@ _CACHE_IN_THIS_PROCESS: dict[str, str] = {}
 _CACHE_FOLDER = _share_a_compilation_cache()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slurm",
+        action="store_true",
+        default=False,
+        help="run only the tests marked slurm, on a private SLURM cluster (Debian's slurm-wlm)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist hands out whole files (--dist loadfile) and by default the files with
     # the most tests first, which leaves the few-but-long ones (crash trials, two-host
@@ -101,8 +118,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked with an optional extra whose package is absent."""
+    """Leave out the slurm tests, or all others under --slurm; skip tests marked with an
+    optional extra whose package is absent."""
+    on_slurm = config.getoption("--slurm", default=False)
+    left = [item for item in items if bool(item.get_closest_marker("slurm")) != on_slurm]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = [item for item in items if bool(item.get_closest_marker("slurm")) == on_slurm]
     for item in items:
         for marker, module in _OPTIONAL.items():
             if item.get_closest_marker(marker) and importlib.util.find_spec(module) is None:
                 item.add_marker(pytest.mark.skip(reason=f"{module} is not installed"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Any]:
+    """A private one-node SLURM cluster for the session (``tests/_slurm_cluster.py``):
+    ``.env`` to merge into a subprocess's environment, ``.submit``, ``.state``, ``.wait``."""
+    module = sys.modules.get("_slurm_cluster")
+    if module is None:
+        path = Path(__file__).parent / "tests" / "_slurm_cluster.py"
+        spec = importlib.util.spec_from_file_location("_slurm_cluster", path)
+        assert spec is not None and spec.loader is not None, path
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_slurm_cluster"] = module
+        spec.loader.exec_module(module)
+    with module.running_cluster() as cluster:
+        yield cluster

@@ -196,6 +196,14 @@ def postgres(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def slurm(session: nox.Session) -> None:
+    """The tests marked slurm, on a private one-node SLURM cluster (Debian's slurm-wlm and
+    munge) that the session starts once and stops; no xdist: one cluster for the run."""
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/", "--slurm", "-m", "",
+                *session.posargs)  # fmt: skip
+
+
+@nox.session(python=False)
 def slow(session: nox.Session) -> None:
     """Only the tests marked slow (long crash-safety loops, long training runs)."""
     session.run("pytest", "-q", "-m", "slow", *session.posargs)

@@ -61,6 +61,7 @@ def _checkpointed(root: Path) -> list:
         return sorted({c.node for c in store.query().checkpoints()}, key=lambda n: n.seq)
 
 
+@pytest.mark.slow  # ~15 s; --over (below) keeps the command line of theseus eval in the default suite
 def test_theseus_eval_keeps_each_metric_on_the_node_once(lineage: Path, tmp_path: Path) -> None:
     root = _copy(lineage, tmp_path)
     command = ["eval", str(root), "scored", "--tasks", "tiny_mc", "--include-path", str(root)]

@@ -132,6 +132,7 @@ def test_forwarded_attributes_are_the_trainers(trainer, view) -> None:
         "total_steps": lambda got: got == trainer.total_steps == 4,
         "accumulate_steps": lambda got: got == every,
         "analysis_failures": lambda got: got is trainer.analysis_failures,
+        "scheduled": lambda got: got is trainer.scheduled,
         "batch_geometry": lambda got: got() == trainer.batch_geometry(),
         "batch": lambda got: got() is trainer.batch("train") and got("val") is trainer.batch("val"),
         "inspection_batch": lambda got: (

@@ -50,7 +50,8 @@ class TrainerView(AnalysisBase[Any, Any]):
     Forwarded to the trainer (`view.X` is `trainer.X`; assigning one raises
     `AnalysisError`): `spec`, `base`, `mode`, `configuration`, `model`, `store`,
     `sharding`, `node`, `state`, `cursor`, `block_size`, `total_steps`,
-    `accumulate_steps`, `analysis_failures`, `tokenizer`, and the methods
+    `accumulate_steps`, `analysis_failures`, `tokenizer`, `scheduled` (the SLURM job
+    the trainer runs in, or None), and the methods
     `batch_geometry()`, `batch(slice)`, `inspection_batch()`, `prompt_batch(text)`,
     `step_key()`, `inspection_key()`, `validate()`, `evaluate_batch(rows)`,
     `generate(...)`, `log(values)`.
@@ -94,6 +95,7 @@ class TrainerView(AnalysisBase[Any, Any]):
         "evaluate_batch",
         "generate",
         "tokenizer",
+        "scheduled",
         "prompt_batch",
         "log",
     )
@@ -217,6 +219,7 @@ class TrainerView(AnalysisBase[Any, Any]):
     accumulate_steps = _forwarded("accumulate_steps", "Micro-steps per optimizer step")
     analysis_failures = _forwarded("analysis_failures", "Tandem analyses that failed")
     tokenizer = _forwarded("tokenizer", "The tokenizer of the model's ids")
+    scheduled = _forwarded("scheduled", "The scheduler job the run is, or None")
 
     @property
     def state(self) -> Any:

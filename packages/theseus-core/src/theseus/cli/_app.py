@@ -24,6 +24,8 @@ from theseus.registry import import_module_or_file
 F = TypeVar("F", bound=Callable[..., Any])
 
 ENTRY_POINT_GROUP = "theseus.cli"
+#: ``ctx.meta`` key of the ``--import`` targets a verb was given, in order.
+IMPORTS = "theseus.imports"
 _DEBUG = "theseus.debug"
 
 
@@ -36,6 +38,7 @@ def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool
 def _do_imports(
     ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
 ) -> tuple[str, ...]:
+    ctx.meta.setdefault(IMPORTS, []).extend(value)  # `theseus submit` passes them on
     if value:  # a verb with cluster options joins before user code can touch devices
         join_from_context(ctx)
     for target in value:

@@ -14,6 +14,7 @@ from theseus.cli._root import ROOT
 from theseus.cli._suite import REVISIONS_HELP, suite_import
 from theseus.config import ConfigError, dump, load, parse_overrides
 from theseus.job import BasicJob, CheckpointWalker, from_host_zero, is_primary
+from theseus.job._slurm import ScheduledJob
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
 from theseus.store import Node, Store
@@ -168,6 +169,17 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
 @click.option(
     "--force", is_flag=True, help="With --over: recompute the nodes it would skip (a new version)."
 )
+@click.option(
+    "--scheduler-job",
+    default=None,
+    metavar="ID",
+    help=(
+        "The SLURM job this run is (the script of `theseus submit` passes it): recorded "
+        "beside the run's status (slurm/job, slurm/state), with what ran (git, uv.lock, "
+        "versions). When a lineage of ROOT already carries the job (a requeued job), the "
+        "run resumes that lineage's latest checkpoint."
+    ),
+)
 @cluster_options
 @common_options
 def run_command(
@@ -181,6 +193,7 @@ def run_command(
     branch_node: str | None,
     over_lineage: str | None,
     force: bool,
+    scheduler_job: str | None,
 ) -> None:
     """Run the job CONFIG.yaml names (its top-level `job:` key) as run RUN under ROOT.
 
@@ -197,6 +210,11 @@ def run_command(
     """
     if resume_node and branch_node:
         raise click.UsageError("Pass at most one of --resume NODE and --branch NODE.")
+    if scheduler_job is not None and (resume_node or branch_node or over_lineage):
+        raise click.UsageError(
+            "--scheduler-job starts a run or resumes the lineage that carries the job; it "
+            "takes no --resume, --branch or --over."
+        )
     if over_lineage is not None:
         _check_over(over_lineage, resume_node, branch_node)
     elif force:
@@ -225,6 +243,8 @@ def run_command(
         return
     with quick(root) as q:
         cls = _job_class(job_name)
+        if scheduler_job is not None:  # a requeued job goes on where its lineage stopped
+            resume_node = from_host_zero(lambda: _scheduled_lineage(q.store, scheduler_job))
         base = resume_node or branch_node
         node = None
         if base is not None:
@@ -241,6 +261,8 @@ def run_command(
             _note_saved(tree, from_file, settings, config_file, base)
         tree.update(settings)
         job = q.create()
+        if scheduler_job is not None:
+            job.scheduled = ScheduledJob.from_environment(scheduler_job)
         result = job()
         click.echo(
             f"{tree.job}: {job.mode.value if job.mode else 'run'} run finished at node {job.node}."
@@ -248,6 +270,22 @@ def run_command(
         if is_primary():
             for line in job.outcome(result):
                 click.echo(line)
+
+
+def _scheduled_lineage(store: Store, job_id: str) -> str | None:
+    """``name~nonce`` of the lineage that carries ``slurm/job = job_id`` and holds a
+    checkpoint (the newest such, if several), or None: a job's first run."""
+    found: dict[tuple[str, str], float] = {}
+    if not store.held_keys(["slurm/job"]):  # no job ran in this root yet
+        return None
+    for node in store.query().where("slurm/job", "=", job_id).all():
+        latest = store.query().name(node.name).nonce(node.nonce).latest_checkpoint()
+        if latest is not None:
+            found[(node.name, node.nonce)] = latest.created
+    if not found:
+        return None
+    name, nonce = max(found, key=lambda lineage: found[lineage])
+    return f"{name}~{nonce}"
 
 
 def _check_over(text: str, resume_node: str | None, branch_node: str | None) -> None:

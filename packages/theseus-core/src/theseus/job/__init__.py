@@ -19,11 +19,21 @@ from theseus.job._hosts import (
     process_index,
     sync_hosts,
 )
-from theseus.job._signals import STOP_SIGNALS, Terminated, deferred_stop, stop_on_signals
+from theseus.job._signals import (
+    ENV_PREEMPTION,
+    STOP_SIGNALS,
+    Preempted,
+    Terminated,
+    deferred_stop,
+    preemption_requested,
+    preemption_signal,
+    stop_on_signals,
+)
 from theseus.job._spec import JobSpec, store_root
 from theseus.job._walk import CheckpointWalker
 
 __all__ = [
+    "ENV_PREEMPTION",
     "STOP_SIGNALS",
     "BasicJob",
     "CheckpointWalker",
@@ -36,6 +46,7 @@ __all__ = [
     "JobSpec",
     "JobTypeError",
     "Mode",
+    "Preempted",
     "Terminated",
     "agree_on_nonce",
     "deferred_stop",
@@ -44,6 +55,8 @@ __all__ = [
     "join_cluster",
     "open_store",
     "plan_cluster",
+    "preemption_requested",
+    "preemption_signal",
     "process_count",
     "process_index",
     "stop_on_signals",

@@ -21,7 +21,8 @@ from typing import Any, ClassVar, TypeVar
 from theseus.config import Tree, configure, dump, load, using
 from theseus.errors import TheseusError
 from theseus.job._hosts import agree_on_nonce, from_host_zero, is_primary, open_store, sync_hosts
-from theseus.job._signals import deferred_stop, stop_on_signals
+from theseus.job._signals import Preempted, deferred_stop, stop_on_signals
+from theseus.job._slurm import ScheduledJob
 from theseus.job._spec import JobSpec, store_root
 from theseus.registry import job_key
 from theseus.store import Node, Store
@@ -121,6 +122,8 @@ class BasicJob(abc.ABC):
             )
         self.spec = spec
         self.base = base
+        #: The scheduler job this process runs in (``theseus run --scheduler-job``), or None.
+        self.scheduled: ScheduledJob | None = None
         self._store = store
         self._owns_store = store is None
         if config is None:
@@ -347,6 +350,9 @@ class BasicJob(abc.ABC):
         finished = False
         try:
             self._status({"job/status": "running"})
+            if self.scheduled is not None and is_primary():
+                assert self._start is not None
+                self.scheduled.record_start(self.store, self._start)
             with self.activated():
                 result = self.run()
             with deferred_stop():  # checkpoints commit and the status is recorded whole
@@ -355,8 +361,10 @@ class BasicJob(abc.ABC):
         except BaseException as exc:
             if self._node is not None and not finished:
                 with deferred_stop(raise_at_end=False):  # both nodes get `exc`'s record
-                    error = describe(exc)
-                    self._status({"job/status": "failed", "job/error": error})
+                    if isinstance(exc, Preempted):  # checkpointed: the run goes on later
+                        self._status({"job/status": "preempted", "job/stopped": str(exc)})
+                    else:
+                        self._status({"job/status": "failed", "job/error": describe(exc)})
             raise
         sync_hosts(f"theseus/job/finish/{self.spec.project}.{self.spec.group}.{self.spec.name}")
         return result
@@ -389,6 +397,8 @@ class BasicJob(abc.ABC):
             self.status_key("module"): module_of(type(self)),
             **{self.status_key(key.removeprefix("job/")): value for key, value in values.items()},
         }
+        if self.scheduled is not None:  # and the scheduler job's state beside it
+            record.update(self.scheduled.values(str(values["job/status"])))
         for node in dict.fromkeys(n for n in (self._start, self._node) if n is not None):
             self.store.log(node, record)
 

@@ -14,11 +14,17 @@ the compiled update; the final checkpoint) runs inside :func:`deferred_stop`: a 
 that arrives there is kept and raised when the block ends, so the trainer stops at a
 step boundary with a whole state it can still checkpoint.
 
-The piece is small and reusable (a later scheduler integration adds SIGUSR2): handlers
-are installed only in the main thread (elsewhere both context managers do nothing), only
-over the default action (a signal ignored with `nohup`, or handled by the program
-itself, keeps its handler), and restored when the block ends. On several hosts every
-host gets the signal from its scheduler and stops on its own; host zero records.
+Handlers are installed only in the main thread (elsewhere both context managers do
+nothing), only over the default action (a signal ignored with `nohup`, or handled by the
+program itself, keeps its handler), and restored when the block ends. On several hosts
+every host gets the signal from its scheduler and stops on its own; host zero records.
+
+A scheduler's warning before a time limit or a preemption is another kind of signal:
+where the environment names one (``THESEUS_PREEMPTION=USR2``, which the script of
+``theseus submit`` sets), it stops nothing by itself. Its handler only notes it
+(:func:`preemption_requested`); the training loop asks at each step boundary, and
+every process of the run agrees on the step at which to stop (a vote, see
+``theseus.training._preempt``), checkpoints it, and raises :class:`Preempted`.
 
 A Python handler runs only when the main thread runs Python. A process blocked in native
 code (a compiled step that never returns, a collective waiting for a host that died)
@@ -37,7 +43,19 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["STOP_SIGNALS", "Terminated", "deferred_stop", "stop_on_signals"]
+__all__ = [
+    "ENV_PREEMPTION",
+    "STOP_SIGNALS",
+    "Preempted",
+    "Terminated",
+    "deferred_stop",
+    "preemption_requested",
+    "preemption_signal",
+    "stop_on_signals",
+]
+
+#: The environment variable naming the scheduler's warning signal (``USR2``, ``SIGUSR2``).
+ENV_PREEMPTION = "THESEUS_PREEMPTION"
 
 #: What a scheduler or a closed terminal sends to end a process (SIGHUP where it exists).
 STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
@@ -74,6 +92,45 @@ class Terminated(SystemExit):
         )
 
 
+class Preempted(Terminated):
+    """The scheduler warned of a time limit or a preemption (:data:`ENV_PREEMPTION`'s
+    signal); the run checkpointed the step every process stopped at.
+
+    Exits with 128 + signum (140 for SIGUSR2), which the script of ``theseus submit``
+    reads as "requeue me".
+    """
+
+    def __str__(self) -> str:
+        return (
+            f"preempted: {self.signal_name} (the scheduler's warning before a time limit or a "
+            f"preemption) arrived; checkpointed where every process stopped, exit code {self.code}"
+        )
+
+
+def preemption_signal() -> signal.Signals | None:
+    """The signal :data:`ENV_PREEMPTION` names, or None when it is unset or empty.
+
+    Raises:
+        ValueError: it names no signal this platform has (one line, naming the variable).
+    """
+    text = os.environ.get(ENV_PREEMPTION, "").strip().upper()
+    if not text:
+        return None
+    name = text if text.startswith("SIG") else f"SIG{text}"
+    found = getattr(signal, name, None)
+    if not isinstance(found, signal.Signals) or found in STOP_SIGNALS or name == "SIGKILL":
+        raise ValueError(
+            f"{ENV_PREEMPTION}={os.environ[ENV_PREEMPTION]!r} names no signal a process can "
+            "be warned with; expected e.g. USR2 or USR1 (not TERM, HUP or KILL)."
+        )
+    return found
+
+
+def preemption_requested() -> bool:
+    """Whether the scheduler's warning signal arrived inside :func:`stop_on_signals`."""
+    return _state.warned is not None
+
+
 @dataclass
 class _State:
     """What the handlers share; touched only in the main thread, where signals run."""
@@ -82,6 +139,7 @@ class _State:
     deferring: int = 0  # depth of nested deferred_stop blocks
     pending: int | None = None  # a signal that arrived while deferring
     stopping: bool = False  # Terminated was raised: later signals leave it to the watchdog
+    warned: int | None = None  # the preemption signal arrived (it stops nothing by itself)
 
 
 _state = _State()
@@ -98,6 +156,10 @@ def _handle(signum: int, frame: object) -> None:
         _state.pending = _state.pending or signum
         return
     _stop(signum)
+
+
+def _warn(signum: int, frame: object) -> None:
+    _state.warned = signum
 
 
 def _stop(signum: int) -> None:
@@ -172,12 +234,16 @@ def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterato
     if not _in_main_thread() or _state.installed:
         yield
         return
+    warning = preemption_signal()
     previous = {
         s: signal.signal(s, _handle) for s in signals if signal.getsignal(s) is signal.SIG_DFL
     }
+    stops = list(previous)
+    if warning is not None and warning not in previous:
+        previous[warning] = signal.signal(warning, _warn)
     _state.installed = True
     try:
-        with _wakeup_watchdog(list(previous)):
+        with _wakeup_watchdog(stops):
             yield
         if _state.pending is not None:  # kept by a deferred block that ended in an error
             _stop(_state.pending)
@@ -185,7 +251,7 @@ def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterato
         for s, handler in previous.items():
             signal.signal(s, handler)
         _state.installed, _state.deferring = False, 0
-        _state.pending, _state.stopping = None, False
+        _state.pending, _state.stopping, _state.warned = None, False, None
 
 
 @contextlib.contextmanager

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from theseus.job import Terminated, deferred_stop, process_count
+from theseus.job import Preempted, Terminated, deferred_stop, process_count
 from theseus.training import _tandem
 from theseus.training._errors import TrainerError
+from theseus.training._preempt import StopVote
 from theseus.training._steps import scalar_keys
 from theseus.training.reporting import Reporter
 from theseus.training.sharding import state_bytes
@@ -56,6 +57,7 @@ def run(trainer: BaseTrainer) -> Any:
         return trainer.state
     reporter.say(describe_memory(trainer))
     train, start = trainer._compiled_train(), step
+    vote = StopVote()  # a scheduler's warning: every process stops after the same step
     try:
         while step < total:
             with deferred_stop():  # a stop signal ends the run between steps, never inside
@@ -68,9 +70,14 @@ def run(trainer: BaseTrainer) -> Any:
                 trainer._next_cursor = trainer.cursor + 1
                 step += 1
                 trainer._after_step(step, total, loss, meta, grad_norm, reporter)
+                if step < total and vote.stop_now():
+                    assert vote.signal is not None
+                    raise Preempted(int(vote.signal))
     except BaseException as failure:
         with deferred_stop(raise_at_end=False):  # a stop signal now waits; `failure` goes on
-            saved = isinstance(failure, Terminated) and save_before_stopping(trainer, start, step)
+            saved = isinstance(failure, Terminated) and save_before_stopping(
+                trainer, start, step, together=isinstance(failure, Preempted)
+            )
             trainer._release_keeper()  # saves already started still commit and register
             _tandem.drain(trainer._views)  # results already computed are still published
         if isinstance(failure, Terminated):
@@ -92,16 +99,21 @@ def run(trainer: BaseTrainer) -> Any:
     return trainer.state
 
 
-def save_before_stopping(trainer: BaseTrainer, start: int, step: int) -> bool:
+def save_before_stopping(
+    trainer: BaseTrainer, start: int, step: int, together: bool = False
+) -> bool:
     """After a stop signal, at a step boundary: checkpoint the last update if it is not saved.
 
-    Preemption then loses no step. A process alone saves (on several hosts orbax's save
+    Preemption then loses no step. A process alone saves; on several hosts orbax's save
     is a collective, and each host may stop after a different step, so there only the
-    saves already started are kept); a failed save is logged, and the stop goes on.
+    saves already started are kept, unless the hosts stopped ``together`` (a scheduler's
+    warning, on which they voted: see ``theseus.training._preempt``). A failed save is
+    logged, and the stop goes on.
 
     Args:
         start: the step the run began at (nothing new to save when no update ran).
         step: the last completed update's step (the state's).
+        together: every process stopped after ``step`` (and saves with this one).
 
     Returns:
         Whether a checkpoint of `step` exists now (saved here, or due at `step`).
@@ -110,7 +122,7 @@ def save_before_stopping(trainer: BaseTrainer, start: int, step: int) -> bool:
         return False
     if due(step, trainer.args.checkpoint_interval, trainer.total_steps):
         return True  # `after_step` saved it
-    if process_count() > 1:
+    if process_count() > 1 and not together:
         return False
     try:
         trainer.save_checkpoint()

@@ -30,6 +30,7 @@ from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
 from theseus.store._node import Node
 from theseus.store._opening import inner_hint
 from theseus.store._postgres import is_database_url
+from theseus.store._scheduler import scheduler_state
 from theseus.store._store import MARKER, Store
 
 __all__ = ["main"]
@@ -90,6 +91,9 @@ def _show(store: Store, args: argparse.Namespace) -> int:
     values = store.values(node)
     print(f"node {node.serialize()}")
     print(f"job  {store.job_of(node) or '-'}")
+    scheduled = scheduler_state(store, node.name, node.nonce)
+    if scheduled is not None:
+        print(f"     {scheduled}")
     print(f"\nvalues ({len(values)})")
     for key, value in values.items():
         print(f"  {key} = {value!r}")
@@ -187,6 +191,9 @@ def _lineage(store: Store, args: argparse.Namespace) -> int:
     node = _node(store, args.node)
     print(f"node      {node.serialize()}")
     print(f"job       {store.job_of(node) or '-'}")
+    scheduled = scheduler_state(store, node.name, node.nonce)
+    if scheduled is not None:
+        print(f"          {scheduled}")
     ancestors = store.ancestors(node)
     print(f"ancestors ({len(ancestors)}, nearest first)")
     if args.all:

@@ -38,6 +38,7 @@ from starlette.routing import Route
 from theseus.store._errors import CorruptStoreError, StoreError, UnknownNodeError
 from theseus.store._node import Node
 from theseus.store._records import Artifact
+from theseus.store._scheduler import scheduler_state
 from theseus.store._store import Store
 from theseus.store.ui import _data, _render
 from theseus.store.ui._web import (
@@ -185,11 +186,13 @@ class Browser:
         name, nonce = self.known_lineage(request.path_params["lineage"])
         family = _data.lineage_family(self.store, name, nonce)
         artifacts = _data.artifact_names(self.store, name, nonce)
+        scheduled = scheduler_state(self.store, name, nonce)
         return self.page(
             "lineage.html",
             family=family,
             lineage=f"{name}~{nonce}",
             artifacts=artifacts,
+            scheduled=None if scheduled is None else str(scheduled),
         )
 
     def node(self, request: Request) -> HTMLResponse:
@@ -420,6 +423,7 @@ class Browser:
         """The lineage's last node and its last values (what a live page polls)."""
         name, nonce = self.known_lineage(request.query_params.get("l"))
         found, _ = _data.lineages(self.store, text=f"{name}~{nonce}", keys=DEFAULT_KEYS)
+        scheduled = scheduler_state(self.store, name, nonce)
         for item in found:
             if item.key == f"{name}~{nonce}":
                 return JSONResponse(
@@ -428,6 +432,7 @@ class Browser:
                         "last_seq": item.last_seq,
                         "nodes": item.nodes,
                         "status": item.status,
+                        "scheduled": None if scheduled is None else str(scheduled),
                         "last": {k: number(v) for k, v in item.last.items()},
                     }
                 )

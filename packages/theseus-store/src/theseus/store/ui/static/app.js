@@ -54,6 +54,8 @@ function liveLineage() {
     const data = await getJSON(`/api/lineage?l=${encodeURIComponent(lineage)}`);
     lastSeq.textContent = String(data.last_seq);
     document.querySelector('[data-field="status"]').textContent = data.status;
+    const scheduled = document.querySelector('[data-field="scheduled"]');
+    if (scheduled && data.scheduled) scheduled.textContent = data.scheduled;
     document.querySelector('[data-key="val/loss"]').textContent = data.last["val/loss"];
     if (String(data.last_seq) !== drawn) {
       drawn = String(data.last_seq);

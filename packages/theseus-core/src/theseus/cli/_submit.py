@@ -1,0 +1,230 @@
+"""``theseus submit RUN CONFIG ROOT --slurm``: the batch script, ``sbatch``, what to run next.
+
+The script (``theseus.job._slurm.batch_script``) goes under ROOT, in
+``slurm/RUN-DATE-TIME/``, beside a copy of the configuration it runs and the job's
+output (``slurm-JOBID.out``). ``--dry-run`` prints it and submits nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from theseus.cli._app import IMPORTS, common_options, main
+from theseus.cli._root import ROOT
+from theseus.cli._verbs import _job_class
+from theseus.config import ConfigError, load, parse_overrides
+from theseus.job import store_root
+from theseus.job._slurm import SubmitError, batch_script, load_profiles, profiles_file
+
+__all__ = ["submit_command"]
+
+
+def _positive(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and value < (0 if param.name in ("requeues",) else 1):
+        least = 0 if param.name == "requeues" else 1
+        raise click.BadParameter(f"expected a whole number >= {least}; got {value}.")
+    return value
+
+
+@main.command("submit")
+@click.argument("run_name", metavar="RUN")
+@click.argument(
+    "config_file",
+    metavar="CONFIG.yaml",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+)
+@click.argument("root", metavar="ROOT", type=ROOT)
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option(
+    "--slurm", is_flag=True, help="Submit to SLURM with sbatch (the one scheduler for now)."
+)
+@click.option("--project", default=None, help="Project name (default: general).")
+@click.option("--group", default=None, help="Group name (default: default).")
+@click.option("--nodes", type=int, default=None, callback=_positive, help="Nodes (default 1).")
+@click.option(
+    "--gpus-per-node", type=int, default=None, callback=_positive, help="GPUs on each node."
+)
+@click.option(
+    "--tasks-per-node",
+    type=int,
+    default=None,
+    callback=_positive,
+    help="Processes on each node (default: one per GPU, else one).",
+)
+@click.option(
+    "--cpus-per-task", type=int, default=None, callback=_positive, help="CPUs per process."
+)
+@click.option(
+    "--time",
+    "time_limit",
+    default=None,
+    metavar="T",
+    help="Time limit (SLURM's form, e.g. 12:00:00).",
+)
+@click.option("--partition", default=None, help="The partition.")
+@click.option("--account", default=None, help="The account charged.")
+@click.option(
+    "--sbatch",
+    "sbatch_options",
+    multiple=True,
+    metavar="OPTION",
+    help="Another #SBATCH line, e.g. --sbatch=--qos=high (repeatable).",
+)
+@click.option(
+    "--requeues",
+    type=int,
+    default=None,
+    callback=_positive,
+    help="How many times a warned job requeues itself (default 3).",
+)
+@click.option(
+    "--signal-seconds",
+    type=int,
+    default=None,
+    callback=_positive,
+    help="Seconds before the time limit at which SLURM warns the job (default 300).",
+)
+@click.option(
+    "--profile",
+    default=None,
+    metavar="NAME",
+    help="A cluster's defaults from ~/.config/theseus/clusters.yaml (default: its `default:`).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the script; write and submit nothing.")
+@common_options
+def submit_command(
+    run_name: str,
+    config_file: Path,
+    root: Path,
+    overrides: tuple[str, ...],
+    slurm: bool,
+    project: str | None,
+    group: str | None,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    tasks_per_node: int | None,
+    cpus_per_task: int | None,
+    time_limit: str | None,
+    partition: str | None,
+    account: str | None,
+    sbatch_options: tuple[str, ...],
+    requeues: int | None,
+    signal_seconds: int | None,
+    profile: str | None,
+    dry_run: bool,
+) -> None:
+    """Send `theseus run RUN CONFIG.yaml ROOT` to SLURM: one task per GPU, requeued on preemption.
+
+    Writes a batch script under ROOT/slurm/, submits it with sbatch and prints the job
+    id, its log and how to follow it. Each task runs `theseus run` with the same
+    arguments; they join one cluster through SLURM's variables. Before the time limit
+    (--signal-seconds) SLURM warns the job: every process checkpoints after the same
+    step, and the job requeues itself (at most --requeues times) to resume from the
+    lineage's latest checkpoint in the store.
+    """
+    if not slurm:
+        raise click.UsageError(
+            "theseus submit needs a scheduler: pass --slurm (SLURM is the one it knows)."
+        )
+    values = load(config_file)
+    job_name = values.get("job")
+    if not isinstance(job_name, str):
+        raise ConfigError(
+            f"{str(config_file)!r} does not name its job: expected a top-level `job: NAME` "
+            f"key, got {job_name!r}. Write the file with `theseus configure JOB {config_file}`."
+        )
+    _job_class(job_name)  # an unknown job fails here, not on the cluster
+    parse_overrides(overrides)  # and so does a malformed KEY=VALUE
+    options = load_profiles(profiles_file(), profile).merged(
+        {
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
+            "tasks_per_node": tasks_per_node,
+            "cpus_per_task": cpus_per_task,
+            "time": time_limit,
+            "partition": partition,
+            "account": account,
+            "sbatch": list(sbatch_options) or None,
+            "requeues": requeues,
+            "signal_seconds": signal_seconds,
+        }
+    )
+    root = root.resolve()
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder = root / "slurm" / f"{run_name}-{stamp}"
+    imports = [
+        str(Path(target).resolve()) if Path(target).is_file() else target
+        for target in click.get_current_context().meta.get(IMPORTS, [])
+    ]
+    command = [
+        *_theseus(),
+        "run",
+        run_name,
+        str(folder / "config.yaml"),
+        str(root),
+        *overrides,
+        *(["--project", project] if project else []),
+        *(["--group", group] if group else []),
+        *(arg for target in imports for arg in ("--import", target)),
+    ]
+    script = batch_script(
+        command=command, options=options, job_name=run_name, folder=folder, workdir=Path.cwd()
+    )
+    if dry_run:
+        click.echo(script, nl=False)
+        return
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise SubmitError(
+            "sbatch is not on PATH: submit from a machine with SLURM's commands (a login "
+            "node), or pass --dry-run to print the script."
+        )
+    folder.mkdir(parents=True, exist_ok=False)
+    shutil.copyfile(config_file, folder / "config.yaml")
+    (folder / "submit.sh").write_text(script)
+    done = subprocess.run(
+        [sbatch, "--parsable", str(folder / "submit.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()
+        raise SubmitError(
+            f"sbatch refused the job (exit {done.returncode}): {said[-1]} The script is "
+            f"{folder / 'submit.sh'}."
+        )
+    job_id = done.stdout.strip().split(";")[0]
+    record = {
+        "job": job_id,
+        "run": run_name,
+        "script": str(folder / "submit.sh"),
+        "options": vars(options),
+    }
+    (folder / "job.json").write_text(json.dumps(record, indent=2) + "\n")
+    log = folder / f"slurm-{job_id}.out"
+    store = store_root(root)
+    click.echo(f"Submitted SLURM job {job_id}: {options.nodes} node(s) x {options.tasks} task(s).")
+    click.echo(f"  script   {folder / 'submit.sh'}")
+    click.echo(f"  log      {log}")
+    click.echo("Follow it:")
+    click.echo(f"  squeue -j {job_id}")
+    click.echo(f"  tail -f {log}")
+    click.echo(f"  theseus-store runs {store}      (slurm/job = {job_id} on its lineage)")
+    click.echo(f"  theseus-store ui {store}")
+
+
+def _theseus() -> list[str]:
+    """The command that starts this installation's `theseus` (the same environment)."""
+    script = Path(sys.executable).with_name("theseus")
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-c", "from theseus.cli import main; main()"]

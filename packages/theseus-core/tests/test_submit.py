@@ -1,0 +1,206 @@
+"""`theseus submit --slurm`: the batch script line by line, cluster profiles, one-line errors.
+
+The scripts are checked against lines written out here by hand for several option
+sets (``--dry-run``, which writes and submits nothing); the submission itself, the
+requeue and the two tasks' run are in ``tests/test_slurm_submit.py`` on a real SLURM.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from theseus.cli import main
+
+JOBS = str(Path(__file__).with_name("trainer_jobs.py"))
+THESEUS = str(Path(sys.executable).with_name("theseus"))
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working folder with a configuration, no profiles file and no sbatch on PATH."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    done = CliRunner().invoke(
+        main, ["--import", JOBS, "configure", "test/synthetic/train", "c.yaml"]
+    )
+    assert done.exit_code == 0, done.output
+    return tmp_path
+
+
+def _submit(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    done = CliRunner().invoke(main, ["--import", JOBS, "submit", *args], env=env)
+    return done.exit_code, done.output
+
+
+def _script(here: Path, *args: str) -> list[str]:
+    code, out = _submit("r", "c.yaml", "root", "--slurm", *args, "--dry-run")
+    assert code == 0, out
+    assert not (here / "root").exists()  # a dry run writes nothing
+    return out.splitlines()
+
+
+def _expected(here: Path, lines: list[str], sbatch: list[str], run: str,
+              requeues: int = 3, before: list[str] = ()) -> list[str]:  # fmt: skip
+    folder = f"{here}/root/slurm/r-STAMP"
+    return [
+        "#!/bin/bash",
+        "# Written by theseus submit on DATE.",
+        *sbatch,
+        f"#SBATCH --output={folder}/slurm-%j.out",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --requeue",
+        *[line for line in lines if line.startswith("#SBATCH --signal")],
+        *[line for line in lines if line.startswith("#SBATCH --") and "qos" in line],
+        "",
+        "set -u",
+        f"cd {here}",
+        *before,
+        f"export THESEUS_PREEMPTION=USR2 THESEUS_REQUEUES={requeues}",
+        "restarts=${SLURM_RESTART_COUNT:-0}",
+        f'echo "theseus submit: job $SLURM_JOB_ID, run $((restarts + 1)) of at most {requeues + 1}, on $SLURM_JOB_NODELIST"',
+        "# one task per GPU (or as asked), each a `theseus run` that joins the others",
+        f"srun --kill-on-bad-exit=1 {THESEUS} run r {folder}/config.yaml {here}/root {run}"
+        f'--import {JOBS} --scheduler-job "$SLURM_JOB_ID" &',
+        "tasks=$!",
+        "# SLURM warns this shell (--signal=B:...); the tasks checkpoint where all of them stop",
+        "trap 'echo \"theseus submit: USR2 before the time limit; checkpointing\"; kill -USR2 $tasks 2>/dev/null' USR2",
+        "trap 'kill -TERM $tasks 2>/dev/null' TERM",
+        "while :; do",
+        "  wait $tasks; code=$?",
+        "  kill -0 $tasks 2>/dev/null || break  # a trapped signal ended the wait, not the tasks",
+        "done",
+        f"if [ $code -eq 140 ] && [ $restarts -lt {requeues} ]; then",
+        '  echo "theseus submit: requeued; the next run resumes from the latest checkpoint"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        "exit $code",
+    ]  # fmt: skip
+
+
+def _normal(lines: list[str]) -> list[str]:
+    """The script with its date and the submission folder's time stamp made constant."""
+    return [
+        re.sub(r"/r-\d{8}-\d{6}/", "/r-STAMP/", re.sub(r" on \d{4}-\d\d-\d\dT[\d:]+\.$", " on DATE.", line))
+        for line in lines
+    ]  # fmt: skip
+
+
+def test_the_plainest_script_asks_for_one_task_and_the_default_warning(here: Path) -> None:
+    lines = _normal(_script(here))
+    assert "#SBATCH --signal=B:USR2@300" in lines
+    want = _expected(
+        here,
+        lines,
+        ["#SBATCH --job-name=r", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1"],
+        "",
+    )
+    assert lines == want
+
+
+def test_gpus_make_one_task_each_and_every_option_is_a_line(here: Path) -> None:
+    given = ["--nodes", "2", "--gpus-per-node", "4", "--cpus-per-task", "8", "--time",
+             "12:00:00", "--partition", "gpu", "--account", "proj x", "--sbatch=--qos=high",
+             "--requeues", "5", "--signal-seconds", "600", "--project", "p", "--group", "g",
+             "training/lr=0.001"]  # fmt: skip
+    lines = _normal(_script(here, *given))
+    # Click hands the KEY=VALUE after the options to the script in the order given
+    sbatch = [
+        "#SBATCH --job-name=r",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --time=12:00:00",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account='proj x'",
+    ]
+    assert "#SBATCH --signal=B:USR2@600" in lines and "#SBATCH --qos=high" in lines
+    want = _expected(here, lines, sbatch, "training/lr=0.001 --project p --group g ", requeues=5)
+    assert lines == want
+
+
+def test_tasks_per_node_wins_over_gpus(here: Path) -> None:
+    lines = _script(here, "--gpus-per-node", "8", "--tasks-per-node", "2")
+    assert "#SBATCH --ntasks-per-node=2" in lines and "#SBATCH --gpus-per-node=8" in lines
+
+
+def test_a_profile_gives_defaults_and_the_command_line_wins(here: Path) -> None:
+    profiles = here / "config" / "theseus" / "clusters.yaml"
+    profiles.parent.mkdir(parents=True)
+    profiles.write_text(
+        "default: big\n"
+        "clusters:\n"
+        "  big:\n"
+        "    partition: gpu\n"
+        "    account: lab\n"
+        "    gpus_per_node: 4\n"
+        "    modules: [cuda/12.4, nccl]\n"
+        "    environment: {NCCL_DEBUG: WARN, MSG: two words}\n"
+        "    setup: ['source ~/env/bin/activate']\n"
+        "    sbatch: ['--qos=low']\n"
+        "  small:\n"
+        "    partition: cpu\n"
+    )
+    lines = _normal(_script(here, "--partition", "debug", "--sbatch=--constraint=a100"))
+    assert "#SBATCH --partition=debug" in lines and "#SBATCH --account=lab" in lines
+    assert "#SBATCH --ntasks-per-node=4" in lines and "#SBATCH --gpus-per-node=4" in lines
+    assert lines.index("#SBATCH --qos=low") + 1 == lines.index("#SBATCH --constraint=a100")
+    start = lines.index(f"cd {here}") + 1
+    assert lines[start : start + 5] == [
+        "module load cuda/12.4",
+        "module load nccl",
+        "export NCCL_DEBUG=WARN",
+        "export MSG='two words'",
+        "source ~/env/bin/activate",
+    ]
+    small = _script(here, "--profile", "small")
+    assert "#SBATCH --partition=cpu" in small and not any("account" in x for x in small)
+
+
+@pytest.mark.parametrize(
+    ("text", "profile", "expected"),
+    [
+        ("clusters:\n  a:\n    partitoin: gpu\n", "a",
+         "cluster 'a' sets partitoin, which theseus submit does not know; the settings are nodes,"),
+        ("clusters:\n  a:\n    nodes: two\n", "a", "cluster 'a' sets nodes to 'two'; expected a whole number >= 0."),
+        ("clusters:\n  a: {}\n", "b", "--profile names the cluster 'b', which"),
+        ("default: c\nclusters:\n  a: {}\n", None, "`default:` names the cluster 'c', which"),
+        ("partition: gpu\n", None, "expected a mapping with `clusters:` (and optionally `default:`)"),
+        ("clusters: [a\n", None, "is not readable YAML ("),
+    ],
+)  # fmt: skip
+def test_a_bad_profile_is_one_line(
+    here: Path, text: str, profile: str | None, expected: str
+) -> None:
+    profiles = here / "config" / "theseus" / "clusters.yaml"
+    profiles.parent.mkdir(parents=True)
+    profiles.write_text(text)
+    code, out = _submit("r", "c.yaml", "root", "--slurm", "--dry-run",
+                        *(["--profile", profile] if profile else []))  # fmt: skip
+    assert code == 1 and expected in out, out
+    assert out.startswith("Error (SubmitError): ") and out.count("\n") == 1, out
+
+
+def test_refusals_are_one_line_and_write_nothing(here: Path) -> None:
+    no_sbatch = {"PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                         if not (Path(p) / "sbatch").exists())}  # fmt: skip
+    cases = [
+        (["r", "c.yaml", "root"], 2, "theseus submit needs a scheduler: pass --slurm"),
+        (["r", "c.yaml", "root", "--slurm", "--nodes", "0"], 2, "expected a whole number >= 1; got 0."),
+        (["r", "c.yaml", "root", "--slurm", "--profile", "x"], 1, "--profile x: there is no profiles file at"),
+        (["r", "c.yaml", "root", "--slurm", "nokey"], 1, "nokey"),
+        (["r", "missing.yaml", "root", "--slurm"], 2, "'missing.yaml' does not exist"),
+    ]  # fmt: skip
+    for args, code, expected in cases:
+        got, out = _submit(*args)
+        assert (got, expected in out) == (code, True), out
+    got, out = _submit("r", "c.yaml", "root", "--slurm", env=no_sbatch)
+    assert got == 1 and "sbatch is not on PATH: submit from a machine with SLURM's commands" in out
+    assert out.count("\n") == 1, out
+    assert not (here / "root").exists()
