@@ -27,6 +27,7 @@ from test_multihost_cli import JOB, JOBS, SETTINGS, _env, _ok, _params, _theseus
 from theseus.data.datasets import Synthetic  # noqa: E402
 from theseus.job import store_root  # noqa: E402
 from theseus.store import Store  # noqa: E402
+from theseus.store._scheduler import scheduler_state  # noqa: E402
 
 pytestmark = [pytest.mark.slurm]
 
@@ -52,13 +53,13 @@ def _submitted(cluster: Any, cwd: Path, run: str, root: Path, config: Path,
     done = _submit(cluster, cwd, run, str(config), str(root), *_settings(),
                    "--tasks-per-node", "2", *more)  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
-    job = int(re.search(r"Submitted SLURM job (\d+): 1 node\(s\) x 2 task\(s\)", done.stdout)[1])
+    said = re.search(
+        r"Submitted SLURM job (\d+): 1 node\(s\) x 2 task\(s\), lineage (\S+)\.", done.stdout
+    )
+    job, lineage = int(said[1]), said[2]
     log = Path(re.search(r"  log      (\S+)", done.stdout)[1])
     assert f"  squeue -j {job}\n" in done.stdout
-    assert (
-        f"  theseus-store runs {root}/store      (slurm/job = {job} on its lineage)\n"
-        in done.stdout
-    )
+    assert f"  theseus-store lineage {root}/store {lineage}\n" in done.stdout
     return job, log
 
 
@@ -88,12 +89,23 @@ def _root(folder: Path, name: str) -> Path:
 def test_two_tasks_join_through_slurm_and_train_one_lineage(slurm_cluster: Any, prepared) -> None:
     folder, config = prepared
     root = _root(folder, "plain")
-    job, log = _submitted(slurm_cluster, folder, "plain", root, config)
+    job, log = _submitted(slurm_cluster, folder, "plain", root, config, "--sbatch=--begin=now+600")
+    # queued: its lineage is in the store already, one node that says so
+    assert slurm_cluster.state(job) == "PENDING"
+    shown = subprocess.run(
+        [str(Path(sys.executable).with_name("theseus-store")), "runs", str(root / "store")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    (lineage,) = re.findall(r"(general\.default\.plain~\w+)\s+1\s+0\s+0\s+0", shown)
+    with Store(store_root(root), readonly=True) as store:
+        state = scheduler_state(store, *lineage.split("~"))
+        assert str(state) == f"SLURM job {job}: pending (at seq 0)"
+    slurm_cluster.start_now(job)
     assert slurm_cluster.wait(job, timeout=TIMEOUT) == "COMPLETED", log.read_text()[-3000:]
     text = log.read_text()
     assert f"theseus submit: job {job}, run 1 of at most 4, on " in text
     assert "2 device(s)" in text or "4 device(s)" in text, text[-2000:]
-    values, steps = _lineage(root, "plain")
+    values, steps = _lineage(root, "plain")  # one lineage: the one made at submission
     assert [v["train/step"] for v in values] == list(range(1, STEPS + 1))
     assert steps == [5, 10, 12]
     assert values[-1]["job/status"] == "finished" and values[-1]["slurm/state"] == "finished"

@@ -22,6 +22,7 @@ from theseus.cli._verbs import _job_class
 from theseus.config import ConfigError, load, parse_overrides
 from theseus.job import store_root
 from theseus.job._slurm import SubmitError, batch_script, load_profiles, profiles_file
+from theseus.store import Node, Store
 
 __all__ = ["submit_command"]
 
@@ -189,8 +190,9 @@ def submit_command(
     folder.mkdir(parents=True, exist_ok=False)
     shutil.copyfile(config_file, folder / "config.yaml")
     (folder / "submit.sh").write_text(script)
+    # Held until its lineage is in the store: the job starts there (`--scheduler-job`).
     done = subprocess.run(
-        [sbatch, "--parsable", str(folder / "submit.sh")],
+        [sbatch, "--parsable", "--hold", str(folder / "submit.sh")],
         capture_output=True,
         text=True,
         check=False,
@@ -203,8 +205,15 @@ def submit_command(
             f"{folder / 'submit.sh'}."
         )
     job_id = done.stdout.strip().split(";")[0]
+    try:
+        node = _pending_lineage(root, run_name, project, group, job_id)
+        _release(job_id)
+    except BaseException:
+        subprocess.run(["scancel", job_id], capture_output=True, check=False, timeout=60)
+        raise
     record = {
         "job": job_id,
+        "lineage": f"{node.name}~{node.nonce}",
         "run": run_name,
         "script": str(folder / "submit.sh"),
         "options": vars(options),
@@ -212,14 +221,46 @@ def submit_command(
     (folder / "job.json").write_text(json.dumps(record, indent=2) + "\n")
     log = folder / f"slurm-{job_id}.out"
     store = store_root(root)
-    click.echo(f"Submitted SLURM job {job_id}: {options.nodes} node(s) x {options.tasks} task(s).")
+    click.echo(
+        f"Submitted SLURM job {job_id}: {options.nodes} node(s) x {options.tasks} task(s), "
+        f"lineage {node.name}~{node.nonce}."
+    )
     click.echo(f"  script   {folder / 'submit.sh'}")
     click.echo(f"  log      {log}")
     click.echo("Follow it:")
     click.echo(f"  squeue -j {job_id}")
     click.echo(f"  tail -f {log}")
-    click.echo(f"  theseus-store runs {store}      (slurm/job = {job_id} on its lineage)")
+    click.echo(f"  theseus-store lineage {store} {node.name}~{node.nonce}")
     click.echo(f"  theseus-store ui {store}")
+
+
+def _pending_lineage(
+    root: Path, run: str, project: str | None, group: str | None, job_id: str
+) -> Node:
+    """The job's lineage: its first node, recorded ``pending`` with the job's id."""
+    drawn = Node.new(run, project=project, group=group)
+    with Store(store_root(root)) as store:
+        store.log(drawn, {"slurm/job": job_id, "slurm/state": "pending", "slurm/restarts": 0})
+    return drawn
+
+
+def _release(job_id: str) -> None:
+    """Let the held job start (``scontrol release``)."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        raise SubmitError(
+            f"scontrol is not on PATH, so the held job {job_id} cannot be released; it is "
+            "cancelled. Submit from a machine with all of SLURM's commands."
+        )
+    done = subprocess.run(
+        [scontrol, "release", job_id], capture_output=True, text=True, check=False, timeout=60
+    )
+    if done.returncode != 0:
+        said = (done.stderr.strip() or "no message").splitlines()[-1]
+        raise SubmitError(
+            f"scontrol release {job_id} failed (exit {done.returncode}): {said}; the job is "
+            "cancelled."
+        )
 
 
 def _theseus() -> list[str]:

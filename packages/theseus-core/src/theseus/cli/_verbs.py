@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from theseus.cli._root import ROOT
 from theseus.cli._suite import REVISIONS_HELP, suite_import
 from theseus.config import ConfigError, dump, load, parse_overrides
 from theseus.job import BasicJob, CheckpointWalker, from_host_zero, is_primary
-from theseus.job._slurm import ScheduledJob
+from theseus.job._slurm import ScheduledJob, scheduled_here
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
 from theseus.store import Node, Store
@@ -243,8 +244,14 @@ def run_command(
         return
     with quick(root) as q:
         cls = _job_class(job_name)
+        scheduled = None
         if scheduler_job is not None:  # a requeued job goes on where its lineage stopped
-            resume_node = from_host_zero(lambda: _scheduled_lineage(q.store, scheduler_job))
+            found = from_host_zero(lambda: _scheduled_lineage(q.store, scheduler_job))
+            lineage, saved = found if found is not None else (None, False)
+            if saved:
+                resume_node = lineage
+            nonce = lineage.split("~")[1] if lineage is not None and not saved else None
+            scheduled = ScheduledJob.from_environment(scheduler_job, nonce=nonce)
         base = resume_node or branch_node
         node = None
         if base is not None:
@@ -260,10 +267,9 @@ def run_command(
             finder.resume() if resume_node else finder.branch()
             _note_saved(tree, from_file, settings, config_file, base)
         tree.update(settings)
-        job = q.create()
-        if scheduler_job is not None:
-            job.scheduled = ScheduledJob.from_environment(scheduler_job)
-        result = job()
+        with scheduled_here(scheduled) if scheduled else contextlib.nullcontext():
+            job = q.create()
+            result = job()
         click.echo(
             f"{tree.job}: {job.mode.value if job.mode else 'run'} run finished at node {job.node}."
         )
@@ -272,20 +278,20 @@ def run_command(
                 click.echo(line)
 
 
-def _scheduled_lineage(store: Store, job_id: str) -> str | None:
-    """``name~nonce`` of the lineage that carries ``slurm/job = job_id`` and holds a
-    checkpoint (the newest such, if several), or None: a job's first run."""
-    found: dict[tuple[str, str], float] = {}
+def _scheduled_lineage(store: Store, job_id: str) -> tuple[str, bool] | None:
+    """``(name~nonce, whether it holds a checkpoint)`` of the lineage that carries
+    ``slurm/job = job_id`` (one with a checkpoint first, the newest), or None: no
+    lineage carries the job (a run started by hand with --scheduler-job)."""
     if not store.held_keys(["slurm/job"]):  # no job ran in this root yet
         return None
+    found: dict[tuple[str, str], float] = {}
     for node in store.query().where("slurm/job", "=", job_id).all():
         latest = store.query().name(node.name).nonce(node.nonce).latest_checkpoint()
-        if latest is not None:
-            found[(node.name, node.nonce)] = latest.created
+        found[(node.name, node.nonce)] = -1.0 if latest is None else latest.created
     if not found:
         return None
     name, nonce = max(found, key=lambda lineage: found[lineage])
-    return f"{name}~{nonce}"
+    return f"{name}~{nonce}", found[(name, nonce)] >= 0
 
 
 def _check_over(text: str, resume_node: str | None, branch_node: str | None) -> None:

@@ -22,7 +22,7 @@ from theseus.config import Tree, configure, dump, load, using
 from theseus.errors import TheseusError
 from theseus.job._hosts import agree_on_nonce, from_host_zero, is_primary, open_store, sync_hosts
 from theseus.job._signals import Preempted, deferred_stop, stop_on_signals
-from theseus.job._slurm import ScheduledJob
+from theseus.job._slurm import ScheduledJob, current_scheduled
 from theseus.job._spec import JobSpec, store_root
 from theseus.registry import job_key
 from theseus.store import Node, Store
@@ -123,7 +123,7 @@ class BasicJob(abc.ABC):
         self.spec = spec
         self.base = base
         #: The scheduler job this process runs in (``theseus run --scheduler-job``), or None.
-        self.scheduled: ScheduledJob | None = None
+        self.scheduled: ScheduledJob | None = current_scheduled()
         self._store = store
         self._owns_store = store is None
         if config is None:
@@ -245,6 +245,9 @@ class BasicJob(abc.ABC):
                 self._record_on_tick = saved is not None and saved != text
             return node
         drawn = Node.new(spec.name, project=spec.project, group=spec.group, parent=self.base)
+        if self.scheduled is not None and self.scheduled.nonce is not None:
+            # the lineage `theseus submit` made for the job (every process read it alike)
+            drawn = Node(drawn.name, self.scheduled.nonce, 0, parent=self.base)
         node = Node(drawn.name, agree_on_nonce(drawn.nonce), 0, parent=self.base)
         if is_primary():
             self.store.touch(node)

@@ -37,7 +37,7 @@ import os
 import platform
 import shlex
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +51,10 @@ __all__ = [
     "SlurmOptions",
     "SubmitError",
     "batch_script",
+    "current_scheduled",
     "load_profiles",
     "profiles_file",
+    "scheduled_here",
     "what_ran",
 ]
 
@@ -77,19 +79,23 @@ class ScheduledJob:
         job_id: SLURM's job id (kept across requeues).
         restarts: how many times the job was requeued before this run (0 on the first).
         requeues: how many requeues the submission allows.
+        nonce: the lineage ``theseus submit`` made for the job (its first node holds
+            ``slurm/state = pending``): a fresh run starts there, not on a new lineage.
     """
 
     job_id: str
     restarts: int = 0
     requeues: int = 0
+    nonce: str | None = None
 
     @classmethod
-    def from_environment(cls, job_id: str) -> ScheduledJob:
+    def from_environment(cls, job_id: str, nonce: str | None = None) -> ScheduledJob:
         """The job ``job_id``, with its restarts and allowed requeues from the environment."""
         return cls(
             job_id=job_id,
             restarts=_count("SLURM_RESTART_COUNT"),
             requeues=_count(ENV_REQUEUES),
+            nonce=nonce,
         )
 
     def state(self, status: str) -> str:
@@ -113,6 +119,28 @@ class ScheduledJob:
         store.log(node, values)
         if diff:
             store.put(node, "ran/diff", "uncommitted.diff", diff)
+
+
+_CURRENT: list[ScheduledJob] = []
+
+
+def current_scheduled() -> ScheduledJob | None:
+    """The scheduler job the jobs made now belong to (see :func:`scheduled_here`), or None."""
+    return _CURRENT[-1] if _CURRENT else None
+
+
+@contextlib.contextmanager
+def scheduled_here(job: ScheduledJob) -> Iterator[ScheduledJob]:
+    """Inside the block, every job made (``BasicJob.__init__``) runs as ``job``.
+
+    ``theseus run --scheduler-job`` wraps its run in it, so the job knows the lineage
+    it starts on before it is set up (``quick``'s ``create`` sets up).
+    """
+    _CURRENT.append(job)
+    try:
+        yield job
+    finally:
+        _CURRENT.pop()
 
 
 def _count(variable: str) -> int:
