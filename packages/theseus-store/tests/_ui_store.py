@@ -52,7 +52,8 @@ def build(root: Path) -> dict[str, Node]:
     seq 6: a resume), ``lm.base.tune`` branches from its seq 5 and runs 4 nodes. Every
     node logs ``val/loss`` and ``train/step``; every third node of the base holds a PDF
     ``picture``; the hostile strings sit in a value, the config, an artifact's name,
-    its filename and its JSON content.
+    its filename and its JSON content. The branch is a SLURM job's (``slurm/*``), running
+    again after a requeue.
     """
     with Store(root) as store:
         base = Node.new("train", project="lm", group="base")
@@ -95,5 +96,8 @@ def build(root: Path) -> dict[str, Node]:
             store.log(node, {"val/loss": 0.5 - 0.01 * seq, "train/step": 60 + 10 * seq})
             nodes[f"tune{seq}"] = node
         store.log(nodes["tune3"], {"job/status": "running", "val/nan": math.nan})
+        # the branch runs as a requeued SLURM job (theseus submit's records)
+        scheduled = {"slurm/job": "4242", "slurm/state": "running", "slurm/restarts": 1}
+        store.log(nodes["tune3"], scheduled)
         store.log(nodes["base11"], {"job/status": "finished"})
     return nodes

@@ -109,6 +109,8 @@ def test_click_through_every_page(tmp_path: Path, page, shots: Path) -> None:
         tab.get_by_role("link", name="tune", exact=True).click()
         expect(tab.locator(".tree")).to_contain_text("branch")
         expect(tab.locator(".tree")).to_contain_text("resumed at seq 6")
+        scheduled = tab.locator('[data-field="scheduled"]')
+        expect(scheduled).to_have_text("SLURM job 4242: running, requeued 1x (at seq 3)")
         tab.screenshot(path=shots / "2-lineage.png", full_page=True)
 
         base = nodes["base11"]
