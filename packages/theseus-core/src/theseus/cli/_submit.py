@@ -18,8 +18,8 @@ import click
 
 from theseus.cli._app import IMPORTS, common_options, main
 from theseus.cli._root import ROOT
-from theseus.cli._verbs import _job_class
-from theseus.config import ConfigError, load, parse_overrides
+from theseus.cli._verbs import _job_class, _job_file
+from theseus.config import parse_overrides
 from theseus.job import store_root
 from theseus.job._slurm import SubmitError, batch_script, load_profiles, profiles_file
 from theseus.store import Node, Store
@@ -134,13 +134,7 @@ def submit_command(
         raise click.UsageError(
             "theseus submit needs a scheduler: pass --slurm (SLURM is the one it knows)."
         )
-    values = load(config_file)
-    job_name = values.get("job")
-    if not isinstance(job_name, str):
-        raise ConfigError(
-            f"{str(config_file)!r} does not name its job: expected a top-level `job: NAME` "
-            f"key, got {job_name!r}. Write the file with `theseus configure JOB {config_file}`."
-        )
+    _, job_name = _job_file(config_file)
     _job_class(job_name)  # an unknown job fails here, not on the cluster
     parse_overrides(overrides)  # and so does a malformed KEY=VALUE
     options = load_profiles(profiles_file(), profile).merged(

@@ -31,6 +31,18 @@ def _job_class(name: str) -> type[BasicJob]:
     return cls
 
 
+def _job_file(config_file: Path) -> tuple[dict[str, Any], str]:
+    """The values of a configuration file and the job its top-level ``job:`` names."""
+    values = load(config_file)
+    job_name = values.get("job")
+    if not isinstance(job_name, str):
+        raise ConfigError(
+            f"{str(config_file)!r} does not name its job: expected a top-level `job: NAME` "
+            f"key, got {job_name!r}. Write the file with `theseus configure JOB {config_file}`."
+        )
+    return values, job_name
+
+
 def _base_node(store: Store, text: str) -> Node:
     """The node `--resume`/`--branch` name; a lineage (`name~nonce`, or a run alone with one
     lineage) means its last checkpoint.
@@ -222,13 +234,7 @@ def run_command(
         raise click.UsageError(
             "--force recomputes the nodes --over would skip; pass it with --over LINEAGE."
         )
-    values = load(config_file)
-    job_name = values.get("job")
-    if not isinstance(job_name, str):
-        raise ConfigError(
-            f"{str(config_file)!r} does not name its job: expected a top-level `job: NAME` "
-            f"key, got {job_name!r}. Write the file with `theseus configure JOB {config_file}`."
-        )
+    values, job_name = _job_file(config_file)
     settings = parse_overrides(overrides)
     if over_lineage is not None:
         cls = _job_class(job_name)
