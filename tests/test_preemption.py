@@ -141,12 +141,13 @@ def test_a_warned_run_checkpoints_and_its_requeued_run_ends_bit_identical(
     _ok("--import", JOBS, "configure", JOB, str(config))
     project = _project(tmp_path)
     run = [*_theseus(), "--import", JOBS, "run", "warned", str(config), str(root), *_settings(),
-           "--scheduler-job", "4242"]  # fmt: skip
+           "--scheduler-job", "4242", "--scheduler-lineage", "general.default.warned~0badcafe"]  # fmt: skip
     env = {**_env(4), "THESEUS_PREEMPTION": "USR2", "THESEUS_REQUEUES": "1"}
 
     (first,) = _warned_at(run, env, project, step=3)
     assert first.returncode == PREEMPTED, first.output  # type: ignore[attr-defined]
     values, saved, store = _nodes(root, "warned")
+    assert store.query().spec(run="warned").first().nonce == "0badcafe"  # the job's lineage
     stopped = values[-1]["train/step"]
     assert 3 <= stopped < STEPS and saved == [(stopped - 1, stopped)]  # only the stop saved
     assert values[-1]["job/status"] == "preempted"
@@ -187,6 +188,15 @@ def test_a_warned_run_checkpoints_and_its_requeued_run_ends_bit_identical(
     for key, value in plain.items():
         assert np.array_equal(mine[key], value), key  # bit for bit
 
+    # SLURM reuses job ids (a new cluster, a wrap): a new job 4242 is a new lineage's run
+    monkeypatch.delenv("SLURM_RESTART_COUNT")
+    again = [*run[run.index("--import") : -1], "general.default.warned~feedf00d"]
+    _ok(*again, tokens(2))
+    with Store(store_root(root), readonly=True) as store:
+        new = sorted(store.query().nonce("feedf00d").all(), key=lambda n: n.seq)
+        assert [store.values(n)["train/step"] for n in new] == [1, 2]  # from the start
+        assert len(store.query().nonce("0badcafe").all()) == STEPS  # the old one untouched
+
 
 @pytest.mark.multiprocess
 @pytest.mark.slow  # two jax.distributed processes and a resume (~30 s)
@@ -197,7 +207,7 @@ def test_two_processes_warned_one_at_a_time_stop_after_the_same_step(tmp_path: P
     port = _free_port()
     hosts = [
         [*_theseus(), "--import", JOBS, "run", "two", str(config), str(root), *_settings(),
-         "--scheduler-job", "77", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+         "--scheduler-job", "77", "--scheduler-lineage", "general.default.two~0badcafe", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
          "--process-id", str(i)]
         for i in range(2)
     ]  # fmt: skip

@@ -46,7 +46,8 @@ def _script(here: Path, *args: str) -> list[str]:
 
 
 def _expected(here: Path, lines: list[str], sbatch: list[str], run: str,
-              requeues: int = 3, before: list[str] = ()) -> list[str]:  # fmt: skip
+              requeues: int = 3, before: list[str] = (),
+              lineage: str = "general.default.r") -> list[str]:  # fmt: skip
     folder = f"{here}/root/slurm/r-STAMP"
     return [
         "#!/bin/bash",
@@ -64,9 +65,11 @@ def _expected(here: Path, lines: list[str], sbatch: list[str], run: str,
         f"export THESEUS_PREEMPTION=USR2 THESEUS_REQUEUES={requeues}",
         "restarts=${SLURM_RESTART_COUNT:-0}",
         f'echo "theseus submit: job $SLURM_JOB_ID, run $((restarts + 1)) of at most {requeues + 1}, on $SLURM_JOB_NODELIST"',
-        "# one task per GPU (or as asked), each a `theseus run` that joins the others",
-        f"srun --kill-on-bad-exit=1 {THESEUS} run r {folder}/config.yaml {here}/root {run}"
-        f'--import {JOBS} --scheduler-job "$SLURM_JOB_ID" &',
+        "# one task per GPU (or as asked), each a `theseus run` that joins the others; no",
+        "# --kill-on-bad-exit: a warned run exits 140 on every task, each when it is done",
+        f"srun --label {THESEUS} run r {folder}/config.yaml {here}/root {run}"
+        f"--import {JOBS} --scheduler-lineage '{lineage}~NONCE' "
+        '--scheduler-job "$SLURM_JOB_ID" &',
         "tasks=$!",
         "# SLURM warns this shell (--signal=B:...); the tasks checkpoint where all of them stop",
         "trap 'echo \"theseus submit: USR2 before the time limit; checkpointing\"; kill -USR2 $tasks 2>/dev/null' USR2",
@@ -84,9 +87,12 @@ def _expected(here: Path, lines: list[str], sbatch: list[str], run: str,
 
 
 def _normal(lines: list[str]) -> list[str]:
-    """The script with its date and the submission folder's time stamp made constant."""
+    """The script with its date, the submission folder's time stamp and the new
+    lineage's nonce made constant."""
     return [
-        re.sub(r"/r-\d{8}-\d{6}/", "/r-STAMP/", re.sub(r" on \d{4}-\d\d-\d\dT[\d:]+\.$", " on DATE.", line))
+        re.sub(r"~[0-9a-f]{8}'", "~NONCE'",
+               re.sub(r"/r-\d{8}-\d{6}/", "/r-STAMP/",
+                      re.sub(r" on \d{4}-\d\d-\d\dT[\d:]+\.$", " on DATE.", line)))
         for line in lines
     ]  # fmt: skip
 
@@ -107,7 +113,7 @@ def test_gpus_make_one_task_each_and_every_option_is_a_line(here: Path) -> None:
     given = ["--nodes", "2", "--gpus-per-node", "4", "--cpus-per-task", "8", "--time",
              "12:00:00", "--partition", "gpu", "--account", "proj x", "--sbatch=--qos=high",
              "--requeues", "5", "--signal-seconds", "600", "--project", "p", "--group", "g",
-             "training/lr=0.001"]  # fmt: skip
+             "optimization/lr=0.001"]  # fmt: skip
     lines = _normal(_script(here, *given))
     # Click hands the KEY=VALUE after the options to the script in the order given
     sbatch = [
@@ -121,7 +127,14 @@ def test_gpus_make_one_task_each_and_every_option_is_a_line(here: Path) -> None:
         "#SBATCH --account='proj x'",
     ]
     assert "#SBATCH --signal=B:USR2@600" in lines and "#SBATCH --qos=high" in lines
-    want = _expected(here, lines, sbatch, "training/lr=0.001 --project p --group g ", requeues=5)
+    want = _expected(
+        here,
+        lines,
+        sbatch,
+        "optimization/lr=0.001 --project p --group g ",
+        requeues=5,
+        lineage="p.g.r",
+    )
     assert lines == want
 
 
@@ -168,7 +181,7 @@ def test_a_profile_gives_defaults_and_the_command_line_wins(here: Path) -> None:
     [
         ("clusters:\n  a:\n    partitoin: gpu\n", "a",
          "cluster 'a' sets partitoin, which theseus submit does not know; the settings are nodes,"),
-        ("clusters:\n  a:\n    nodes: two\n", "a", "cluster 'a' sets nodes to 'two'; expected a whole number >= 0."),
+        ("clusters:\n  a:\n    nodes: two\n", "a", "cluster 'a' sets nodes to 'two'; expected a whole number >= 1."),
         ("clusters:\n  a: {}\n", "b", "--profile names the cluster 'b', which"),
         ("default: c\nclusters:\n  a: {}\n", None, "`default:` names the cluster 'c', which"),
         ("partition: gpu\n", None, "expected a mapping with `clusters:` (and optionally `default:`)"),
@@ -204,3 +217,58 @@ def test_refusals_are_one_line_and_write_nothing(here: Path) -> None:
     assert got == 1 and "sbatch is not on PATH: submit from a machine with SLURM's commands" in out
     assert out.count("\n") == 1, out
     assert not (here / "root").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["../../evil", "c.yaml", "root"], "Error (InvalidNodeError): "),
+        (["r", "c.yaml", "root", "--project", "bad name"], "Error (InvalidNodeError): "),
+        (["r", "c.yaml", "root", "architecture/n_layerz=1"], "architecture/n_layerz"),
+        (["r", "c.yaml", "root", "architecture/n_layers=-1"], "architecture/n_layers"),
+        (["r", "c.yaml", "root", "--sbatch", "--hold\necho INJECTED"],
+         "--sbatch: '--hold\\necho INJECTED' is not one sbatch option; give each as one line"),
+        (["r", "c.yaml", "root", "--sbatch=qos=x"], "--sbatch: 'qos=x' is not one sbatch option"),
+    ],
+)  # fmt: skip
+def test_what_theseus_run_would_refuse_is_refused_before_anything_is_submitted(
+    here: Path, args: list[str], expected: str
+) -> None:
+    code, out = _submit(*args, "--slurm", "--dry-run")
+    assert code == 1 and expected in out, out
+    assert out.count("\n") == 1, out
+    assert (
+        sorted(p.name for p in here.iterdir()) == ["c.yaml", "config"]
+        or not (here / "root").exists()
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("time: 12:00:00", "time to 43200, a number: YAML reads an unquoted H:MM:SS as seconds; quote it"),
+        ("nodes: 0", "sets nodes to 0; expected a whole number >= 1."),
+        ("signal_seconds: 0", "sets signal_seconds to 0; expected a whole number >= 1."),
+        ("environment: {'A B': '1'}", "sets environment variables named ['A B']; a name is"),
+        ('sbatch: ["--x\\n echo hi"]', "sets sbatch: '--x\\n echo hi' is not one sbatch option"),
+    ],
+)  # fmt: skip
+def test_a_profile_is_held_to_what_the_command_line_accepts(
+    here: Path, setting: str, expected: str
+) -> None:
+    profiles = here / "config" / "theseus" / "clusters.yaml"
+    profiles.parent.mkdir(parents=True)
+    profiles.write_text(f"default: a\nclusters:\n  a:\n    {setting}\n")
+    code, out = _submit("r", "c.yaml", "root", "--slurm", "--dry-run")
+    assert code == 1 and expected in out, out
+    quoted = setting.replace("12:00:00", '"12:00:00"')
+    if quoted != setting:  # quoted, it is the time SLURM reads
+        profiles.write_text(f"default: a\nclusters:\n  a:\n    {quoted}\n")
+        assert "#SBATCH --time=12:00:00" in _script(here)
+
+
+def test_two_submissions_in_one_second_get_two_folders(tmp_path: Path) -> None:
+    from theseus.cli._submit import _new_folder  # the folder a submission makes
+
+    first, second = _new_folder(tmp_path, "r"), _new_folder(tmp_path, "r")
+    assert first != second and first.is_dir() and second.is_dir()

@@ -8,7 +8,9 @@ output (``slurm-JOBID.out``). ``--dry-run`` prints it and submits nothing.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,7 +23,13 @@ from theseus.cli._root import ROOT
 from theseus.cli._verbs import _job_class, _job_file
 from theseus.config import parse_overrides
 from theseus.job import store_root
-from theseus.job._slurm import SubmitError, batch_script, load_profiles, profiles_file
+from theseus.job._slurm import (
+    SubmitError,
+    batch_script,
+    check_sbatch,
+    load_profiles,
+    profiles_file,
+)
 from theseus.store import Node, Store
 
 __all__ = ["submit_command"]
@@ -98,6 +106,15 @@ def _positive(ctx: click.Context, param: click.Parameter, value: int | None) -> 
     metavar="NAME",
     help="A cluster's defaults from ~/.config/theseus/clusters.yaml (default: its `default:`).",
 )
+@click.option(
+    "--resume",
+    default=None,
+    metavar="LINEAGE",
+    help=(
+        "Go on with this lineage of ROOT (`name~nonce`, or a run with one lineage) from its "
+        "latest checkpoint, e.g. one whose requeues ran out."
+    ),
+)
 @click.option("--dry-run", is_flag=True, help="Print the script; write and submit nothing.")
 @common_options
 def submit_command(
@@ -119,6 +136,7 @@ def submit_command(
     requeues: int | None,
     signal_seconds: int | None,
     profile: str | None,
+    resume: str | None,
     dry_run: bool,
 ) -> None:
     """Send `theseus run RUN CONFIG.yaml ROOT` to SLURM: one task per GPU, requeued on preemption.
@@ -134,9 +152,13 @@ def submit_command(
         raise click.UsageError(
             "theseus submit needs a scheduler: pass --slurm (SLURM is the one it knows)."
         )
-    _, job_name = _job_file(config_file)
-    _job_class(job_name)  # an unknown job fails here, not on the cluster
-    parse_overrides(overrides)  # and so does a malformed KEY=VALUE
+    drawn = Node.new(run_name, project=project, group=group)  # a bad name fails here
+    values, job_name = _job_file(config_file)
+    tree = _job_class(job_name).schema()  # an unknown job, key or value fails here too
+    tree.load(values)
+    tree.update(parse_overrides(overrides))
+    tree.check()
+    check_sbatch(sbatch_options)
     options = load_profiles(profiles_file(), profile).merged(
         {
             "nodes": nodes,
@@ -152,8 +174,19 @@ def submit_command(
         }
     )
     root = root.resolve()
+    if resume is not None:  # go on with a lineage of ROOT: its latest checkpoint
+        drawn = _lineage_to_resume(root, resume, drawn)
+    lineage = f"{drawn.name}~{drawn.nonce}"
+    sbatch = shutil.which("sbatch")
+    if sbatch is None and not dry_run:
+        raise SubmitError(
+            "sbatch is not on PATH: submit from a machine with SLURM's commands (a login "
+            "node), or pass --dry-run to print the script."
+        )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    folder = root / "slurm" / f"{run_name}-{stamp}"
+    folder = (
+        root / "slurm" / f"{run_name}-{stamp}" if dry_run else _new_folder(root / "slurm", run_name)
+    )
     imports = [
         str(Path(target).resolve()) if Path(target).is_file() else target
         for target in click.get_current_context().meta.get(IMPORTS, [])
@@ -168,6 +201,8 @@ def submit_command(
         *(["--project", project] if project else []),
         *(["--group", group] if group else []),
         *(arg for target in imports for arg in ("--import", target)),
+        "--scheduler-lineage",
+        lineage,
     ]
     script = batch_script(
         command=command, options=options, job_name=run_name, folder=folder, workdir=Path.cwd()
@@ -175,39 +210,38 @@ def submit_command(
     if dry_run:
         click.echo(script, nl=False)
         return
-    sbatch = shutil.which("sbatch")
-    if sbatch is None:
-        raise SubmitError(
-            "sbatch is not on PATH: submit from a machine with SLURM's commands (a login "
-            "node), or pass --dry-run to print the script."
+    assert sbatch is not None
+    try:
+        shutil.copyfile(config_file, folder / "config.yaml")
+        (folder / "submit.sh").write_text(script)
+        # Held until its lineage says so in the store; the job runs on that lineage.
+        done = subprocess.run(
+            [sbatch, "--parsable", "--hold", str(folder / "submit.sh")],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
         )
-    folder.mkdir(parents=True, exist_ok=False)
-    shutil.copyfile(config_file, folder / "config.yaml")
-    (folder / "submit.sh").write_text(script)
-    # Held until its lineage is in the store: the job starts there (`--scheduler-job`).
-    done = subprocess.run(
-        [sbatch, "--parsable", "--hold", str(folder / "submit.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     if done.returncode != 0:
+        shutil.rmtree(folder, ignore_errors=True)  # nothing was submitted
         said = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()
         raise SubmitError(
-            f"sbatch refused the job (exit {done.returncode}): {said[-1]} The script is "
-            f"{folder / 'submit.sh'}."
+            f"sbatch refused the job (exit {done.returncode}): {said[-1].rstrip('.')}. Nothing "
+            "was submitted."
         )
     job_id = done.stdout.strip().split(";")[0]
     try:
-        node = _pending_lineage(root, run_name, project, group, job_id)
+        _record_pending(root, drawn, job_id)
         _release(job_id)
     except BaseException:
         subprocess.run(["scancel", job_id], capture_output=True, check=False, timeout=60)
         raise
     record = {
         "job": job_id,
-        "lineage": f"{node.name}~{node.nonce}",
+        "lineage": lineage,
         "run": run_name,
         "script": str(folder / "submit.sh"),
         "options": vars(options),
@@ -215,27 +249,53 @@ def submit_command(
     (folder / "job.json").write_text(json.dumps(record, indent=2) + "\n")
     log = folder / f"slurm-{job_id}.out"
     store = store_root(root)
+    q = shlex.quote
     click.echo(
         f"Submitted SLURM job {job_id}: {options.nodes} node(s) x {options.tasks} task(s), "
-        f"lineage {node.name}~{node.nonce}."
+        f"lineage {lineage}."
     )
     click.echo(f"  script   {folder / 'submit.sh'}")
     click.echo(f"  log      {log}")
     click.echo("Follow it:")
     click.echo(f"  squeue -j {job_id}")
-    click.echo(f"  tail -f {log}")
-    click.echo(f"  theseus-store lineage {store} {node.name}~{node.nonce}")
-    click.echo(f"  theseus-store ui {store}")
+    click.echo(f"  tail -f {q(str(log))}")
+    click.echo(f"  theseus-store lineage {q(str(store))} {lineage}")
+    click.echo(f"  theseus-store ui {q(str(store))}")
 
 
-def _pending_lineage(
-    root: Path, run: str, project: str | None, group: str | None, job_id: str
-) -> Node:
-    """The job's lineage: its first node, recorded ``pending`` with the job's id."""
-    drawn = Node.new(run, project=project, group=group)
+def _new_folder(parent: Path, run: str) -> Path:
+    """A new folder ``parent/RUN-DATE-TIME`` (``-2``, ``-3``, ... when another submission
+    made that one first)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    parent.mkdir(parents=True, exist_ok=True)
+    for count in itertools.count(1):
+        folder = parent / (f"{run}-{stamp}" if count == 1 else f"{run}-{stamp}-{count}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _lineage_to_resume(root: Path, text: str, drawn: Node) -> Node:
+    """The last node of the lineage ``--resume`` names, which must be RUN's (one line if not)."""
+    with Store(store_root(root), readonly=True) as store:
+        node = store.resolve(text)
+        last = store.lineage_end(node.name, node.nonce)
+    if node.name != drawn.name:
+        raise SubmitError(
+            f"--resume {text} continues {node.name}, and this submission names "
+            f"{drawn.name}; pass the RUN, --project and --group of that lineage."
+        )
+    return Node(node.name, node.nonce, last if last is not None else node.seq)
+
+
+def _record_pending(root: Path, node: Node, job_id: str) -> None:
+    """Record on ``node`` (the new lineage's first, or the last of a resumed one) that the
+    job ``job_id`` waits in the queue."""
     with Store(store_root(root)) as store:
-        store.log(drawn, {"slurm/job": job_id, "slurm/state": "pending", "slurm/restarts": 0})
-    return drawn
+        store.log(node, {"slurm/job": job_id, "slurm/state": "pending", "slurm/restarts": 0})
 
 
 def _release(job_id: str) -> None:

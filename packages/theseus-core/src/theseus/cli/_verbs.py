@@ -193,6 +193,16 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
         "run resumes that lineage's latest checkpoint."
     ),
 )
+@click.option(
+    "--scheduler-lineage",
+    default=None,
+    metavar="LINEAGE",
+    help=(
+        "With --scheduler-job: the lineage the job runs (`name~nonce`, made by `theseus "
+        "submit`): resumed from its latest checkpoint when it has one (a requeued job), "
+        "else started on (a first run)."
+    ),
+)
 @cluster_options
 @common_options
 def run_command(
@@ -207,6 +217,7 @@ def run_command(
     over_lineage: str | None,
     force: bool,
     scheduler_job: str | None,
+    scheduler_lineage: str | None,
 ) -> None:
     """Run the job CONFIG.yaml names (its top-level `job:` key) as run RUN under ROOT.
 
@@ -227,6 +238,13 @@ def run_command(
         raise click.UsageError(
             "--scheduler-job starts a run or resumes the lineage that carries the job; it "
             "takes no --resume, --branch or --over."
+        )
+    if scheduler_lineage is not None and (
+        scheduler_job is None or scheduler_lineage.count("~") != 1
+    ):
+        raise click.UsageError(
+            f"--scheduler-lineage {scheduler_lineage} needs --scheduler-job and a lineage "
+            "written name~nonce."
         )
     if over_lineage is not None:
         _check_over(over_lineage, resume_node, branch_node)
@@ -251,12 +269,14 @@ def run_command(
     with quick(root) as q:
         cls = _job_class(job_name)
         scheduled = None
-        if scheduler_job is not None:  # a requeued job goes on where its lineage stopped
-            found = from_host_zero(lambda: _scheduled_lineage(q.store, scheduler_job))
-            lineage, saved = found if found is not None else (None, False)
-            if saved:
-                resume_node = lineage
-            nonce = lineage.split("~")[1] if lineage is not None and not saved else None
+        if scheduler_job is not None:
+            nonce = None
+            if scheduler_lineage is not None:  # a requeued job goes on where it stopped
+                lineage = scheduler_lineage
+                if from_host_zero(lambda: _holds_checkpoint(q.store, lineage)):
+                    resume_node = lineage
+                else:  # its first run starts on the lineage `theseus submit` made
+                    nonce = lineage.split("~")[1]
             scheduled = ScheduledJob.from_environment(scheduler_job, nonce=nonce)
         base = resume_node or branch_node
         node = None
@@ -284,20 +304,11 @@ def run_command(
                 click.echo(line)
 
 
-def _scheduled_lineage(store: Store, job_id: str) -> tuple[str, bool] | None:
-    """``(name~nonce, whether it holds a checkpoint)`` of the lineage that carries
-    ``slurm/job = job_id`` (one with a checkpoint first, the newest), or None: no
-    lineage carries the job (a run started by hand with --scheduler-job)."""
-    if not store.held_keys(["slurm/job"]):  # no job ran in this root yet
-        return None
-    found: dict[tuple[str, str], float] = {}
-    for node in store.query().where("slurm/job", "=", job_id).all():
-        latest = store.query().name(node.name).nonce(node.nonce).latest_checkpoint()
-        found[(node.name, node.nonce)] = -1.0 if latest is None else latest.created
-    if not found:
-        return None
-    name, nonce = max(found, key=lambda lineage: found[lineage])
-    return f"{name}~{nonce}", found[(name, nonce)] >= 0
+def _holds_checkpoint(store: Store, lineage: str) -> bool:
+    """Whether the lineage ``name~nonce`` holds a registered checkpoint (False: no such
+    lineage yet, or none saved)."""
+    name, nonce = lineage.split("~")
+    return store.query().name(name).nonce(nonce).latest_checkpoint() is not None
 
 
 def _check_over(text: str, resume_node: str | None, branch_node: str | None) -> None:

@@ -35,6 +35,7 @@ import datetime
 import hashlib
 import os
 import platform
+import re
 import shlex
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,6 +52,7 @@ __all__ = [
     "SlurmOptions",
     "SubmitError",
     "batch_script",
+    "check_sbatch",
     "current_scheduled",
     "load_profiles",
     "profiles_file",
@@ -329,31 +331,59 @@ def load_profiles(path: Path, chosen: str | None) -> SlurmOptions:
 
 def _checked(path: Path, name: str, key: str, value: Any) -> Any:
     """``value`` as :class:`SlurmOptions` keeps ``key``, or a one-line error."""
-    kind = {f.name: f.type for f in dataclasses.fields(SlurmOptions)}[key]
-    kind = str(kind)
+    kind = str({f.name: f.type for f in dataclasses.fields(SlurmOptions)}[key])
+    where = f"{path}: cluster {name!r} sets {key} to {value!r}"
     if kind.startswith("int"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise SubmitError(
-                f"{path}: cluster {name!r} sets {key} to {value!r}; expected a whole number >= 0."
-            )
+        least = 0 if key == "requeues" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise SubmitError(f"{where}; expected a whole number >= {least}.")
         return value
+    if key == "time" and isinstance(value, int):  # YAML 1.1 reads 12:00:00 as 43200
+        raise SubmitError(
+            f"{where}, a number: YAML reads an unquoted H:MM:SS as seconds; quote it "
+            '(time: "12:00:00").'
+        )
     if kind.startswith("str"):
         if not isinstance(value, str | int):
-            raise SubmitError(f"{path}: cluster {name!r} sets {key} to {value!r}; expected text.")
+            raise SubmitError(f"{where}; expected text.")
         return str(value)
     if kind.startswith("list"):
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str | int) for v in value):
-            raise SubmitError(
-                f"{path}: cluster {name!r} sets {key} to {value!r}; expected a list of text."
-            )
-        return [str(v) for v in value]
+            raise SubmitError(f"{where}; expected a list of text.")
+        listed = [str(v) for v in value]
+        if key == "sbatch":
+            check_sbatch(listed, where=f"{path}: cluster {name!r} sets sbatch")
+        return listed
     if not isinstance(value, dict):
-        raise SubmitError(
-            f"{path}: cluster {name!r} sets {key} to {value!r}; expected a mapping NAME: VALUE."
-        )
+        raise SubmitError(f"{where}; expected a mapping NAME: VALUE.")
+    if key == "environment":
+        bad = [str(k) for k in value if not _SHELL_NAME.fullmatch(str(k))]
+        if bad:
+            raise SubmitError(
+                f"{path}: cluster {name!r} sets environment variables named {bad!r}; a name is "
+                "letters, digits and _, not starting with a digit."
+            )
     return {str(k): str(v) for k, v in value.items()}
+
+
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_sbatch(options: Sequence[str], where: str = "--sbatch") -> None:
+    """Refuse an ``#SBATCH`` option that is not one line starting with ``-`` (a newline
+    would end SLURM's directives and run the rest as a command).
+
+    Raises:
+        SubmitError: one line naming the option.
+    """
+    for option in options:
+        if "\n" in option or "\r" in option or not option.startswith("-"):
+            raise SubmitError(
+                f"{where}: {option!r} is not one sbatch option; give each as one line starting "
+                "with - (e.g. --sbatch=--qos=high)."
+            )
 
 
 # -- the batch script ---------------------------------------------------------------------------
@@ -413,10 +443,9 @@ def batch_script(
         "restarts=${SLURM_RESTART_COUNT:-0}",
         f'echo "theseus submit: job $SLURM_JOB_ID, run $((restarts + 1)) of at most '
         f'{options.requeues + 1}, on $SLURM_JOB_NODELIST"',
-        "# one task per GPU (or as asked), each a `theseus run` that joins the others",
-        "srun --kill-on-bad-exit=1 "
-        + " ".join(map(q, command))
-        + ' --scheduler-job "$SLURM_JOB_ID" &',
+        "# one task per GPU (or as asked), each a `theseus run` that joins the others; no",
+        "# --kill-on-bad-exit: a warned run exits 140 on every task, each when it is done",
+        "srun --label " + " ".join(map(q, command)) + ' --scheduler-job "$SLURM_JOB_ID" &',
         "tasks=$!",
         "# SLURM warns this shell (--signal=B:...); the tasks checkpoint where all of them stop",
         f'trap \'echo "theseus submit: {signal} before the time limit; checkpointing"; '
