@@ -41,7 +41,7 @@ def _submit(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
 def _script(here: Path, *args: str) -> list[str]:
     code, out = _submit("r", "c.yaml", "root", "--slurm", *args, "--dry-run")
     assert code == 0, out
-    assert not (here / "root").exists()  # a dry run writes nothing
+    assert not (here / "root" / "slurm").exists()  # a dry run writes nothing
     return out.splitlines()
 
 
@@ -272,3 +272,18 @@ def test_two_submissions_in_one_second_get_two_folders(tmp_path: Path) -> None:
 
     first, second = _new_folder(tmp_path, "r"), _new_folder(tmp_path, "r")
     assert first != second and first.is_dir() and second.is_dir()
+
+
+def test_resume_sends_a_lineage_on_and_must_be_the_runs(here: Path) -> None:
+    from theseus.job import store_root
+    from theseus.store import Node, Store
+
+    with Store(store_root(here / "root")) as store:
+        for seq in range(3):
+            store.touch(Node("general.default.r", "abcdef12", seq))
+    lines = _script(here, "--resume", "general.default.r~abcdef12")
+    (srun,) = [line for line in lines if line.startswith("srun ")]
+    assert "--scheduler-lineage 'general.default.r~abcdef12' --scheduler-job" in srun
+    code, out = _submit("other", "c.yaml", "root", "--slurm", "--dry-run", "--resume", "r")
+    assert code == 1 and out.count("\n") == 1, out
+    assert "--resume r continues general.default.r, and this submission names " in out
