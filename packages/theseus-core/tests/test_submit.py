@@ -229,6 +229,11 @@ def test_refusals_are_one_line_and_write_nothing(here: Path) -> None:
         (["r", "c.yaml", "root", "--sbatch", "--hold\necho INJECTED"],
          "--sbatch: '--hold\\necho INJECTED' is not one sbatch option; give each as one line"),
         (["r", "c.yaml", "root", "--sbatch=qos=x"], "--sbatch: 'qos=x' is not one sbatch option"),
+        (["r", "c.yaml", "root", "--sbatch=--nodes=2"],
+         "--sbatch: '--nodes=2' sets what the script sets itself; pass --nodes to theseus submit"),
+        (["r", "c.yaml", "root", "--sbatch=--no-requeue"], "pass --requeues 0 to theseus submit"),
+        (["r", "c.yaml", "root", "--sbatch=-o x.out"], "pass nothing (the log is ROOT/slurm/"),
+        (["r", "c.yaml", "root", "--sbatch=-N2"], "pass --nodes to theseus submit"),
     ],
 )  # fmt: skip
 def test_what_theseus_run_would_refuse_is_refused_before_anything_is_submitted(

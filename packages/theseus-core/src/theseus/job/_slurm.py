@@ -371,9 +371,26 @@ def _checked(path: Path, name: str, key: str, value: Any) -> Any:
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+#: ``#SBATCH`` options the script sets itself, and what to pass instead of each.
+_MANAGED = {
+    "--nodes": "--nodes", "-N": "--nodes", "--ntasks-per-node": "--tasks-per-node",
+    "--ntasks": "--nodes and --tasks-per-node", "-n": "--nodes and --tasks-per-node",
+    "--gpus-per-node": "--gpus-per-node", "--cpus-per-task": "--cpus-per-task",
+    "-c": "--cpus-per-task", "--time": "--time", "-t": "--time",
+    "--partition": "--partition", "-p": "--partition", "--account": "--account",
+    "-A": "--account", "--job-name": "RUN", "-J": "RUN",
+    "--output": "nothing (the log is ROOT/slurm/RUN-DATE/slurm-JOBID.out)",
+    "-o": "nothing (the log is ROOT/slurm/RUN-DATE/slurm-JOBID.out)",
+    "--open-mode": "nothing", "--requeue": "--requeues",
+    "--no-requeue": "--requeues 0", "--signal": "--signal-seconds",
+}  # fmt: skip
+
+
 def check_sbatch(options: Sequence[str], where: str = "--sbatch") -> None:
     """Refuse an ``#SBATCH`` option that is not one line starting with ``-`` (a newline
-    would end SLURM's directives and run the rest as a command).
+    would end SLURM's directives and run the rest as a command), or one the script sets
+    itself (a second ``--nodes`` or ``--signal`` would silently change what was printed,
+    or stop the requeue).
 
     Raises:
         SubmitError: one line naming the option.
@@ -383,6 +400,13 @@ def check_sbatch(options: Sequence[str], where: str = "--sbatch") -> None:
             raise SubmitError(
                 f"{where}: {option!r} is not one sbatch option; give each as one line starting "
                 "with - (e.g. --sbatch=--qos=high)."
+            )
+        flag = option.split("=", 1)[0].split(" ", 1)[0]
+        if flag in _MANAGED or (flag[:2] in _MANAGED and len(flag) > 2 and flag[1] != "-"):
+            instead = _MANAGED.get(flag, _MANAGED.get(flag[:2], ""))
+            raise SubmitError(
+                f"{where}: {option!r} sets what the script sets itself; pass {instead} to "
+                "theseus submit instead."
             )
 
 

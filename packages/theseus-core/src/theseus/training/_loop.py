@@ -82,14 +82,20 @@ def run(trainer: BaseTrainer) -> Any:
             _tandem.drain(trainer._views)  # results already computed are still published
         if isinstance(failure, Terminated):
             kept = "its checkpoint is" if saved else "the checkpoints it began are"
+            then = (
+                "A job of theseus submit requeues itself while requeues are left; else continue"
+                if isinstance(failure, Preempted)
+                else "Continue"
+            )
             logger.warning(
-                "%s stopped by %s after step %d of %d; %s registered. Continue the lineage "
+                "%s stopped by %s after step %d of %d; %s registered. %s the lineage "
                 "with theseus run ... --resume %s~%s (in Python q.find()...resume()).",
                 trainer.node.serialize(),
                 failure.signal_name,
                 step,
                 total,
                 kept,
+                then,
                 trainer.node.name,
                 trainer.node.nonce,
             )
