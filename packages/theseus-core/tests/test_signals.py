@@ -36,6 +36,8 @@ STEPS = 100_000  # never reached: the signal comes a few steps in, however slow 
 
 def test_a_stop_signal_raises_terminated_with_128_plus_signum_and_handlers_come_back() -> None:
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # what the test stands on: nothing else in this process handles them
+    assert before == {signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}, before
     for signum in (signal.SIGTERM, signal.SIGHUP):
         with pytest.raises(Terminated) as caught, stop_on_signals():
             signal.raise_signal(signum)

@@ -234,6 +234,10 @@ def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterato
     if not _in_main_thread() or _state.installed:
         yield
         return
+    # A new outermost block starts clean, whatever an earlier one left (it resets all
+    # of this when it ends; a block that never ended, e.g. a generator left unclosed,
+    # must not make this one ignore its signals).
+    _state.pending, _state.stopping, _state.deferring, _state.warned = None, False, 0, None
     warning = preemption_signal()
     previous = {
         s: signal.signal(s, _handle) for s in signals if signal.getsignal(s) is signal.SIG_DFL
