@@ -143,6 +143,9 @@ _SCALARS = st.one_of(
 def test_numeric_keys_are_the_keys_holding_a_plain_number(store: Store, held: dict) -> None:
     # Reference: Python's own types of what was written. A number is an int or a float
     # that is not NaN (infinities and -0.0 count); a bool, None, NaN or text does not.
+    if store.dialect.name == "postgresql":  # PostgreSQL keeps no NUL in text (refused)
+        held = {k: [v.replace("\x00", "") if isinstance(v, str) else v for v in vs]
+                for k, vs in held.items()}  # fmt: skip
     prefix = f"e{len(store.numeric_keys())}-{time.monotonic_ns()}/"
     base = Node.new("keys")
     for seq in range(max(len(values) for values in held.values())):

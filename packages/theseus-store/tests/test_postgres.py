@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from theseus.store import Node, NotAStoreError, Store, StoreError
+from theseus.store import Node, NotAStoreError, Store, StoreError, ValueTypeError
 
 pytestmark = pytest.mark.postgres
 
@@ -287,3 +287,13 @@ def test_many_processes_create_one_store_at_once(pg_url: Any, tmp_path: Path) ->
         )
     assert ids[0][0] in marker and len(ids) == 1
     assert tables == [(9,)]  # meta nodes edges vals checkpoints artifacts jobs inline txns
+
+
+def test_text_with_a_nul_is_refused_in_one_line_and_nothing_is_written(store_pg: Store) -> None:
+    node = Node.new("nul")
+    store_pg.log(node, {"before": 1})
+    with pytest.raises(
+        ValueTypeError, match=r"holds a NUL character, which PostgreSQL cannot store"
+    ):
+        store_pg.log(node, {"fine": 2, "bad": "a\x00b"})
+    assert store_pg.values(node) == {"before": 1}  # the whole call was refused

@@ -121,6 +121,13 @@ class _Postgres(Dialect):
 
         if stored is None:
             return None
+        if isinstance(stored, str) and "\x00" in stored:
+            from theseus.store._errors import ValueTypeError
+
+            raise ValueTypeError(
+                f"The text {stored[:40]!r} holds a NUL character, which PostgreSQL cannot "
+                "store; remove it, or keep such bytes in an artifact (put())."
+            )
         return JsonText(json_number(stored))
 
     def row(self, stored: Any, kind: str) -> tuple[Any, str]:
