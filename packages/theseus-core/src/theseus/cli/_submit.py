@@ -36,8 +36,8 @@ __all__ = ["submit_command"]
 
 
 def _positive(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    if value is not None and value < (0 if param.name in ("requeues",) else 1):
-        least = 0 if param.name == "requeues" else 1
+    least = 0 if param.name == "requeues" else 1
+    if value is not None and value < least:
         raise click.BadParameter(f"expected a whole number >= {least}; got {value}.")
     return value
 
