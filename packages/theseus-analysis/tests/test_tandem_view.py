@@ -135,6 +135,10 @@ def test_forwarded_attributes_are_the_trainers(trainer, view) -> None:
         "scheduled": lambda got: got is trainer.scheduled,
         "batch_geometry": lambda got: got() == trainer.batch_geometry(),
         "batch": lambda got: got() is trainer.batch("train") and got("val") is trainer.batch("val"),
+        "read_batch": lambda got: (
+            _trees_equal(got(trainer.cursor), trainer.batch("train"))
+            and not _trees_equal(got(trainer.cursor + 1), trainer.batch("train"))
+        ),
         "inspection_batch": lambda got: (
             _trees_equal(got(), {k: v[::every] for k, v in trainer.batch("train").items()})
             and _trees_equal(got(), trainer.inspection_batch())

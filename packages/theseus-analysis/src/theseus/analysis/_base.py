@@ -106,6 +106,13 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         def sharding(self) -> ParameterShardingContext: ...
         @property
         def store(self) -> Store: ...
+        @property
+        def cursor(self) -> int: ...
+        @property
+        def accumulate_steps(self) -> int: ...
+        @property
+        def tokenizer(self) -> Any: ...
+        def read_batch(self, position: int, slice: str = "train") -> dict[str, Any]: ...
         def find(self, target: type | tuple[type, ...]) -> list[str]: ...
         def inspection_batch(self) -> dict[str, Any]: ...
         def step_key(self) -> Any: ...
@@ -312,6 +319,11 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
             f"{artifact.name} -o FILE)",
         ]
 
+    def result_digest(self) -> str:
+        """What "made with the same configuration" means for a walk's skip: the digest of
+        the settings and job key (an analysis with settings of its own adds them)."""
+        return _over.configuration_digest(self.configuration)
+
     def status_key(self, what: str) -> str:
         """`job/...` on the job's own nodes; `analysis/NAME/...` on a resumed node.
 
@@ -430,7 +442,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         path = write_atomic(self.spec.result(filename), content)
         artifact = self.store.put(node, self.NAME, filename, content)
         if not self.borrowed:  # which configuration made it: a walk skips such nodes
-            _over.stamp(self.store, node, self.configuration, artifact)
+            _over.stamp(self.store, node, self.result_digest(), artifact)
         try:
             _comet.publish(self.configuration, node, self.NAME, filename, content)
         except Exception as exc:  # the file and the artifact are saved; Comet is a copy

@@ -91,14 +91,15 @@ def _keys(name: str) -> tuple[str, str]:
     return f"analysis/{name}/config", f"analysis/{name}/config_version"
 
 
-def stamp(store: Store, node: Node, configuration: Tree, artifact: Artifact) -> None:
-    """Record on `node` which configuration made `artifact` (host zero, after the put).
+def stamp(store: Store, node: Node, digest: str, artifact: Artifact) -> None:
+    """Record on `node` which configuration made `artifact` (`digest`: the job's
+    `result_digest()`; host zero, after the put).
 
     Written after the artifact, in one record: a crash between the two leaves an
     artifact without a matching stamp, which the next walk recomputes.
     """
     config, version = _keys(artifact.name)
-    store.log(node, {config: configuration_digest(configuration), version: artifact.version})
+    store.log(node, {config: digest, version: artifact.version})
 
 
 def _done(store: Store, node: Node, name: str, digest: str) -> bool:
@@ -164,7 +165,7 @@ def walk(
     """
     started = time.perf_counter()
     name, lineage = job.NAME, f"{nodes[0].name}~{nodes[0].nonce}"
-    digest = configuration_digest(job.configuration)
+    digest = job.result_digest()
     store = job.store
     done = from_host_zero(lambda: [not force and _done(store, n, name, digest) for n in nodes])
     todo = [n for n, skip in zip(nodes, done, strict=True) if not skip]

@@ -52,7 +52,7 @@ class TrainerView(AnalysisBase[Any, Any]):
     `sharding`, `node`, `state`, `cursor`, `block_size`, `total_steps`,
     `accumulate_steps`, `analysis_failures`, `tokenizer`, `scheduled` (the SLURM job
     the trainer runs in, or None), and the methods
-    `batch_geometry()`, `batch(slice)`, `inspection_batch()`, `prompt_batch(text)`,
+    `batch_geometry()`, `batch(slice)`, `read_batch(position, slice)`, `inspection_batch()`, `prompt_batch(text)`,
     `step_key()`, `inspection_key()`, `validate()`, `evaluate_batch(rows)`,
     `generate(...)`, `log(values)`.
 
@@ -88,6 +88,7 @@ class TrainerView(AnalysisBase[Any, Any]):
         "analysis_failures",
         "batch_geometry",
         "batch",
+        "read_batch",
         "inspection_batch",
         "step_key",
         "inspection_key",
@@ -235,6 +236,10 @@ class TrainerView(AnalysisBase[Any, Any]):
         """The trainer's node-cached batch (not readable inside `analyze`)."""
         self._not_while_analyzing("self.batch()")
         return self._trainer.batch(slice)
+
+    def read_batch(self, position: int, slice: str = "train") -> Any:
+        """The trainer's data plan at `position` (nothing cached, its cursor unmoved)."""
+        return self._trainer.read_batch(position, slice)
 
     def batch_geometry(self) -> dict[str, int]:
         """The trainer's `MixturePlan.batch` arguments for this process."""

@@ -174,19 +174,26 @@ class BaseTrainer(BasicJob):
         `validate()` is reading (the first one outside validation).
         """
         index = self._val_index if slice == "val" else 0
+        position = self.cursor if slice == "train" else index
+        return self._batches.get(
+            (self.node, slice, index), lambda: self.read_batch(position, slice)
+        )
 
-        def read() -> Batch:
-            if self._missing_data is not None:
-                raise self._missing_data
-            if self._plan is None:
-                raise TrainerError(
-                    f"{type(self).__name__} declares DATASET = [] (custom batching) and must "
-                    "override batch(slice)"
-                )
-            step = self.cursor if slice == "train" else index
-            return self._plan.batch(step, slice, **self.batch_geometry())  # type: ignore[arg-type]
+    def read_batch(self, position: int, slice: str = "train") -> Batch:
+        """Host rows of the data plan at `position`, as `batch()` would hold them there.
 
-        return self._batches.get((self.node, slice, index), read)
+        `train` positions are steps (the batch the update at that cursor reads), `val`
+        positions index the validation batches. Nothing is cached and the cursor does
+        not move: an analysis that streams many batches (an SAE) reads with this.
+        """
+        if self._missing_data is not None:
+            raise self._missing_data
+        if self._plan is None:
+            raise TrainerError(
+                f"{type(self).__name__} declares DATASET = [] (custom batching) and must "
+                "override batch(slice)"
+            )
+        return self._plan.batch(position, slice, **self.batch_geometry())  # type: ignore[arg-type]
 
     @staticmethod
     def forward(

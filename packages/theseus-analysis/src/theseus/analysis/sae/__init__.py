@@ -1,9 +1,11 @@
-"""Sparse autoencoders: the model, its training step and its measures, and feature matching.
+"""Sparse autoencoders: the ``SAEBase`` analysis kind, the model, its training step and
+its measures, and feature matching.
 
-The ground the ``SAEBase`` analysis kind will stand on (training on a site's activations
-streamed from the compiled forward, chained over checkpoints, in tandem with training).
+``SAEBase`` trains SAEs on a site's activations streamed from the compiled forward, on
+one node, chained over a lineage's checkpoints, or in tandem with training.
 """
 
+from theseus.analysis.sae._analysis import SAEBase
 from theseus.analysis.sae._match import Match, match
 from theseus.analysis.sae._model import (
     ARCHITECTURES,
@@ -19,6 +21,7 @@ from theseus.analysis.sae._model import (
 __all__ = [
     "ARCHITECTURES",
     "Match",
+    "SAEBase",
     "SAEConfig",
     "decode",
     "encode",

@@ -1,0 +1,621 @@
+"""`SAEBase`: an analysis that trains sparse autoencoders on a site's activations.
+
+`class MySAE(SAEBase, PretrainGPT)` with `TARGET`, `NAME` and `select` (one path, or a
+list: one SAE per site) trains, on the node it runs at:
+
+    warm the buffer (BUFFER forwards) -> start each SAE (the previous node's, else fresh)
+        -> TOKENS tokens of steps, one compiled program each (`_stream.Programs.step`)
+        -> held-out measures (val batches; loss recovered by splicing the reconstruction
+           into the forward) -> top contexts of every feature (the inspection batch)
+        -> match to the previous node's SAE -> values, SAELens files, features.json
+
+It runs like any analysis: on one node (`MySAE(spec, base=node)()`), over a lineage
+(`--over`: one instance walks the checkpoints, each SAE warm-started from the previous
+node's, so the SAEs form a chain), and in tandem (`ANALYSIS = [MySAE]`: at each
+validation the same SAEs go on training on the live model). Where the previous SAE is
+not in memory (a skipped node, a resumed run) it is read back from the store: the
+latest earlier node of the lineage whose SAE this configuration made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jax
+import numpy as np
+import optax
+
+from theseus.analysis import _comet, _over
+from theseus.analysis._base import AnalysisBase, C, M
+from theseus.analysis._errors import AnalysisError
+from theseus.analysis._publish import render, write_atomic
+from theseus.analysis.sae._match import match
+from theseus.analysis.sae._model import ARCHITECTURES, SAEConfig
+from theseus.analysis.sae._saelens import read_saelens, saelens_files
+from theseus.analysis.sae._stream import Bank, Programs, activations, fold, unfold
+from theseus.job import from_host_zero, is_primary
+from theseus.store import Artifact, Node
+from theseus.training.reporting import Reporter, format_duration
+
+__all__ = ["SAEBase"]
+
+log = logging.getLogger("theseus.analysis")
+
+FORMAT = "theseus-sae-features/1"
+MATCH = 0.9  # decoder cosine above which two features are the same feature
+
+_SETTINGS = (
+    "ARCHITECTURE",
+    "WIDTH",
+    "EXPANSION",
+    "K",
+    "L1",
+    "L0",
+    "THRESHOLD",
+    "BANDWIDTH",
+    "LEARNING_RATE",
+    "TOKENS",
+    "BUFFER",
+    "EVAL_BATCHES",
+    "CONTEXTS",
+    "WINDOW",
+    "SEED",
+)
+
+
+def _positive_ints(value: Any) -> bool:
+    items = value if isinstance(value, tuple) else (value,)
+    return bool(items) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in items
+    )
+
+
+def _number(value: Any, low: float, *, strict: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return value > low if strict else value >= low
+
+
+_CHECKS: dict[str, tuple[Any, str]] = {
+    "ARCHITECTURE": (lambda v: v in ARCHITECTURES, "one of " + ", ".join(map(repr, ARCHITECTURES))),
+    "WIDTH": (lambda v: v is None or _positive_ints(v), "None, a positive int or a tuple of them"),
+    "EXPANSION": (_positive_ints, "a positive int or a tuple of them (width = EXPANSION x d)"),
+    "K": (_positive_ints, "a positive int (active features per token, topk)"),
+    "L1": (lambda v: _number(v, 0, strict=False), "a number >= 0 (the L1 penalty, relu)"),
+    "L0": (lambda v: _number(v, 0, strict=False), "a number >= 0 (the L0 penalty, jumprelu)"),
+    "THRESHOLD": (
+        lambda v: _number(v, 0, strict=True),
+        "a number > 0 (jumprelu's initial threshold)",
+    ),
+    "BANDWIDTH": (lambda v: _number(v, 0, strict=True), "a number > 0 (jumprelu's kernel width)"),
+    "LEARNING_RATE": (lambda v: _number(v, 0, strict=True), "a number > 0"),
+    "TOKENS": (_positive_ints, "a positive int (tokens each SAE trains on per node)"),
+    "BUFFER": (_positive_ints, "a positive int (forwards the shuffling buffer holds)"),
+    "EVAL_BATCHES": (_positive_ints, "a positive int (held-out batches measured)"),
+    "CONTEXTS": (_positive_ints, "a positive int (top contexts kept per feature)"),
+    "WINDOW": (
+        lambda v: (
+            isinstance(v, tuple)
+            and len(v) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+        ),
+        "(tokens before, tokens after) the activating token, e.g. (12, 3)",
+    ),
+    "SEED": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+}
+
+
+class SAEBase(AnalysisBase[C, M]):
+    """Base of SAE analyses: `class MySAE(SAEBase, PretrainGPT)`.
+
+    Declare `TARGET` and `NAME` and implement `select(paths)` (one path, or a list: an
+    SAE bank per site) as for any analysis; the SAE reads the selected call's output.
+    The settings are class attributes:
+
+    - `ARCHITECTURE`: `"topk"` (the `K` largest), `"jumprelu"` (a learned threshold per
+      feature, `L0` penalty) or `"relu"` (`L1` penalty scaled by decoder norms).
+    - `WIDTH` (features; an int or a tuple: one SAE per width, all trained from one
+      activation pass) or, when `WIDTH` is None, `EXPANSION` x the site's width.
+    - `K`, `L1`, `L0`, `THRESHOLD`, `BANDWIDTH`: each architecture's sparsity.
+    - `LEARNING_RATE` (Adam), `TOKENS` (tokens each SAE trains on at a node), `BUFFER`
+      (forwards the shuffling buffer holds), `EVAL_BATCHES` (held-out `val` batches the
+      measures read), `CONTEXTS` and `WINDOW` (top contexts kept per feature and the
+      tokens shown around each), `SEED`.
+
+    The SAEs train on the activations scaled so that their mean squared norm is the
+    site's width (one `K` or penalty means the same at every checkpoint); what is
+    measured and saved reads the raw activations.
+
+    Attributes:
+        compiles: how many times each compiled program was traced (1 each after any
+            number of nodes of one shape).
+    """
+
+    ARCHITECTURE: ClassVar[str] = "topk"
+    WIDTH: ClassVar[int | tuple[int, ...] | None] = None
+    EXPANSION: ClassVar[int | tuple[int, ...]] = 8
+    K: ClassVar[int] = 32
+    L1: ClassVar[float] = 5.0
+    L0: ClassVar[float] = 1e-3
+    THRESHOLD: ClassVar[float] = 1e-3
+    BANDWIDTH: ClassVar[float] = 1e-3
+    LEARNING_RATE: ClassVar[float] = 1e-3
+    TOKENS: ClassVar[int] = 1 << 18
+    BUFFER: ClassVar[int] = 8
+    EVAL_BATCHES: ClassVar[int] = 2
+    CONTEXTS: ClassVar[int] = 8
+    WINDOW: ClassVar[tuple[int, int]] = (12, 3)
+    SEED: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in _SETTINGS:
+            if name not in vars(cls):
+                continue
+            value = vars(cls)[name]
+            ok, expected = _CHECKS[name]
+            if not ok(value):
+                raise TypeError(f"{cls.__name__}.{name} = {value!r}; use {expected}")
+
+    def _init_engine(self) -> None:
+        super()._init_engine()
+        self.compiles: dict[str, int] = {}
+        self._programs: Programs | None = None
+        self._chain: dict[str, dict[str, Any]] = {}  # label -> the SAE trained last
+
+    # ----------------------------------------------------------- the user's part
+    def analyze(self, layer: Any, inputs: Any) -> Any:
+        """Not used: an SAE analysis trains on the selected calls' outputs."""
+        raise AnalysisError(f"{type(self).__name__} trains SAEs; it has no analyze() step")
+
+    def plot(self, results: Any) -> Any:
+        """What `NAME.json` (the node's `NAME` artifact) holds: each SAE's measures.
+
+        Override to draw a figure of them instead; `results` is `{label: {measure: value}}`.
+        """
+        return results
+
+    def result_digest(self) -> str:
+        """The configuration's digest with the SAE settings and the selection in it."""
+        settings = {name: getattr(type(self), name) for name in _SETTINGS}
+        text = json.dumps(
+            [super().result_digest(), settings, list(self._prepare().paths)],
+            sort_keys=True,
+            default=repr,
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    # ------------------------------------------------------------------- engine
+    def _count(self, program: str) -> None:
+        self.compiles[program] = self.compiles.get(program, 0) + 1
+        if program == "step":
+            self.traces += 1
+
+    def _bank(self) -> Bank:
+        selection = self._prepare()
+        batch = self.inspection_batch()
+        shapes = jax.eval_shape(
+            lambda state, rows: activations(
+                type(self).trace,  # type: ignore[attr-defined]
+                selection.paths,
+                self.sharding,
+                type(self).__name__,
+                state,
+                rows,
+            ),
+            self.state,
+            batch,
+        )
+        configs = []
+        cls = type(self)
+        for site in selection.paths:
+            d = int(shapes[site].shape[-1])
+            if cls.WIDTH is None:
+                expansions = cls.EXPANSION if isinstance(cls.EXPANSION, tuple) else (cls.EXPANSION,)
+                widths = [e * d for e in expansions]
+            else:
+                widths = list(cls.WIDTH) if isinstance(cls.WIDTH, tuple) else [cls.WIDTH]
+            row = []
+            for width in dict.fromkeys(widths):
+                try:
+                    row.append(
+                        SAEConfig(
+                            d,
+                            width,
+                            cls.ARCHITECTURE,
+                            k=cls.K,
+                            l1=float(cls.L1),
+                            l0=float(cls.L0),
+                            threshold=float(cls.THRESHOLD),
+                            bandwidth=float(cls.BANDWIDTH),
+                        )
+                    )
+                except ValueError as exc:
+                    raise AnalysisError(f"{cls.__name__} at {site!r} (d = {d}): {exc}") from None
+            configs.append(tuple(row))
+        return Bank(selection.paths, tuple(configs))
+
+    def _sae_programs(self) -> Programs:
+        if self._programs is None:
+            before, after = type(self).WINDOW
+            self._programs = Programs(
+                type(self).trace,  # type: ignore[attr-defined]
+                self._bank(),
+                optax.adam(type(self).LEARNING_RATE),
+                self.sharding,
+                type(self).__name__,
+                self._count,
+                type(self).CONTEXTS,
+                before,
+                after,
+            )
+        return self._programs
+
+    def _forwards(self) -> Iterator[dict[str, Any]]:
+        """The training batches' micro-batches from the node's cursor on, placed."""
+        every = self.accumulate_steps
+        position = self.cursor
+        while True:
+            rows = self.read_batch(position)
+            for micro in range(every):
+                yield self.sharding.place_batch({k: v[micro::every] for k, v in rows.items()})
+            position += 1
+
+    def _held_out(self) -> Iterator[dict[str, Any]]:
+        every = self.accumulate_steps
+        for index in range(type(self).EVAL_BATCHES):
+            rows = self.read_batch(index, "val")
+            yield self.sharding.place_batch({k: v[0::every] for k, v in rows.items()})
+
+    def compute(self) -> Any:
+        """Train the SAEs on this node's activations, measure and match them.
+
+        Every host must call it. Returns what `_publish` records (host arrays).
+        """
+        cls = type(self)
+        programs = self._sae_programs()
+        bank = programs.bank
+        node = self.node
+        state = self.state
+        digest = self.result_digest()
+        label_of = bank.labels()
+        began = time.perf_counter()
+
+        forwards = self._forwards()
+        first = next(forwards)
+        lanes, length = (int(n) for n in first["x"].shape[:2])
+        widths = [c[0].d_in for c in bank.configs]
+        buffers = programs.empty(lanes, cls.BUFFER * length, widths)
+        for slot in range(cls.BUFFER):
+            batch = first if slot == 0 else next(forwards)
+            buffers = programs.fill(buffers, state, batch, np.int32(slot))
+        scales = {k: float(v) for k, v in jax.device_get(programs.scales(buffers)).items()}
+
+        base = jax.random.PRNGKey(cls.SEED)
+        fresh = programs.start(buffers, scales, base)
+        previous = self._previous(node, digest, [label for *_, label in label_of])
+        saes, opts, chained = [], [], {}
+        fresh_opts = programs.init_optimizer(fresh)
+        for i, site in enumerate(bank.sites):
+            row_s, row_o = [], []
+            for j, config in enumerate(bank.configs[i]):
+                label = f"{site}/{config.width}"
+                before = previous.get(label)
+                if before is None:
+                    row_s.append(fresh[i][j])
+                    row_o.append(fresh_opts[i][j])
+                    continue
+                chained[label] = before
+                self._chain.pop(label, None)  # its optimizer state is donated to the step
+                inner = unfold(before["params"], scales[site], config)
+                row_s.append(jax.device_put(inner, self.sharding.replicated()))
+                kept = before.get("opt")
+                row_o.append(kept if kept is not None else fresh_opts[i][j])
+            saes.append(row_s)
+            opts.append(row_o)
+
+        per_forward = lanes * length
+        steps = max(1, math.ceil(cls.TOKENS / per_forward))
+        label = f"{cls.NAME} at {node.serialize()}"
+        reporter = Reporter(
+            steps,
+            0,
+            per_forward,
+            label,
+            enabled=False if self.borrowed or not is_primary() else None,
+        )
+        every = max(1, steps // 4)
+        node_key = jax.random.fold_in(jax.random.fold_in(base, 1), node.seq)
+        metrics: Any = None
+        try:
+            for step in range(steps):
+                saes, opts, buffers, metrics = programs.step(
+                    saes,
+                    opts,
+                    buffers,
+                    state,
+                    next(forwards),
+                    jax.random.fold_in(node_key, step),
+                    scales,
+                )
+                if (step + 1) % every == 0 or step + 1 == steps:
+                    host = jax.device_get(metrics)
+                    mse = float(np.mean([m["mse"] for row in host for m in row]))
+                    if is_primary() and not self.borrowed:
+                        reporter.report(step + 1, mse, reporter.throughput(step + 1))
+        finally:
+            reporter.close()
+        train_seconds = time.perf_counter() - began
+        del buffers
+
+        folded = [
+            [fold(saes[i][j], scales[site]) for j in range(len(bank.configs[i]))]
+            for i, site in enumerate(bank.sites)
+        ]
+        sums: Any = None
+        for batch in self._held_out():
+            got = jax.device_get(programs.evaluate(folded, state, batch))
+            sums = got if sums is None else jax.tree.map(_combine, sums, got)
+        batches = cls.EVAL_BATCHES
+        found = jax.device_get(programs.contexts(folded, state, self.inspection_batch()))
+        host_params = jax.device_get(folded)
+        final = jax.device_get(metrics)
+
+        out: dict[str, Any] = {"node": node, "digest": digest, "ids": found["ids"], "saes": {}}
+        for i, j, sae in label_of:
+            config = bank.configs[i][j]
+            site_sums = sums["sites"][i]
+            mine = site_sums["saes"][j]
+            count = float(site_sums["count"])
+            variance = float(np.sum(site_sums["squares"] - site_sums["sum"] ** 2 / count))
+            clean = float(sums["clean"]) / batches
+            zeroed = float(site_sums["zeroed"]) / batches
+            spliced = float(mine["spliced"]) / batches
+            measures: dict[str, Any] = {
+                "l0": float(mine["active"]) / count,
+                "fvu": float(mine["error"]) / variance if variance > 0 else float("nan"),
+                "dead": float(np.mean(~mine["fired"])),
+                "loss_clean": clean,
+                "loss_zeroed": zeroed,
+                "loss_spliced": spliced,
+                "loss_recovered": (zeroed - spliced) / (zeroed - clean)
+                if zeroed != clean
+                else float("nan"),
+                "tokens": steps * per_forward,
+                "train_mse": float(final[i][j]["mse"]),
+                "scale": scales[bank.sites[i]],
+            }
+            params = {k: np.asarray(v) for k, v in host_params[i][j].items()}
+            before = chained.get(sae)
+            pairing = None
+            if before is not None:
+                pairing = match(np.asarray(before["params"]["W_dec"]), params["W_dec"], MATCH)
+                measures.update(
+                    matched=pairing.matched, born=len(pairing.born), gone=len(pairing.gone)
+                )
+            out["saes"][sae] = {
+                "site": bank.sites[i],
+                "config": config,
+                "params": params,
+                "measures": measures,
+                "previous": None if before is None else before["node"],
+                "match": pairing,
+                "contexts": found["saes"][i][j],
+            }
+            self._chain[sae] = {"node": node, "params": params, "opt": opts[i][j]}
+        out["seconds"] = time.perf_counter() - began
+        out["train_seconds"] = train_seconds
+        return out
+
+    def _previous(self, node: Node, digest: str, labels: list[str]) -> dict[str, dict[str, Any]]:
+        """Each SAE's previous one: the latest earlier node of the lineage (through its
+        branch points) whose SAE this configuration made, from memory or the store."""
+        name = type(self).NAME
+
+        def stored() -> dict[str, tuple[Node, dict[str, np.ndarray] | None]]:
+            found: dict[str, tuple[Node, dict[str, np.ndarray] | None]] = {}
+            for label in labels:
+                frames = self.store.artifact_frames(
+                    node.name, node.nonce, f"{name}/{label}/sae_weights.safetensors"
+                )
+                for frame in reversed(frames):
+                    at = Node.deserialize(frame["node"])
+                    if (at.name, at.nonce) == (node.name, node.nonce) and at.seq >= node.seq:
+                        continue
+                    if self.store.values(at).get(f"sae/{name}/config") != digest:
+                        continue
+                    memory = self._chain.get(label)
+                    if memory is not None and memory["node"] == at:
+                        found[label] = (at, None)  # the one in memory
+                    else:
+                        files = {
+                            f: self.store.get(at)[f"{name}/{label}/{f}"].content
+                            for f in ("cfg.json", "sae_weights.safetensors")
+                        }
+                        found[label] = (at, read_saelens(files)[1])
+                    break
+            return found
+
+        from_store = from_host_zero(stored)
+        previous: dict[str, dict[str, Any]] = {}
+        for label in labels:
+            memory = self._chain.get(label)
+            usable = (
+                memory is not None
+                and (memory["node"].name, memory["node"].nonce) == (node.name, node.nonce)
+                and memory["node"].seq < node.seq
+            )
+            if label in from_store:
+                at, params = from_store[label]
+                if params is None or (
+                    usable and memory is not None and memory["node"].seq > at.seq
+                ):
+                    assert memory is not None
+                    previous[label] = memory
+                else:
+                    previous[label] = {"node": at, "params": params, "opt": None}
+            elif usable:
+                assert memory is not None
+                previous[label] = memory
+        return previous
+
+    # --------------------------------------------------------------- recording
+    def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None, Any]:
+        """Host zero: each SAE's values, SAELens files and features.json, then the
+        summary artifact `NAME` and the configuration stamp (last: a crash before
+        them leaves the node to be computed again)."""
+        cls = type(self)
+        name = cls.NAME
+        store = self.store
+        summary: dict[str, dict[str, Any]] = {}
+        logged: dict[str, Any] = {f"sae/{name}/config": values["digest"]}
+        tokenizer = self.tokenizer
+        for label, sae in values["saes"].items():
+            measures = sae["measures"]
+            summary[label] = {k: _plain(v) for k, v in measures.items()}
+            for key, value in measures.items():
+                logged[f"sae/{name}/{label}/{key}"] = _plain(value)
+            config: SAEConfig = sae["config"]
+            files = saelens_files(
+                sae["params"],
+                config,
+                hook_name=sae["site"],
+                model_name=node.name,
+                context_size=int(values["ids"].shape[1]),
+            )
+            files["features.json"] = json.dumps(
+                _features(values, label, sae, name, tokenizer, cls.WINDOW), separators=(",", ":")
+            ).encode()
+            folder = self.spec.result(name, *label.split("/"))
+            for filename, content in files.items():
+                write_atomic(folder / filename, content)
+                store.put(node, f"{name}/{label}/{filename}", filename, content)
+        store.log(node, logged)
+        plotted = self._call("plot", summary)
+        rendered = render(name, plotted, cls.__name__)
+        if rendered is None:
+            return None, None, None
+        filename, content = rendered
+        path = write_atomic(self.spec.result(filename), content)
+        artifact = store.put(node, name, filename, content)
+        if not self.borrowed:
+            _over.stamp(store, node, self.result_digest(), artifact)
+        try:
+            _comet.publish(self.configuration, node, name, filename, content)
+        except Exception as exc:  # the files and artifacts are saved; Comet is a copy
+            log.warning("%s: not sent to Comet: %s", cls.__name__, exc)
+        if is_primary() and not self.borrowed:
+            lines = [
+                f"{label}: L0 {m['l0']:.1f}, FVU {m['fvu']:.3f}, dead {m['dead']:.1%}, "
+                f"loss recovered {m['loss_recovered']:.3f}"
+                + (f", matched {m['matched']:.1%}" if "matched" in m else "")
+                for label, m in summary.items()
+            ]
+            took = format_duration(values["seconds"])
+            print(f"{name} at {node.serialize()} ({took}): " + "; ".join(lines), flush=True)
+        return path, artifact, None
+
+
+def _combine(a: Any, b: Any) -> Any:
+    """Two held-out batches' sums: booleans (fired) or-ed, numbers added."""
+    if isinstance(a, np.ndarray) and a.dtype == bool:
+        return a | b
+    return a + b
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _features(
+    values: dict[str, Any],
+    label: str,
+    sae: dict[str, Any],
+    name: str,
+    tokenizer: Any,
+    window: tuple[int, int],
+) -> dict[str, Any]:
+    """The features.json of one SAE (its format: docs/architecture.md, SAE artifacts)."""
+    node: Node = values["node"]
+    ids = np.asarray(values["ids"])
+    length = ids.shape[1]
+    before, after = window
+    found = sae["contexts"]
+    texts: dict[int, str] = {}
+
+    def text(token: int) -> str:
+        if token not in texts:
+            texts[token] = tokenizer.decode([token])
+        return texts[token]
+
+    previous: dict[int, tuple[int, float]] = {}
+    pairing = sae["match"]
+    if pairing is not None:
+        for (old, new), cosine in zip(pairing.pairs, pairing.cosines, strict=True):
+            if cosine > MATCH:
+                previous[int(new)] = (int(old), float(cosine))
+    features = []
+    width = found["values"].shape[0]
+    for index in range(width):
+        top = []
+        for value, where, acts in zip(
+            found["values"][index], found["where"][index], found["window"][index], strict=True
+        ):
+            if value <= 0:
+                break
+            row, position = divmod(int(where), length)
+            first = max(0, position - before)
+            last = min(length, position + after + 1)
+            offset = first - (position - before)
+            top.append(
+                {
+                    "activation": float(value),
+                    "row": row,
+                    "position": position,
+                    "tokens": [text(int(t)) for t in ids[row, first:last]],
+                    "activations": [float(a) for a in acts[offset : offset + last - first]],
+                    "at": position - first,
+                }
+            )
+        match_of = previous.get(index)
+        features.append(
+            {
+                "index": index,
+                "density": float(found["density"][index]),
+                "max": max(0.0, float(found["max"][index])),
+                "previous": None if match_of is None else match_of[0],
+                "cosine": None if match_of is None else match_of[1],
+                "top": top,
+            }
+        )
+    config: SAEConfig = sae["config"]
+    return {
+        "format": FORMAT,
+        "analysis": name,
+        "sae": label,
+        "site": sae["site"],
+        "width": config.width,
+        "architecture": config.architecture,
+        "node": node.serialize(),
+        "seq": node.seq,
+        "previous": None if sae["previous"] is None else sae["previous"].serialize(),
+        "measures": {k: _json_number(_plain(v)) for k, v in sae["measures"].items()},
+        "context": {"before": before, "after": after},
+        "features": features,
+    }
+
+
+def _json_number(value: Any) -> Any:
+    """NaN and infinities as null (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
