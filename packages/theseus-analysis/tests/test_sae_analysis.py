@@ -61,8 +61,15 @@ class OtherK(Features):
     K = 3
 
 
+class BothSites(Features):
+    """Every MLP: with two widths, four SAEs from one activation pass."""
+
+    def select(self, paths: list[str]) -> list[str]:
+        return paths
+
+
 class TrainWithFeatures(PretrainGPT):
-    ANALYSIS = [Features]
+    ANALYSIS = [BothSites]
 
 
 def _train(root: Path, run: str, **settings: Any) -> None:
@@ -285,9 +292,10 @@ def test_in_tandem_the_sae_goes_on_from_one_validation_to_the_next(root) -> None
         found = store.query().spec(run="tandem").artifact("features").artifacts()
         nodes = sorted((a.node for a in found), key=lambda n: n.seq)
         assert [n.seq for n in nodes] == [1, 3]  # the validations (after steps 2 and 4)
-        later = _features(store, nodes[1], f"{SITE}/64")
-        assert later["previous"] == nodes[0].serialize()
-        assert _values(store, nodes[1], f"{SITE}/64")["matched"] > 0.5
+        for label in ("blocks_0/mlp/64", "blocks_0/mlp/96", f"{SITE}/64", f"{SITE}/96"):
+            later = _features(store, nodes[1], label)
+            assert later["previous"] == nodes[0].serialize()
+            assert _values(store, nodes[1], label)["matched"] > 0.5
 
 
 @pytest.mark.slow  # the default suite keeps the chain of one walk and the tandem chain
@@ -364,3 +372,46 @@ def test_a_width_below_k_is_one_line_and_any_site_with_activations_trains(root) 
     job()  # an attention layer's output is an activation too: it trains
     with Store(root / "store") as store:
         assert "sae/bad/blocks_0/attn/256/l0" in store.values(job.node)
+
+
+def test_settings_come_from_the_configuration_and_bad_ones_are_one_line(root) -> None:
+    job = _at(root, Features, "moving", 1, **{"sae/features/k": 2, "sae/features/width": [48]})
+    job()
+    with Store(root / "store") as store:
+        values = _values(store, job.node, f"{SITE}/48")
+        assert 0 < values["l0"] <= 2
+        assert not any(k.startswith(f"sae/features/{SITE}/64/") for k in store.values(job.node))
+    with quick(root) as q:
+        q.build(Features, "bad")
+        with pytest.raises(Exception, match=r"'sae/features/k' must be .*>= 1; got 0"):
+            q.config["sae/features/k"] = 0
+
+
+def test_the_readme_commands_chain_features_over_a_lineage(root, tmp_path) -> None:
+    """README "Features over training", on a small lineage in place of the demo's."""
+    from click.testing import CliRunner
+
+    from theseus.cli import main
+
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    section = readme.split("## Features over training", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^uv run (theseus .*)$", section.split("```bash", 1)[1], re.M)
+    configure, run = (c.split() for c in commands[:2])
+    config = tmp_path / "features.yaml"
+    runner = CliRunner()
+    assert configure[:3] == ["theseus", "configure", "demo/analyze/features"]
+    made = runner.invoke(main, [*configure[1:3], str(config), *configure[4:]])
+    assert made.exit_code == 0, made.output
+    assert "sae:\n  features:\n" in config.read_text()
+    assert run[:4] == ["theseus", "run", "features", "features.yaml"]
+    assert run[4:7] == ["theseus-demo", "--over", "demo"]
+    tokens = "sae.features.tokens=2048"  # a short chain: the suite's budget
+    ran = runner.invoke(
+        main, ["run", "features", str(config), str(root), "--over", "moving", *run[7:], tokens]
+    )
+    assert ran.exit_code == 0, ran.output
+    assert "features: analyzed 4 of 4 checkpoints" in ran.output
+    with Store(root / "store") as store:
+        [lineage] = {(n.name, n.nonce) for n in store.query().spec(run="moving").all()}
+        last = Node(*lineage, STEPS - 1)
+        assert _values(store, last, "blocks_1/256")["matched"] >= 0.0

@@ -83,6 +83,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
 
     TARGET: ClassVar[type | tuple[type, ...]]
     NAME: ClassVar[str]
+    SETTINGS: ClassVar[tuple[type, ...]] = ()  # schemas read beside CONFIG (see config())
     STOCHASTIC: ClassVar[bool] = False
     RESUME_ATTACHES: ClassVar[bool] = True  # a resumed node is another run's checkpoint
 
@@ -113,6 +114,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         @property
         def tokenizer(self) -> Any: ...
         def read_batch(self, position: int, slice: str = "train") -> dict[str, Any]: ...
+        def configure(self, cls: type[Any]) -> Any: ...
         def find(self, target: type | tuple[type, ...]) -> list[str]: ...
         def inspection_batch(self) -> dict[str, Any]: ...
         def step_key(self) -> Any: ...
@@ -156,6 +158,12 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
                 f"{cls.__name__}.NAME = {name!r} names the result file and artifact; use "
                 "letters, digits, '_', '-' or '.', e.g. NAME = 'activations'"
             )
+
+    @classmethod
+    def config(cls) -> list[type]:
+        """The trainer's schemas, then `SETTINGS` (an analysis kind's own, such as an SAE's;
+        a trainer that runs the analysis in tandem composes them too)."""
+        return list(dict.fromkeys([*super().config(), *cls.SETTINGS]))  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._check_declarations()

@@ -8,6 +8,10 @@
   predict the next one.
 - `HeadAblation` (`demo/intervene/head-ablation`): an intervention sweep, the loss
   increase when each head of each layer is zero-ablated, as a layer x head heatmap.
+- `Features` (`demo/analyze/features`): a top-k sparse autoencoder on the residual
+  stream after each block (8 x its width, 8 active features per token); `--over` a
+  lineage it chains them over its checkpoints (see "Features over training" in the
+  README).
 - `DemoTrainer` (`demo/train`): `PretrainGPT` with both analyses in tandem.
 
 Import this module to register them (`theseus run --import theseus.analysis.demo ...`).
@@ -23,11 +27,13 @@ import numpy as np
 from theseus.analysis import interventions as iv
 from theseus.analysis._base import AnalysisBase
 from theseus.analysis._intervention_base import InterventionBase
+from theseus.analysis.sae import SAEBase
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.model.attention.base import SelfAttention
+from theseus.model.models import Block
 from theseus.registry import analysis, job
 
-__all__ = ["AttentionInput", "AttentionPattern", "DemoTrainer", "HeadAblation"]
+__all__ = ["AttentionInput", "AttentionPattern", "DemoTrainer", "Features", "HeadAblation"]
 
 
 @analysis("demo/analyze/attention-input")
@@ -108,6 +114,20 @@ class HeadAblation(InterventionBase, PretrainGPT):
             ylabel="Layer",
             title="Loss increase when one head is zero-ablated (nats)",
         )
+
+
+@analysis("demo/analyze/features")
+class Features(SAEBase, PretrainGPT):
+    """A top-k SAE on the residual stream after each block, trained on 2^16 tokens a node."""
+
+    TARGET = Block
+    NAME = "features"
+    EXPANSION = 8
+    K = 8
+    TOKENS = 1 << 16
+
+    def select(self, paths: list[str]) -> list[str]:
+        return paths  # every block: one SAE each, trained from one activation pass
 
 
 @job("demo/train")

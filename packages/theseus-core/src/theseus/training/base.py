@@ -91,12 +91,15 @@ class BaseTrainer(BasicJob):
     # ---------------------------------------------------------------- configuration
     @classmethod
     def config(cls) -> list[type]:
-        """`CONFIG`, the model's schemas, then optimizer, schedule, evaluations and analyses."""
+        """`CONFIG`, the model's schemas, then optimizer, schedule, evaluations and analyses
+        (each tandem analysis's `CONFIG` and `SETTINGS`)."""
         classes: list[type] = [*super().config(), *cls.MODEL.gather(), cls.OPTIMIZER.config]
         if cls.SCHEDULE is not None:
             classes.append(cls.SCHEDULE.config)
         classes += [e.CONFIG for e in cls.EVALUATION if e.CONFIG is not None]
         classes += [a.CONFIG for a in cls.ANALYSIS if getattr(a, "CONFIG", None) is not None]
+        # an analysis's SETTINGS: the schemas it reads beside CONFIG (an SAE's sae/... keys)
+        classes += [s for a in cls.ANALYSIS for s in getattr(a, "SETTINGS", ())]
         return list(dict.fromkeys(classes))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

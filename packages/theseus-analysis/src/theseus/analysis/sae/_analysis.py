@@ -19,14 +19,16 @@ latest earlier node of the lineage whose SAE this configuration made.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import jax
 import numpy as np
@@ -40,6 +42,7 @@ from theseus.analysis.sae._match import match
 from theseus.analysis.sae._model import ARCHITECTURES, SAEConfig
 from theseus.analysis.sae._saelens import read_saelens, saelens_files
 from theseus.analysis.sae._stream import Bank, Programs, activations, fold, unfold
+from theseus.config import field
 from theseus.job import from_host_zero, is_primary
 from theseus.store import Artifact, Node
 from theseus.training.reporting import Reporter, format_duration
@@ -112,6 +115,58 @@ _CHECKS: dict[str, tuple[Any, str]] = {
 }
 
 
+def _segment(name: str) -> str:
+    """`NAME` as one configuration path segment (an identifier)."""
+    text = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return f"_{text}" if text[0].isdigit() else text
+
+
+def _schema(cls: type[SAEBase[Any, Any]]) -> type:
+    """The settings of `cls` as a configuration schema under `sae/<NAME>/`, each
+    default the class attribute (so `theseus configure` writes them and `key=value`
+    overrides them)."""
+    prefix = f"sae/{_segment(cls.NAME)}"
+    widths = (
+        cls.WIDTH if isinstance(cls.WIDTH, tuple) else (() if cls.WIDTH is None else (cls.WIDTH,))
+    )
+    expansions = cls.EXPANSION if isinstance(cls.EXPANSION, tuple) else (cls.EXPANSION,)
+
+    def setting(name: str, default: Any, help: str, **bounds: Any) -> Any:
+        if isinstance(default, tuple) and name != "window":
+            return field(
+                f"{prefix}/{name}", default_factory=lambda: list(default), help=help, **bounds
+            )
+        return field(f"{prefix}/{name}", default=default, help=help, **bounds)
+
+    fields = [
+        ("architecture", Literal["topk", "jumprelu", "relu"],
+         setting("architecture", cls.ARCHITECTURE, "topk | jumprelu | relu")),
+        ("width", list[int], setting("width", tuple(widths), "features of each SAE, one SAE per "
+         "entry; [] uses expansion x the site's width", ge=1)),
+        ("expansion", list[int], setting("expansion", tuple(expansions), "width = expansion x "
+         "the site's width, one SAE per entry (when width is [])", ge=1)),
+        ("k", int, setting("k", cls.K, "active features per token (topk)", ge=1)),
+        ("l1", float, setting("l1", float(cls.L1), "L1 penalty (relu)", ge=0)),
+        ("l0", float, setting("l0", float(cls.L0), "L0 penalty (jumprelu)", ge=0)),
+        ("threshold", float, setting("threshold", float(cls.THRESHOLD),
+         "initial threshold (jumprelu)", gt=0)),
+        ("bandwidth", float, setting("bandwidth", float(cls.BANDWIDTH),
+         "the threshold gradient's kernel width (jumprelu)", gt=0)),
+        ("lr", float, setting("lr", float(cls.LEARNING_RATE), "Adam's learning rate", gt=0)),
+        ("tokens", int, setting("tokens", cls.TOKENS, "tokens each SAE trains on per node", ge=1)),
+        ("buffer", int, setting("buffer", cls.BUFFER, "forwards the shuffling buffer holds", ge=1)),
+        ("eval_batches", int, setting("eval_batches", cls.EVAL_BATCHES,
+         "held-out val batches the measures read", ge=1)),
+        ("contexts", int, setting("contexts", cls.CONTEXTS, "top contexts kept per feature", ge=1)),
+        ("window", tuple[int, int], setting("window", tuple(cls.WINDOW),
+         "tokens shown before and after a context's activating token", ge=0)),
+        ("seed", int, setting("seed", cls.SEED, "the SAEs' initialization and draws", unbounded=True)),
+    ]  # fmt: skip
+    schema = dataclasses.make_dataclass(f"{cls.__name__}Settings", fields, frozen=True)
+    schema.__module__ = cls.__module__
+    return schema
+
+
 class SAEBase(AnalysisBase[C, M]):
     """Base of SAE analyses: `class MySAE(SAEBase, PretrainGPT)`.
 
@@ -156,13 +211,19 @@ class SAEBase(AnalysisBase[C, M]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in _SETTINGS:
-            if name not in vars(cls):
-                continue
+        declared = [name for name in _SETTINGS if name in vars(cls)]
+        for name in declared:
             value = vars(cls)[name]
             ok, expected = _CHECKS[name]
             if not ok(value):
                 raise TypeError(f"{cls.__name__}.{name} = {value!r}; use {expected}")
+        if (declared or "NAME" in vars(cls)) and isinstance(getattr(cls, "NAME", None), str):
+            cls.SETTINGS = (_schema(cls),)
+
+    def settings(self) -> Any:
+        """The SAE settings as the configuration has them (`sae/<NAME>/...`: the class
+        attributes, or what a YAML file or `key=value` set)."""
+        return self.configure(type(self).SETTINGS[0])
 
     def _init_engine(self) -> None:
         super()._init_engine()
@@ -183,13 +244,8 @@ class SAEBase(AnalysisBase[C, M]):
         return results
 
     def result_digest(self) -> str:
-        """The configuration's digest with the SAE settings and the selection in it."""
-        settings = {name: getattr(type(self), name) for name in _SETTINGS}
-        text = json.dumps(
-            [super().result_digest(), settings, list(self._prepare().paths)],
-            sort_keys=True,
-            default=repr,
-        )
+        """The configuration's digest (the SAE settings are in it) with the selection."""
+        text = json.dumps([super().result_digest(), list(self._prepare().paths)])
         return hashlib.sha256(text.encode()).hexdigest()
 
     # ------------------------------------------------------------------- engine
@@ -215,13 +271,10 @@ class SAEBase(AnalysisBase[C, M]):
         )
         configs = []
         cls = type(self)
+        st = self.settings()
         for site in selection.paths:
             d = int(shapes[site].shape[-1])
-            if cls.WIDTH is None:
-                expansions = cls.EXPANSION if isinstance(cls.EXPANSION, tuple) else (cls.EXPANSION,)
-                widths = [e * d for e in expansions]
-            else:
-                widths = list(cls.WIDTH) if isinstance(cls.WIDTH, tuple) else [cls.WIDTH]
+            widths = list(st.width) or [e * d for e in st.expansion]
             row = []
             for width in dict.fromkeys(widths):
                 try:
@@ -229,12 +282,12 @@ class SAEBase(AnalysisBase[C, M]):
                         SAEConfig(
                             d,
                             width,
-                            cls.ARCHITECTURE,
-                            k=cls.K,
-                            l1=float(cls.L1),
-                            l0=float(cls.L0),
-                            threshold=float(cls.THRESHOLD),
-                            bandwidth=float(cls.BANDWIDTH),
+                            st.architecture,
+                            k=st.k,
+                            l1=st.l1,
+                            l0=st.l0,
+                            threshold=st.threshold,
+                            bandwidth=st.bandwidth,
                         )
                     )
                 except ValueError as exc:
@@ -244,15 +297,16 @@ class SAEBase(AnalysisBase[C, M]):
 
     def _sae_programs(self) -> Programs:
         if self._programs is None:
-            before, after = type(self).WINDOW
+            st = self.settings()
+            before, after = st.window
             self._programs = Programs(
                 type(self).trace,  # type: ignore[attr-defined]
                 self._bank(),
-                optax.adam(type(self).LEARNING_RATE),
+                optax.adam(st.lr),
                 self.sharding,
                 type(self).__name__,
                 self._count,
-                type(self).CONTEXTS,
+                st.contexts,
                 before,
                 after,
             )
@@ -270,7 +324,7 @@ class SAEBase(AnalysisBase[C, M]):
 
     def _held_out(self) -> Iterator[dict[str, Any]]:
         every = self.accumulate_steps
-        for index in range(type(self).EVAL_BATCHES):
+        for index in range(self.settings().eval_batches):
             rows = self.read_batch(index, "val")
             yield self.sharding.place_batch({k: v[0::every] for k, v in rows.items()})
 
@@ -280,6 +334,7 @@ class SAEBase(AnalysisBase[C, M]):
         Every host must call it. Returns what `_publish` records (host arrays).
         """
         cls = type(self)
+        st = self.settings()
         programs = self._sae_programs()
         bank = programs.bank
         node = self.node
@@ -292,13 +347,13 @@ class SAEBase(AnalysisBase[C, M]):
         first = next(forwards)
         lanes, length = (int(n) for n in first["x"].shape[:2])
         widths = [c[0].d_in for c in bank.configs]
-        buffers = programs.empty(lanes, cls.BUFFER * length, widths)
-        for slot in range(cls.BUFFER):
+        buffers = programs.empty(lanes, st.buffer * length, widths)
+        for slot in range(st.buffer):
             batch = first if slot == 0 else next(forwards)
             buffers = programs.fill(buffers, state, batch, np.int32(slot))
         scales = {k: float(v) for k, v in jax.device_get(programs.scales(buffers)).items()}
 
-        base = jax.random.PRNGKey(cls.SEED)
+        base = jax.random.PRNGKey(st.seed)
         fresh = programs.start(buffers, scales, base)
         previous = self._previous(node, digest, [label for *_, label in label_of])
         saes, opts, chained = [], [], {}
@@ -322,7 +377,7 @@ class SAEBase(AnalysisBase[C, M]):
             opts.append(row_o)
 
         per_forward = lanes * length
-        steps = max(1, math.ceil(cls.TOKENS / per_forward))
+        steps = max(1, math.ceil(st.tokens / per_forward))
         label = f"{cls.NAME} at {node.serialize()}"
         reporter = Reporter(
             steps,
@@ -363,7 +418,7 @@ class SAEBase(AnalysisBase[C, M]):
         for batch in self._held_out():
             got = jax.device_get(programs.evaluate(folded, state, batch))
             sums = got if sums is None else jax.tree.map(_combine, sums, got)
-        batches = cls.EVAL_BATCHES
+        batches = st.eval_batches
         found = jax.device_get(programs.contexts(folded, state, self.inspection_batch()))
         host_params = jax.device_get(folded)
         final = jax.device_get(metrics)
@@ -491,7 +546,8 @@ class SAEBase(AnalysisBase[C, M]):
                 context_size=int(values["ids"].shape[1]),
             )
             files["features.json"] = json.dumps(
-                _features(values, label, sae, name, tokenizer, cls.WINDOW), separators=(",", ":")
+                _features(values, label, sae, name, tokenizer, tuple(self.settings().window)),
+                separators=(",", ":"),
             ).encode()
             folder = self.spec.result(name, *label.split("/"))
             for filename, content in files.items():
