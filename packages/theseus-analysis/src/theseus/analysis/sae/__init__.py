@@ -1,4 +1,5 @@
-"""Sparse autoencoders: the model, its training step and its measures, and feature matching.
+"""Sparse autoencoders: the model, its training step and its measures, feature matching,
+and SAELens's on-disk format.
 
 The ground the ``SAEBase`` analysis kind will stand on (training on a site's activations
 streamed from the compiled forward, chained over checkpoints, in tandem with training).
@@ -15,11 +16,13 @@ from theseus.analysis.sae._model import (
     make_train_step,
     measures,
 )
+from theseus.analysis.sae._saelens import SAELensError, read_saelens, saelens_files
 
 __all__ = [
     "ARCHITECTURES",
     "Match",
     "SAEConfig",
+    "SAELensError",
     "decode",
     "encode",
     "init_params",
@@ -27,4 +30,6 @@ __all__ = [
     "make_train_step",
     "match",
     "measures",
+    "read_saelens",
+    "saelens_files",
 ]
