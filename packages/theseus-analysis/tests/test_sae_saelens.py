@@ -4,7 +4,8 @@ Each architecture's params survive ``read_saelens(saelens_files(...))``: the con
 every array bit for bit, except ``log_threshold``, which the file holds as
 ``threshold = exp(log_threshold)`` in float32 (within 2**-23 absolute; exact wherever
 ``|log_threshold| >= 1``). The ``safetensors`` package, a separate implementation, reads
-the weights file to the same arrays, and a file it writes (F32 or F16) reads back here.
+the weights file to the same arrays, and a file it writes (F32 or F16) reads back here, as
+does one of bfloat16 (widened exactly).
 The folds applied to SAELens's switches (``apply_b_dec_to_input: false``;
 ``rescale_acts_by_decoder_norm: true`` for topk) are checked against SAELens's formulas
 written out in NumPy. Malformed or foreign files are refused in one line each.
@@ -144,6 +145,27 @@ def test_reads_what_safetensors_writes(architecture: str, dtype: type) -> None:
     if architecture == "jumprelu":
         threshold = stored["threshold"].astype(np.float64)
         np.testing.assert_array_equal(back["log_threshold"], np.log(threshold).astype(np.float32))
+
+
+def test_bfloat16_weights_widen_exactly() -> None:
+    config = CONFIGS["jumprelu"]
+    files = saelens_files(random_params(config), config, **WHERE)
+    weights = _saelens._unpack(files["sae_weights.safetensors"])
+    stored = {name: value.astype(jnp.bfloat16) for name, value in weights.items()}
+    header, data = {}, b""
+    for name, value in stored.items():
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(value.shape),
+            "data_offsets": [len(data), len(data) + value.nbytes],
+        }
+        data += value.tobytes()
+    files["sae_weights.safetensors"] = write_safetensors(header, data)
+    _, back = read_saelens(files)
+    for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
+        np.testing.assert_array_equal(back[name], stored[name].astype(np.float32), err_msg=name)
+    threshold = stored["threshold"].astype(np.float64)
+    np.testing.assert_array_equal(back["log_threshold"], np.log(threshold).astype(np.float32))
 
 
 def test_log_threshold_of_older_files_and_thresholds_at_or_below_zero() -> None:

@@ -28,7 +28,6 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from theseus.analysis.sae._model import SAEConfig
@@ -53,11 +52,12 @@ _SETTINGS = {
 #: The SAELens version whose on-disk layout the files follow (the loader converts
 #: configs of older versions, which kept the metadata at the top level).
 FORMAT_VERSION = "6.0.0"
-#: safetensors dtypes read (widened to float32 exactly); only F32 is written.
-_DTYPES = {
+#: safetensors dtypes read (widened to float32 exactly; bfloat16's bits are the top half
+#: of float32's); only F32 is written.
+_DTYPES: dict[str, np.dtype[Any]] = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "BF16": np.dtype("<u2"),
 }
 
 
@@ -193,12 +193,13 @@ def read_saelens(files: Mapping[str, bytes]) -> tuple[SAEConfig, dict[str, np.nd
         )
     ours = _OURS[architecture]
     d_in, d_sae = _integer(cfg, "d_in"), _integer(cfg, "d_sae")
-    for key in ("normalize_activations", "reshape_activations"):
+    fixes = {
+        "normalize_activations": "fold the normalization into the weights first",
+        "reshape_activations": "encode here reads flat activations [..., d_in]",
+    }
+    for key, fix in fixes.items():
         if cfg.get(key, "none") not in ("none", None):
-            raise SAELensError(
-                f"{CFG} has {key}={cfg[key]!r}; expected 'none' (fold the "
-                "normalization into the weights before exporting)."
-            )
+            raise SAELensError(f"{CFG} has {key}={cfg[key]!r}; expected 'none' ({fix}).")
     metadata = cfg.get("metadata", {})
     if not isinstance(metadata, dict):
         raise SAELensError(
@@ -337,5 +338,8 @@ def _unpack(data: bytes) -> dict[str, np.ndarray]:
             raise SAELensError(
                 f"{WEIGHTS}'s {name} spans {stop - start} bytes; expected {dtype.itemsize * math.prod(shape)} for {code} {list(shape)}."
             )
-        tensors[name] = np.frombuffer(body[start:stop], dtype).reshape(shape).astype(np.float32)
+        values = np.frombuffer(body[start:stop], dtype).reshape(shape)
+        if code == "BF16":
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = values.astype(np.float32)
     return tensors
