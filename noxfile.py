@@ -232,8 +232,11 @@ def torch(session: nox.Session) -> None:
     # torch so pip keeps the CPU wheel: transformers (5.x asks torch>=2.6 only in its
     # extras, so pip never touches torch) and the tokenizers it saves with.
     # lm-evaluation-harness's `hf` model, the parity reference of `theseus eval`
-    # (test_harness_parity.py), needs accelerate too.
-    session.install("transformers", "tokenizers", "safetensors", "accelerate")
+    # (test_harness_parity.py), needs accelerate too. SAELens, the reference of the SAE
+    # files (test_sae_saelens_parity.py), asks torch>=2.6 through transformer-lens, so pip
+    # keeps the CPU wheel here too (41 packages, about 240 MB more: wandb, plotly,
+    # statsmodels, transformer-lens).
+    session.install("transformers", "tokenizers", "safetensors", "accelerate", "sae-lens")
     kept = (
         "import torch, transformers; print('torch', torch.__version__, 'transformers', "
         f"transformers.__version__); assert torch.__version__.split('+')[0] == {TORCH_VERSION!r}"

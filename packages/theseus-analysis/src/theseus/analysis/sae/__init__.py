@@ -1,5 +1,5 @@
 """Sparse autoencoders: the ``SAEBase`` analysis kind, the model, its training step and
-its measures, and feature matching.
+its measures, feature matching, and SAELens's on-disk format.
 
 ``SAEBase`` trains SAEs on a site's activations streamed from the compiled forward, on
 one node, chained over a lineage's checkpoints, or in tandem with training.
@@ -17,12 +17,14 @@ from theseus.analysis.sae._model import (
     make_train_step,
     measures,
 )
+from theseus.analysis.sae._saelens import SAELensError, read_saelens, saelens_files
 
 __all__ = [
     "ARCHITECTURES",
     "Match",
     "SAEBase",
     "SAEConfig",
+    "SAELensError",
     "decode",
     "encode",
     "init_params",
@@ -30,4 +32,6 @@ __all__ = [
     "make_train_step",
     "match",
     "measures",
+    "read_saelens",
+    "saelens_files",
 ]
