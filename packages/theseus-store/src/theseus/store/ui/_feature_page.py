@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -56,7 +57,7 @@ class Documents:
             collections.OrderedDict()
         )
 
-    def read(self, store: Store, frame: dict[str, Any], name: str) -> Features | FeaturesError:
+    def of(self, store: Store, frame: dict[str, Any], name: str) -> Features | FeaturesError:
         """The document of ``frame`` (a slider frame of artifact ``name``), or why it cannot
         be read (a FeaturesError, returned: the page shows it)."""
         seq = frame["seq"]
@@ -105,13 +106,13 @@ def view(
     at = _position(nodes, params.get("node"), len(nodes) - 1, "node", key, artifact)
     start = _position(nodes, params.get("from"), at, "from", key, artifact)
 
-    def read(k: int) -> Features | FeaturesError:
-        return documents.read(store, frames[k], artifact)
+    def at_frame(k: int) -> Features | FeaturesError:
+        return documents.of(store, frames[k], artifact)
 
-    first = read(start)
+    first = at_frame(start)
     index = _feature(params.get("feature"), first, frames[start])
-    trail, index = _follow(read, frames, start, at, index)
-    doc = read(at)
+    trail, index = _follow(at_frame, frames, start, at, index)
+    doc = at_frame(at)
     context: dict[str, Any] = {
         "frames": frames,
         "at": at,
@@ -130,7 +131,7 @@ def view(
     for side, k in (("back", at - 1), ("forward", at + 1)):
         context[side] = None  # the first or the last node: no step that way
         if 0 <= k < len(frames):
-            (move,), _ = _follow(read, frames, at, k, index)
+            (move,), _ = _follow(at_frame, frames, at, k, index)
             href = _url(key, artifact, nodes[k], index, origin=nodes[at])
             context[side] = {"href": href, "seq": frames[k]["seq"], "step": move["step"]}
     if isinstance(doc, FeaturesError):
@@ -199,7 +200,11 @@ def _feature(text: str | None, doc: Features | FeaturesError, frame: dict[str, A
 
 
 def _follow(
-    read: Any, frames: list[dict[str, Any]], start: int, end: int, index: int
+    at_frame: Callable[[int], Features | FeaturesError],
+    frames: list[dict[str, Any]],
+    start: int,
+    end: int,
+    index: int,
 ) -> tuple[list[dict[str, Any]], int]:
     """Feature ``index`` at frame ``start`` followed one frame at a time to frame ``end``.
 
@@ -211,7 +216,7 @@ def _follow(
     k = start
     while k != end:
         j = k + 1 if end > k else k - 1
-        here, there = read(k), read(j)
+        here, there = at_frame(k), at_frame(j)
         nodes = frames[k]["node"], frames[j]["node"]
         if isinstance(here, FeaturesError) or isinstance(there, FeaturesError):
             step = Step(index, "unreadable")
