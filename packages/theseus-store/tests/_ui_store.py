@@ -175,13 +175,13 @@ def features_doc(
     measures["loss_recovered"] = 0.8 + node.seq / 100
     if previous is not None:
         measures.update({"matched": (width - born) / width, "born": born, "gone": gone})
-    site, _, label_width = SAE.split("/", 1)[1].rpartition("/")
+    site = SAE.split("/", 1)[1].rpartition("/")[0]
     return {
         "format": "theseus-sae-features/1",
         "analysis": SAE.split("/")[0],
         "sae": SAE.split("/", 1)[1],
         "site": site,
-        "width": int(label_width),
+        "width": width,
         "architecture": "topk",
         "node": node.serialize(),
         "seq": node.seq,

@@ -551,3 +551,26 @@ def test_the_arrow_keys_and_the_slider_follow_a_feature_in_chromium(tmp_path: Pa
             tab.screenshot(path=shots / "features-5-broken.png", full_page=True)
         browser.close()
     assert problems == []
+
+
+def test_the_documents_kept_are_bounded_by_count_and_bytes(sae) -> None:
+    """The parsed documents kept: the last ``count`` within ``size`` bytes, the newest always;
+    one read again is the same object (not parsed again)."""
+    from theseus.store.ui._data import artifact_frames
+    from theseus.store.ui._feature_page import Documents
+
+    root, nodes = sae
+    with open_readonly(root) as store:
+        frames = artifact_frames(store, nodes["sae0"].name, nodes["sae0"].nonce, SAE)
+        sizes = [store.history(Node.deserialize(f["node"]), SAE)[-1].size for f in frames]
+        kept = Documents(count=2)
+        first = kept.of(store, frames[0], SAE)
+        assert kept.of(store, frames[0], SAE) is first
+        for frame in frames:
+            kept.of(store, frame, SAE)
+            assert len(kept.kept) <= 2
+        assert [size for size, _ in kept.kept.values()] == sizes[-2:]
+        tiny = Documents(size=1)  # smaller than any document: the newest alone
+        for frame in frames:
+            assert isinstance(tiny.of(store, frame, SAE), features_module.Features)
+            assert len(tiny.kept) == 1

@@ -45,15 +45,17 @@ TRAIL_SHOWN = 8  # the steps of a followed feature it tells at most (the last on
 class Documents:
     """The features.json documents read lately, parsed (or their error), by content hash.
 
-    An artifact's bytes never change under its hash, so an entry never goes stale; the
-    last ``size`` are kept. A blob that cannot be read is not remembered (it may be
-    restored).
+    An artifact's bytes never change under its hash, so an entry never goes stale. The
+    last ``count`` are kept while their files add up to at most ``size`` bytes (the last
+    one always: a step reads the node shown and its two neighbours). A blob that cannot
+    be read is not remembered (it may be restored).
     """
 
-    def __init__(self, size: int = 16) -> None:
+    def __init__(self, count: int = 8, size: int = 256 << 20) -> None:
+        self.count = count
         self.size = size
         self.lock = threading.Lock()
-        self.kept: collections.OrderedDict[str, Features | FeaturesError] = (
+        self.kept: collections.OrderedDict[str, tuple[int, Features | FeaturesError]] = (
             collections.OrderedDict()
         )
 
@@ -69,7 +71,7 @@ class Documents:
         with self.lock:
             if artifact.hash in self.kept:
                 self.kept.move_to_end(artifact.hash)
-                return self.kept[artifact.hash]
+                return self.kept[artifact.hash][1]
         try:
             content = artifact.content
         except CorruptStoreError as err:
@@ -79,8 +81,11 @@ class Documents:
         except FeaturesError as err:
             parsed = err
         with self.lock:
-            self.kept[artifact.hash] = parsed
-            while len(self.kept) > self.size:
+            self.kept[artifact.hash] = (artifact.size, parsed)
+            while len(self.kept) > 1 and (
+                len(self.kept) > self.count
+                or sum(size for size, _ in self.kept.values()) > self.size
+            ):
                 self.kept.popitem(last=False)
         return parsed
 

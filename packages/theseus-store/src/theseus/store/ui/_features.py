@@ -68,7 +68,7 @@ class Features:
     previous: str | None  # the node whose SAE this one is matched to, serialized
     measures: dict[str, Any]  # name -> number (or None), the known ones first
     features: list[Feature]
-    raw: list[Any]  # the document's feature entries (their ``top`` is checked when shown)
+    tops: list[str]  # each feature's ``top`` as JSON text, read and checked when shown
 
     @property
     def width(self) -> int:
@@ -182,7 +182,9 @@ def parse(content: bytes) -> Features:
         previous=previous,
         measures=ordered,
         features=features,
-        raw=entries,
+        # one text per feature, not a Python object per token: a wide SAE's contexts are
+        # tens of MB of JSON and several times that as objects
+        tops=[json.dumps(entry.get("top")) for entry in entries],
     )
 
 
@@ -210,7 +212,7 @@ def contexts(features: Features, index: int) -> list[Context]:
         FeaturesError: a context is not the format (the message names the feature and it).
     """
     feature = features.features[index]
-    top = features.raw[index].get("top")
+    top = json.loads(features.tops[index])
     if not isinstance(top, list):
         raise FeaturesError(f"feature {index}'s 'top' is not a list")
     out = []
