@@ -101,3 +101,132 @@ def build(root: Path) -> dict[str, Node]:
         store.log(nodes["tune3"], scheduled)
         store.log(nodes["base11"], {"job/status": "finished"})
     return nodes
+
+
+# -- SAE features (the features page): a chain of SAEs along one lineage ------------------------
+
+SAE = "features/blocks_1/mlp/8"  # NAME/LABEL: the artifact is SAE + "/features.json"
+SAE_WIDTH = 8
+# A window of 16 tokens (12 before the activating token, 3 after), the hostile and the
+# blank ones among them; each context is a rotation of it.
+SAE_TOKENS = [
+    "The", " cat", " sat", "\n", HOSTILE, " ", '"', "quoted", "'", "\t", " on", "<b>",
+    "  ", "", " mat", ".",
+]  # fmt: skip
+# Each SAE's matches: feature -> its match in the previous SAE (None: born). Along them
+# #1 at the first SAE is #3, #0, #6 at the next ones; the second SAE leaves #5 of the
+# first unmatched (gone) and has #2 born; the third leaves #1 of the second (gone) and
+# has #1 born. #7 is never active (dead).
+SAE_MATCHES: list[dict[int, int | None]] = [
+    {},
+    {0: 0, 1: 4, 2: None, 3: 1, 4: 3, 5: 6, 6: 7, 7: 2},
+    {0: 3, 1: None, 2: 2, 3: 0, 4: 4, 5: 5, 6: 6, 7: 7},
+    {0: 1, 1: 2, 2: 3, 3: 4, 4: 5, 5: 6, 6: 0, 7: 7},
+]
+SAE_SEQS = (1, 3, 5, 7)  # the nodes of lm.sae.train that hold an SAE (of seqs 0..8)
+
+
+def features_doc(
+    node: Node,
+    previous: Node | None,
+    matches: dict[int, int | None],
+    width: int = SAE_WIDTH,
+    dead: tuple[int, ...] = (7,),
+) -> dict:
+    """A features.json (format ``theseus-sae-features/1``) of ``width`` features for the SAE
+    at ``node``, matched to the one at ``previous`` by ``matches`` (feature -> its match);
+    each active feature has three contexts, its activation peaking at the window's token
+    12, the feature's own index deciding the rotation of the window."""
+    features = []
+    for index in range(width):
+        peak = 0.0 if index in dead else round(1.0 + 0.5 * index + 0.1 * node.seq, 3)
+        top = []
+        for k in range(0 if index in dead else 3):
+            shift = (index + 2 * k) % len(SAE_TOKENS)
+            tokens = SAE_TOKENS[shift:] + SAE_TOKENS[:shift]
+            value = round(peak * (1.0 - 0.2 * k), 4)
+            activations = [round(value * ((i % 4) / 8), 4) if i < 12 else 0.0 for i in range(16)]
+            activations[12] = value
+            activations[13] = round(value * 0.5, 4)
+            top.append(
+                {
+                    "activation": value,
+                    "row": k,
+                    "position": 12 + index,
+                    "tokens": tokens,
+                    "activations": activations,
+                    "at": 12,
+                }
+            )
+        match = matches.get(index) if previous is not None else None
+        features.append(
+            {
+                "index": index,
+                "density": 0.0 if index in dead else round(0.4 / (1 + index), 4),
+                "max": peak,
+                "previous": match,
+                "cosine": None if match is None else round(0.99 - 0.01 * index, 2),
+                "top": top,
+            }
+        )
+    born = sum(1 for f in features if f["previous"] is None) if previous else 0
+    gone = width - len({f["previous"] for f in features} - {None}) if previous else 0
+    measures: dict = {"l0": 2.5 + node.seq / 10, "fvu": 0.3 - node.seq / 100, "dead": 1 / 8}
+    measures["loss_recovered"] = 0.8 + node.seq / 100
+    if previous is not None:
+        measures.update({"matched": (width - born) / width, "born": born, "gone": gone})
+    site = SAE.split("/", 1)[1].rpartition("/")[0]
+    return {
+        "format": "theseus-sae-features/1",
+        "analysis": SAE.split("/")[0],
+        "sae": SAE.split("/", 1)[1],
+        "site": site,
+        "width": width,
+        "architecture": "topk",
+        "node": node.serialize(),
+        "seq": node.seq,
+        "previous": None if previous is None else previous.serialize(),
+        "measures": measures,
+        "context": {"before": 12, "after": 3},
+        "features": features,
+    }
+
+
+def build_features(root: Path) -> dict[str, Node]:
+    """Write a store whose lineage ``lm.sae.train`` (seqs 0..8) holds an SAE's features.json
+    at seqs 1, 3, 5, 7 (:data:`SAE_MATCHES`) and the values ``sae/...`` an SAE analysis logs
+    beside it; a second SAE, ``features/blocks_0/mlp/8``, whose features.json at seq 3 is not
+    JSON and at seq 5 is another format; and ``lm.plain.train``, a lineage with no SAE.
+
+    Returns the nodes: ``sae0`` .. ``sae3`` (the four that hold the SAE), ``seq0`` ..
+    ``seq8``, ``plain``.
+    """
+    with Store(root) as store:
+        node = Node.new("train", project="lm", group="sae")
+        nodes = {}
+        for seq in range(9):
+            if seq:
+                node = node.next()
+            store.log(node, {"val/loss": 3.0 / (1 + seq), "train/step": 100 * seq})
+            nodes[f"seq{seq}"] = node
+        previous = None
+        for k, seq in enumerate(SAE_SEQS):
+            node = nodes[f"seq{seq}"]
+            doc = features_doc(node, previous, SAE_MATCHES[k])
+            store.put(node, f"{SAE}/features.json", "features.json", json.dumps(doc).encode())
+            store.log(node, {f"sae/{SAE}/{m}": v for m, v in doc["measures"].items()})
+            other = "features/blocks_0/mlp/8/features.json"
+            if seq == 3:
+                store.put(node, other, "features.json", b"{not json")
+            elif seq == 5:
+                store.put(node, other, "features.json", json.dumps({"format": "x/2"}).encode())
+            else:
+                other_doc = features_doc(node, None, {})
+                store.put(node, other, "features.json", json.dumps(other_doc).encode())
+            nodes[f"sae{k}"] = node
+            previous = node
+        plain = Node.new("train", project="lm", group="plain")
+        store.log(plain, {"val/loss": 1.0})
+        store.put(plain, "notes", "notes.txt", b"no SAE here\n")
+        nodes["plain"] = plain
+    return nodes

@@ -64,7 +64,8 @@ def test_bare_slider_and_compare_offer_pickers(client: TestClient, built) -> Non
 def test_the_header_links_every_page(client: TestClient) -> None:
     nav = re.search(r"<nav>(.*?)</nav>", client.get("/").text, re.S)
     assert nav is not None
-    assert re.findall(r'href="([^"]+)"', nav[1]) == ["/", "/curves", "/slider", "/compare"]
+    links = ["/", "/curves", "/slider", "/features", "/compare"]
+    assert re.findall(r'href="([^"]+)"', nav[1]) == links
 
 
 # -- item 10: unknown names answer 404 naming the choices; the view lives in the URL ----------

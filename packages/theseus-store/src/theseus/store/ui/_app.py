@@ -40,7 +40,7 @@ from theseus.store._node import Node
 from theseus.store._records import Artifact
 from theseus.store._scheduler import scheduler_state
 from theseus.store._store import Store
-from theseus.store.ui import _data, _render
+from theseus.store.ui import _data, _feature_page, _render
 from theseus.store.ui._web import (
     CSP,
     SecurityHeaders,
@@ -72,6 +72,7 @@ class Browser:
         self.store = store
         self.env = environment()
         self.static = static_table()
+        self.documents = _feature_page.Documents()  # the features.json read lately, parsed
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -392,6 +393,39 @@ class Browser:
             frame["page"] = f"/artifact?{query}"
         return JSONResponse({"frames": frames})
 
+    def features(self, request: Request) -> HTMLResponse:
+        """One SAE's features along a lineage (``l``, ``name``: ``*/features.json``), at
+        ``node``, feature ``feature`` followed from ``from`` (see ``_feature_page``); without
+        ``l`` a picker of the lineages that hold such artifacts."""
+        if not request.query_params.get("l"):
+            found = _data.feature_lineages(self.store, MAX_PER_PAGE)
+            return self.page("features_pick.html", lineages=found)
+        name, nonce = self.known_lineage(request.query_params.get("l"))
+        names = [
+            n for n in _data.artifact_names(self.store, name, nonce) if n.endswith(_data.FEATURES)
+        ]
+        artifact = request.query_params.get("name") or (names[0] if names else "")
+        if not names:
+            held = [item.key for item, _ in _data.feature_lineages(self.store, MAX_PER_PAGE)]
+            raise HTTPException(
+                404,
+                f"Lineage {name}~{nonce} holds no SAE features (an artifact "
+                f"NAME/SITE/WIDTH/features.json, which an SAE analysis writes). "
+                f"{choices(f'{name}~{nonce}', held).replace('It holds', 'The store holds')}",
+            )
+        if artifact not in names:
+            raise HTTPException(
+                404,
+                f"Lineage {name}~{nonce} holds no features artifact {artifact!r}. "
+                f"{choices(artifact, names)}",
+            )
+        shown = _feature_page.view(
+            self.store, self.documents, (name, nonce), artifact, request.query_params
+        )
+        return self.page(
+            "features.html", lineage=f"{name}~{nonce}", names=names, artifact=artifact, **shown
+        )
+
     def compare(self, request: Request) -> HTMLResponse:
         given = {side: request.query_params.get(side) or "" for side in ("a", "b")}
         if not given["a"] or not given["b"]:
@@ -468,6 +502,7 @@ def create_app(store: Store, allowed_hosts: list[str] | None = None) -> Starlett
         Route("/png", browser.png),
         Route("/curves", browser.curves),
         Route("/slider", browser.slider),
+        Route("/features", browser.features),
         Route("/compare", browser.compare),
         Route("/api/runs", browser.runs_json),
         Route("/api/lineage", browser.lineage_json),

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from theseus.store._node import Node
+from theseus.store._records import Artifact
 from theseus.store._store import Store
 from theseus.store.ui._downsample import _kept, downsample
 from theseus.store.ui._memory import Lineage, memory_of
@@ -23,7 +24,9 @@ __all__ = [
     "Lineage",
     "artifact_frames",
     "artifact_names",
+    "artifact_version",
     "downsample",
+    "feature_lineages",
     "lineage_family",
     "lineage_keys",
     "lineages",
@@ -241,3 +244,28 @@ def artifact_frames(
                 {**frame, "version": shown, "versions": sorted(held), "filename": held[shown]}
             )
     return frames
+
+
+def artifact_version(store: Store, node: Node, name: str, version: int) -> Artifact | None:
+    """Version ``version`` of ``node``'s artifact ``name`` (its bytes read on first use), or None."""
+    for artifact in store.history(node, name):
+        if artifact.version == version:
+            return artifact
+    return None
+
+
+# An SAE analysis's artifact of one SAE's features (NAME/SITE/WIDTH/features.json).
+FEATURES = "/features.json"
+
+
+def feature_lineages(store: Store, limit: int) -> list[tuple[Lineage, list[str]]]:
+    """The lineages (of the newest ``limit``) whose nodes hold artifacts named
+    ``*/features.json``, newest first, each with those names (along its stitched lineage)."""
+    found, _ = lineages(store, limit=limit)
+    out = []
+    for item in found:
+        if item.artifacts:
+            names = [n for n in store.artifact_names(item.name, item.nonce) if n.endswith(FEATURES)]
+            if names:
+                out.append((item, names))
+    return out

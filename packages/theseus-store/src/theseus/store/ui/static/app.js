@@ -226,5 +226,71 @@ async function slider() {
   setInterval(load, 5000);
 }
 
-const pages = { runs: liveRuns, lineage: liveLineage, curves, slider };
+// -- the features page: one SAE's features node by node, a feature followed -------------------
+
+// The server renders each (node, feature) and follows the feature from one node to the next;
+// stepping fetches that page and swaps its #view in (DOMParser runs no script, and the page's
+// own CSP holds). Steps run one after another, each from where the last one arrived.
+function features() {
+  const { lineage, name } = document.body.dataset;
+  const input = document.getElementById("frame");
+  const info = document.getElementById("frame-info");
+  let frames = [];
+  let queue = Promise.resolve();
+  const view = () => document.getElementById("view");
+  const go = async (url) => {
+    const response = await fetch(url, { headers: { Accept: "text/html" } });
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+    const theirs = fresh.getElementById("view");
+    if (!response.ok || !theirs) {
+      const error = fresh.querySelector(".error");
+      info.textContent = error ? error.textContent : `${url}: ${response.status}`;
+      return;
+    }
+    view().replaceWith(document.importNode(theirs, true));
+    input.value = theirs.dataset.index;
+    info.textContent = theirs.dataset.info;
+    history.replaceState(null, "", theirs.dataset.canonical);
+  };
+  const enqueue = (target) => {
+    queue = queue.then(() => { const url = target(); return url ? go(url) : null; })
+      .catch((err) => { info.textContent = String(err); });
+  };
+  // The page of frame k with the feature shown now, followed there from this node.
+  const toFrame = (k) => {
+    const here = view().dataset;
+    const frame = frames[k];
+    if (!frame || frame.node === here.node) return null;
+    const params = new URLSearchParams({ l: lineage, name, node: frame.node, from: here.node, feature: here.feature });
+    return `/features?${params}`;
+  };
+  const step = (by) => enqueue(() => {
+    const link = document.getElementById(by > 0 ? "step-next" : "step-prev");
+    return link ? link.href : toFrame(Number(view().dataset.index) + by);
+  });
+  const jump = () => enqueue(() => toFrame(Number(input.value)));
+  input.addEventListener("input", () => {
+    const frame = frames[Number(input.value)];
+    if (frame) info.textContent = `${Number(input.value) + 1}/${frames.length} · ${frame.node} · seq ${frame.seq} …`;
+  });
+  input.addEventListener("change", jump);
+  document.addEventListener("keydown", (event) => {
+    if (event.target instanceof HTMLInputElement && event.target !== input) return;
+    if (event.target instanceof HTMLSelectElement) return;
+    const by = event.key === "ArrowRight" ? 1 : event.key === "ArrowLeft" ? -1 : 0;
+    if (!by) return;
+    event.preventDefault();
+    step(by);
+  });
+  // The nodes the slider steps through (the slider page's frames); new ones extend it.
+  const load = async () => {
+    const data = await getJSON(`/api/frames?${new URLSearchParams({ l: lineage, name })}`);
+    frames = data.frames;
+    input.max = String(Math.max(0, frames.length - 1));
+  };
+  load();
+  setInterval(load, 5000);
+}
+
+const pages = { runs: liveRuns, lineage: liveLineage, curves, slider, features };
 if (pages[page]) pages[page]();
