@@ -116,7 +116,7 @@ def demo(root: Path, steps: int) -> None:
         per_step = q.config["training/batch_size"] * q.config["architecture/block_size"]
         q.config["training/tokens"] = steps * per_step
         q.config["logging/validation_interval"] = max(1, steps // 4)
-        q.config["logging/checkpoint_interval"] = max(1, steps // 2)
+        q.config["logging/checkpoint_interval"] = max(1, steps // 4)
         trainer = q.create()
         assert isinstance(trainer, DemoTrainer)
         start_loss = trainer.validate()["val/loss"]
@@ -236,6 +236,16 @@ def demo(root: Path, steps: int) -> None:
     click.echo(
         f"  {_command('theseus')} --import theseus.analysis.demo eval {shlex.quote(str(root))} "
         f"{lineage} --over --tasks synthetic_mc,synthetic_ppl"
+    )
+    click.echo("Train sparse autoencoders at each of its checkpoints, chained (its features page):")
+    theseus = _command("theseus")
+    features = shlex.quote(str(root / "features.yaml"))
+    click.echo(
+        f"  {theseus} configure demo/analyze/features {features} --import theseus.analysis.demo"
+    )
+    click.echo(
+        f"  {theseus} run features {features} {shlex.quote(str(root))} --over {lineage} "
+        "--import theseus.analysis.demo"
     )
     click.echo('Browse it in a web browser (read-only; pip install "theseus-store[ui]"):')
     click.echo(f"  {store_cli} ui {shlex.quote(str(root))}")
