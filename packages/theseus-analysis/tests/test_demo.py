@@ -89,6 +89,7 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
         for line in result.output.splitlines()
         if "demo/analyze/features" in line or " run features " in line
     )
+
     def verb(argv: list[str]) -> list[str]:  # after the `theseus` command as printed
         return argv[[Path(word).name for word in argv].index("theseus") + 1 :]
 
