@@ -85,6 +85,7 @@ BENCHMARKS = (
     Benchmark("hf_vs_transformers", "hf import throughput vs transformers from_pretrained"),
     Benchmark("evaluation", "tandem multiple choice in the validation step vs plain validation"),
     Benchmark("harness", "lm-eval requests/s: theseus's model vs the harness's hf model"),
+    Benchmark("sae", "SAE training tokens/s vs a hand-written JAX + optax loop; tandem SAE cost"),
 )
 
 

@@ -5,11 +5,15 @@ Run: ``uv run python docs/screenshots.py [ROOT] [--out docs/images] [--steps 600
 Where ROOT holds no store yet, ``theseus demo ROOT --steps STEPS`` runs first (about 30 s
 on two cores); ROOT defaults to a temporary folder. The script then serves ROOT's store
 read-only with ``theseus-store ui``'s own app on a free loopback port, drives Debian's
-Chromium (``/usr/bin/chromium``) with Playwright, and saves two PNGs into ``--out``:
+Chromium (``/usr/bin/chromium``) with Playwright, and saves three PNGs into ``--out``:
 
 * ``ui-slider.png``: the time slider on the demo's ``attention-pattern`` artifact, moved
   to the lineage's middle validation with the arrow keys, as a user would;
-* ``ui-curves.png``: the demo's training loss over seq.
+* ``ui-curves.png``: the demo's training loss over seq;
+* ``ui-features.png``: the features page of the SAE on the residual stream after the last
+  block, the last node's densest feature followed one checkpoint back with the arrow key (the SAEs are
+  trained over the demo's checkpoints first, as the README's "Features over training"
+  does, where ROOT holds none yet).
 
 Nothing in ROOT is written by the browser (the store is opened read-only).
 """
@@ -31,6 +35,7 @@ from theseus.store import Store
 from theseus.store.ui import open_readonly, running
 
 ARTIFACT = "attention-pattern"
+FEATURES = "features/blocks_1/512/features.json"  # the demo's SAE after its last block
 VIEWPORT = {"width": 1280, "height": 1040}
 
 
@@ -39,6 +44,18 @@ def _demo(root: Path, steps: int) -> None:
     command = [str(Path(sys.executable).with_name("theseus")), "demo", str(root)]
     print(f"running: {' '.join(command)} --steps {steps}", flush=True)
     subprocess.run([*command, "--steps", str(steps)], check=True, stdout=subprocess.DEVNULL)
+
+
+def _features(root: Path, lineage: str) -> None:
+    """The README's "Features over training" commands, where ROOT holds no SAE yet."""
+    theseus = str(Path(sys.executable).with_name("theseus"))
+    config = root / "features.yaml"
+    demo = ["--import", "theseus.analysis.demo"]
+    print("training the demo's SAEs over its checkpoints", flush=True)
+    subprocess.run([theseus, "configure", "demo/analyze/features", str(config), *demo],
+                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run([theseus, "run", "features", str(config), str(root), "--over", lineage,
+                    *demo], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
 
 
 def _demo_lineage(store: Store) -> str:
@@ -64,6 +81,9 @@ def shoot(root: Path, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     with open_readonly(root) as store:
         lineage = _demo_lineage(store)
+        trained = bool(store.query().artifact(FEATURES).all())
+    if not trained:
+        _features(root, lineage)
     with running(root) as url, sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=shutil.which("chromium") or "/usr/bin/chromium",
@@ -86,8 +106,19 @@ def shoot(root: Path, out: Path) -> list[Path]:
         expect(tab.locator("#legend")).to_contain_text("points")
         curves = out / "ui-curves.png"
         tab.screenshot(path=curves)
+
+        tab.set_viewport_size(VIEWPORT)
+        tab.goto(url + "/features?" + urlencode({"l": lineage, "name": FEATURES}))
+        expect(tab.locator("#feature-title")).to_contain_text("Feature #")
+        info = tab.locator("#frame-info")
+        shown = info.inner_text()
+        tab.keyboard.press("ArrowLeft")  # the last node's densest feature, one checkpoint back
+        expect(info).not_to_have_text(shown)
+        expect(tab.locator("#story")).not_to_contain_text("The chain's first SAE")
+        features = out / "ui-features.png"
+        tab.screenshot(path=features)
         browser.close()
-    return [slider, curves]
+    return [slider, curves, features]
 
 
 def main() -> None:

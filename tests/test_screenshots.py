@@ -39,5 +39,6 @@ def test_the_script_shoots_a_fresh_demo_store(tmp_path: Path) -> None:
     assert (root / "store").is_dir(), "the script runs the demo where ROOT has no store"
     assert _png_size(out / "ui-slider.png") == (1280, 1040)
     assert _png_size(out / "ui-curves.png") == (1280, 700)
+    assert _png_size(out / "ui-features.png") == (1280, 1040)
     # The slider's picture is the attention pattern, not an empty page: many distinct bytes.
     assert (out / "ui-slider.png").stat().st_size > 20_000

@@ -415,3 +415,18 @@ def test_the_readme_commands_chain_features_over_a_lineage(root, tmp_path) -> No
         [lineage] = {(n.name, n.nonce) for n in store.query().spec(run="moving").all()}
         last = Node(*lineage, STEPS - 1)
         assert _values(store, last, "blocks_1/256")["matched"] >= 0.0
+
+
+def test_the_package_readme_example_runs(root) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Sparse autoencoders", 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    residual = namespace["Residual"]
+    small = {"sae/residual/tokens": 1024, "sae/residual/expansion": [1, 2], "sae/residual/k": 4}
+    job = _at(root, residual, "moving", 1, **small)
+    job()
+    with Store(root / "store") as store:
+        for width in (32, 64):
+            assert f"sae/residual/blocks_1/{width}/loss_recovered" in store.values(job.node)

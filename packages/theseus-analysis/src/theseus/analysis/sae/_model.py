@@ -147,9 +147,13 @@ def encode(params: Params, x: jax.Array, config: SAEConfig) -> jax.Array:
     if config.architecture == "relu":
         return jax.nn.relu(pre)
     if config.architecture == "topk":
-        _, indices = jax.lax.top_k(pre, config.k)
-        chosen = jnp.sum(jax.nn.one_hot(indices, config.width, dtype=pre.dtype), axis=-2)
-        return jax.nn.relu(pre) * chosen
+        values, indices = jax.lax.top_k(pre, config.k)
+        flat = pre.reshape(-1, config.width)  # the k largest scattered into zeros
+        rows = jnp.arange(flat.shape[0])[:, None]
+        chosen = jnp.zeros_like(flat).at[rows, indices.reshape(-1, config.k)].set(
+            jax.nn.relu(values.reshape(-1, config.k))
+        )
+        return chosen.reshape(pre.shape)
     threshold = jnp.exp(params["log_threshold"])
     return _jump(jax.nn.relu(pre), threshold, config.bandwidth)
 

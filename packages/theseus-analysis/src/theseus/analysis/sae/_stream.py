@@ -155,6 +155,11 @@ class Programs:
             donate_argnums=(0, 1, 2),
             out_shardings=(replicated, replicated, self.lanes, replicated),
         )
+        self.update = jax.jit(  # the step without its forward (benchmarks/sae.py times it)
+            self._update,
+            donate_argnums=(0, 1, 2),
+            out_shardings=(replicated, replicated, self.lanes, replicated),
+        )
         self.scales = jax.jit(self._scales, out_shardings=replicated)
         self.start = jax.jit(self._start, out_shardings=replicated)
         self.evaluate = jax.jit(self._evaluate, out_shardings=replicated)
@@ -234,7 +239,13 @@ class Programs:
         scales: Any,
     ) -> Any:
         self.count("step")
-        acts = self.activations(state, batch)
+        return self._update(saes, opts, buffers, self.activations(state, batch), key, scales)
+
+    def _update(
+        self, saes: Any, opts: Any, buffers: Any, acts: Any, key: jax.Array, scales: Any
+    ) -> Any:
+        """A step after the forward: each site's draw from its buffer, every SAE's update,
+        the new activations `acts` (`{site: [lanes, length, d]}`) written in."""
         new_saes, new_opts, new_buffers, metrics = [], [], {}, []
         for i, site in enumerate(self.bank.sites):
             buffer, fresh = buffers[site], acts[site]
