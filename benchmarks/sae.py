@@ -69,9 +69,7 @@ def hand_written(data: Any, steps: int) -> tuple[Any, Any]:
     def loss(p: Any, x: Any) -> Any:
         pre = (x - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
         values, index = jax.lax.top_k(pre, K)
-        f = jnp.zeros_like(pre).at[jnp.arange(x.shape[0])[:, None], index].set(
-            jax.nn.relu(values)
-        )
+        f = jnp.zeros_like(pre).at[jnp.arange(x.shape[0])[:, None], index].set(jax.nn.relu(values))
         return jnp.mean(jnp.sum((f @ p["W_dec"] + p["b_dec"] - x) ** 2, axis=-1))
 
     def step(state: Any, offset: Any) -> Any:

@@ -150,8 +150,10 @@ def encode(params: Params, x: jax.Array, config: SAEConfig) -> jax.Array:
         values, indices = jax.lax.top_k(pre, config.k)
         flat = pre.reshape(-1, config.width)  # the k largest scattered into zeros
         rows = jnp.arange(flat.shape[0])[:, None]
-        chosen = jnp.zeros_like(flat).at[rows, indices.reshape(-1, config.k)].set(
-            jax.nn.relu(values.reshape(-1, config.k))
+        chosen = (
+            jnp.zeros_like(flat)
+            .at[rows, indices.reshape(-1, config.k)]
+            .set(jax.nn.relu(values.reshape(-1, config.k)))
         )
         return chosen.reshape(pre.shape)
     threshold = jnp.exp(params["log_threshold"])
