@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from pathlib import Path
+
+import pytest
 
 from theseus.store import Node, Store
 
@@ -230,3 +234,21 @@ def build_features(root: Path) -> dict[str, Node]:
         store.put(plain, "notes", "notes.txt", b"no SAE here\n")
         nodes["plain"] = plain
     return nodes
+
+
+def chromium() -> str:
+    """Debian's Chromium for the browser tests; a skip without it (a failure on CI)."""
+    for candidate in (
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
+        if candidate and Path(candidate).exists():
+            return candidate
+    message = (
+        "no Chromium at /usr/bin/chromium: install it with "
+        "`apt-get install -y --no-install-recommends chromium` (.ci/run does)"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set and {message}")
+    pytest.skip(message)

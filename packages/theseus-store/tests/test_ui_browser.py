@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -37,21 +36,7 @@ from theseus.store.ui import running
 HOSTILE = _ui_store.HOSTILE
 
 
-def _chromium() -> str:
-    for candidate in (
-        "/usr/bin/chromium",
-        shutil.which("chromium"),
-        shutil.which("chromium-browser"),
-    ):
-        if candidate and Path(candidate).exists():
-            return candidate
-    message = (
-        "no Chromium at /usr/bin/chromium: install it with "
-        "`apt-get install -y --no-install-recommends chromium` (.ci/run does)"
-    )
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set and {message}")
-    pytest.skip(message)
+_chromium = _ui_store.chromium
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import html
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -465,19 +464,7 @@ def test_visible_shows_every_control_character_and_its_doctests_run() -> None:
 # -- in a real browser ---------------------------------------------------------------------------
 
 
-def _chromium() -> str:
-    """Debian's Chromium, as test_ui_browser.py finds it; a skip without it (a failure on CI)."""
-    for candidate in (
-        "/usr/bin/chromium",
-        shutil.which("chromium"),
-        shutil.which("chromium-browser"),
-    ):
-        if candidate and Path(candidate).exists():
-            return candidate
-    message = "no Chromium at /usr/bin/chromium: install it with `apt-get install -y --no-install-recommends chromium`"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set and {message}")
-    pytest.skip(message)
+_chromium = _ui_store.chromium
 
 
 def test_the_arrow_keys_and_the_slider_follow_a_feature_in_chromium(tmp_path: Path) -> None:
