@@ -11,7 +11,9 @@ import jax.numpy as jnp
 
 from theseus.analysis import AnalysisBase, InterventionBase
 from theseus.analysis import interventions as iv
+from theseus.analysis.sae import SAEBase
 from theseus.model.attention.base import SelfAttention
+from theseus.model.mlp import MLP
 from theseus.registry import import_module_or_file
 
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -96,3 +98,17 @@ def record_tandem(trainer):
 
 SETTINGS = {"logging/checkpoint_interval": 3, "logging/validation_interval": 3}
 STEPS = 6
+
+
+class Features(SAEBase, trainer_jobs.SyntheticTrainer):
+    """Two top-k SAEs (two widths) on the last MLP, chained over a lineage's checkpoints."""
+
+    TARGET = MLP
+    NAME = "features"
+    WIDTH = (48, 64)
+    K = 4
+    TOKENS = 2048
+    BUFFER = 2
+
+    def select(self, paths):
+        return paths[-1]
