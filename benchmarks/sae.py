@@ -8,8 +8,8 @@ features (k = 32), 4,096 tokens a step, Adam at 1e-3.
 
 * ours: ``Programs.update``, the compiled step ``SAEBase`` runs after its forward: the
   draw of 4,096 activations from the shuffling buffer on the device (16 lanes, 8
-  forwards deep), the SAE's update with unit decoder rows, the new activations written
-  into the drawn slots.
+  forwards deep), the SAE's update with unit decoder rows (and which features fired),
+  the new activations written into the drawn slots.
 * theirs: a hand-written JAX + optax loop: the same SAE written out in ``jax.numpy``
   (``lax.top_k`` and a scatter), ``jax.value_and_grad``, ``optax.adam``, unit decoder
   rows, each step reading its batch from the same activations shuffled once on the
@@ -109,17 +109,17 @@ def training_rows(rounds: int, steps: int) -> list[_report.Row]:
     first = chunks[:DEPTH].transpose(1, 0, 2, 3).reshape(LANES, -1, D)
     buffers = {"x": jax.device_put(first, programs.lanes)}
     fresh = programs.start(buffers, {"x": 1.0}, jax.random.key(0))
-    state = [fresh, programs.init_optimizer(fresh), buffers]
+    state = [fresh, programs.init_optimizer(fresh), buffers, programs.unfired()]
 
     def ours() -> None:
-        saes, opts, bufs = state
+        saes, opts, bufs, fired = state
         for i in range(steps):
             acts = {"x": chunks[(DEPTH + i) % len(chunks)]}
-            saes, opts, bufs, metrics = programs.update(
-                saes, opts, bufs, acts, jax.random.key(i), {"x": 1.0}
+            saes, opts, bufs, fired, metrics = programs.update(
+                saes, opts, bufs, fired, acts, jax.random.key(i), {"x": 1.0}
             )
         jax.block_until_ready(metrics)
-        state[:] = [saes, opts, bufs]
+        state[:] = [saes, opts, bufs, fired]
 
     mine = [theirs_state]
 

@@ -94,6 +94,16 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def analyzed(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """`Features` run on the last checkpoint of `moving`, in a copy of the root."""
+    root = tmp_path_factory.mktemp("analyzed") / "root"
+    shutil.copytree(trained, root)
+    job = _at(root, Features, "moving", STEPS - 1)
+    job()
+    return root, job
+
+
 @pytest.fixture
 def root(trained: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "root"
@@ -183,6 +193,8 @@ def test_a_chain_over_unchanged_checkpoints_keeps_every_feature_compiled_once(ro
         for label in (f"{SITE}/64", f"{SITE}/96"):
             first = _values(store, nodes[0], label)
             assert "matched" not in first and first["tokens"] == 4096
+            # a feature seen on the 512 held-out tokens fired on the 4,096 trained on too
+            assert 0 <= first["dead_training"] <= first["dead"]
             assert _features(store, nodes[0], label)["previous"] is None
             for before, node in itertools.pairwise(nodes):
                 values = _values(store, node, label)
@@ -198,9 +210,8 @@ def test_a_chain_over_unchanged_checkpoints_keeps_every_feature_compiled_once(ro
         assert len(q.create()().skipped) == STEPS
 
 
-def test_measures_equal_the_eager_reference(root) -> None:
-    job = _at(root, Features, "moving", STEPS - 1)
-    job()
+def test_measures_equal_the_eager_reference(analyzed) -> None:
+    root, job = analyzed
     node = job.node
     ref = Reference(job)
     label = f"{SITE}/64"
@@ -243,9 +254,8 @@ def test_measures_equal_the_eager_reference(root) -> None:
     assert zeroed > clean and 0 < got["fvu"] < 1 and got["l0"] <= Features.K
 
 
-def test_top_contexts_are_the_largest_activations_with_their_text(root) -> None:
-    job = _at(root, Features, "moving", STEPS - 1)
-    job()
+def test_top_contexts_are_the_largest_activations_with_their_text(analyzed) -> None:
+    root, job = analyzed
     label = f"{SITE}/96"
     with Store(root / "store") as store:
         doc = _features(store, job.node, label)
@@ -360,6 +370,7 @@ def test_bad_settings_are_refused_where_the_class_is_made(setting, value, expect
         type("Broken", (_Bad,), {setting: value})
 
 
+@pytest.mark.slow  # the default suite keeps the settings refused at class definition
 def test_a_width_below_k_is_one_line_and_any_site_with_activations_trains(root) -> None:
     narrow = type("Narrow", (_Bad,), {"WIDTH": 2, "K": 4})
     with pytest.raises(AnalysisError, match=r"^Narrow at 'blocks_0/mlp' \(d = 32\): topk needs"):
@@ -374,6 +385,7 @@ def test_a_width_below_k_is_one_line_and_any_site_with_activations_trains(root) 
         assert "sae/bad/blocks_0/attn/256/l0" in store.values(job.node)
 
 
+@pytest.mark.slow  # the default suite keeps the README's commands, which set settings too
 def test_settings_come_from_the_configuration_and_bad_ones_are_one_line(root) -> None:
     job = _at(root, Features, "moving", 1, **{"sae/features/k": 2, "sae/features/width": [48]})
     job()
@@ -387,36 +399,7 @@ def test_settings_come_from_the_configuration_and_bad_ones_are_one_line(root) ->
             q.config["sae/features/k"] = 0
 
 
-def test_the_readme_commands_chain_features_over_a_lineage(root, tmp_path) -> None:
-    """README "Features over training", on a small lineage in place of the demo's."""
-    from click.testing import CliRunner
-
-    from theseus.cli import main
-
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    section = readme.split("## Features over training", 1)[1].split("\n## ", 1)[0]
-    commands = re.findall(r"^uv run (theseus .*)$", section.split("```bash", 1)[1], re.M)
-    configure, run = (c.split() for c in commands[:2])
-    config = tmp_path / "features.yaml"
-    runner = CliRunner()
-    assert configure[:3] == ["theseus", "configure", "demo/analyze/features"]
-    made = runner.invoke(main, [*configure[1:3], str(config), *configure[4:]])
-    assert made.exit_code == 0, made.output
-    assert "sae:\n  features:\n" in config.read_text()
-    assert run[:4] == ["theseus", "run", "features", "features.yaml"]
-    assert run[4:7] == ["theseus-demo", "--over", "demo"]
-    tokens = "sae.features.tokens=2048"  # a short chain: the suite's budget
-    ran = runner.invoke(
-        main, ["run", "features", str(config), str(root), "--over", "moving", *run[7:], tokens]
-    )
-    assert ran.exit_code == 0, ran.output
-    assert "features: analyzed 4 of 4 checkpoints" in ran.output
-    with Store(root / "store") as store:
-        [lineage] = {(n.name, n.nonce) for n in store.query().spec(run="moving").all()}
-        last = Node(*lineage, STEPS - 1)
-        assert _values(store, last, "blocks_1/256")["matched"] >= 0.0
-
-
+@pytest.mark.slow  # the default suite keeps the top-level README's commands
 def test_the_package_readme_example_runs(root) -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     section = readme.split("## Sparse autoencoders", 1)[1]

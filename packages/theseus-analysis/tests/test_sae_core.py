@@ -18,7 +18,15 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from theseus.analysis.sae import SAEConfig, encode, init_params, make_train_step, match, measures
+from theseus.analysis.sae import (
+    SAEConfig,
+    encode,
+    init_params,
+    loss_and_metrics,
+    make_train_step,
+    match,
+    measures,
+)
 
 FEATURES, D, ACTIVE = 32, 16, 2
 
@@ -99,6 +107,8 @@ def test_fvu_and_dead_features_against_numpy() -> None:
     assert float(got["l0"]) == pytest.approx((features > 0).sum(axis=1).mean(), rel=1e-6)
     assert float(got["dead"]) == pytest.approx(((features > 0).sum(axis=0) == 0).mean())
     assert float(got["dead"]) >= 3 / 8
+    _, parts = loss_and_metrics(params, jnp.asarray(x), config)  # what a step reports
+    np.testing.assert_array_equal(np.asarray(parts["fired"]), (features > 0).any(axis=0))
 
 
 def test_topk_keeps_exactly_the_k_largest() -> None:

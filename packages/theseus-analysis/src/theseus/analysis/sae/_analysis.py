@@ -389,12 +389,14 @@ class SAEBase(AnalysisBase[C, M]):
         every = max(1, steps // 4)
         node_key = jax.random.fold_in(jax.random.fold_in(base, 1), node.seq)
         metrics: Any = None
+        fired = programs.unfired()
         try:
             for step in range(steps):
-                saes, opts, buffers, metrics = programs.step(
+                saes, opts, buffers, fired, metrics = programs.step(
                     saes,
                     opts,
                     buffers,
+                    fired,
                     state,
                     next(forwards),
                     jax.random.fold_in(node_key, step),
@@ -422,6 +424,7 @@ class SAEBase(AnalysisBase[C, M]):
         found = jax.device_get(programs.contexts(folded, state, self.inspection_batch()))
         host_params = jax.device_get(folded)
         final = jax.device_get(metrics)
+        trained = jax.device_get(fired)
 
         out: dict[str, Any] = {"node": node, "digest": digest, "ids": found["ids"], "saes": {}}
         for i, j, sae in label_of:
@@ -437,6 +440,7 @@ class SAEBase(AnalysisBase[C, M]):
                 "l0": float(mine["active"]) / count,
                 "fvu": float(mine["error"]) / variance if variance > 0 else float("nan"),
                 "dead": float(np.mean(~mine["fired"])),
+                "dead_training": float(np.mean(~trained[i][j])),
                 "loss_clean": clean,
                 "loss_zeroed": zeroed,
                 "loss_spliced": spliced,

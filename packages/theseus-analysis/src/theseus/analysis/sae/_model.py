@@ -168,7 +168,8 @@ def decode(params: Params, features: jax.Array) -> jax.Array:
 def loss_and_metrics(
     params: Params, x: jax.Array, config: SAEConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The training loss of a batch ``[n, d_in]`` and its parts (``mse``, ``sparsity``)."""
+    """The training loss of a batch ``[n, d_in]``, its parts (``mse``, ``sparsity``) and
+    which features fired on it (``fired``, ``[width]``)."""
     features = encode(params, x, config)
     error = decode(params, features) - x
     mse = jnp.mean(jnp.sum(error**2, axis=-1))
@@ -181,7 +182,8 @@ def loss_and_metrics(
         sparsity = config.l0 * jnp.mean(jnp.sum(active, axis=-1))
     else:
         sparsity = jnp.zeros((), mse.dtype)
-    return mse + sparsity, {"mse": mse, "sparsity": sparsity}
+    fired = jnp.any(features > 0, axis=tuple(range(features.ndim - 1)))
+    return mse + sparsity, {"mse": mse, "sparsity": sparsity, "fired": fired}
 
 
 def _unit_rows(params: Params) -> Params:

@@ -150,15 +150,14 @@ class Programs:
         replicated = sharding.replicated()
         self.lanes = NamedSharding(sharding.mesh, PartitionSpec("batch", None, None))
         self.fill = jax.jit(self._fill, donate_argnums=0, out_shardings=self.lanes)
-        self.step = jax.jit(
-            self._step,
-            donate_argnums=(0, 1, 2),
-            out_shardings=(replicated, replicated, self.lanes, replicated),
-        )
+        shardings = (replicated, replicated, self.lanes, replicated, replicated)
+        self.step = jax.jit(self._step, donate_argnums=(0, 1, 2, 3), out_shardings=shardings)
         self.update = jax.jit(  # the step without its forward (benchmarks/sae.py times it)
-            self._update,
-            donate_argnums=(0, 1, 2),
-            out_shardings=(replicated, replicated, self.lanes, replicated),
+            self._update, donate_argnums=(0, 1, 2, 3), out_shardings=shardings
+        )
+        self.unfired = jax.jit(
+            lambda: [[jnp.zeros((c.width,), bool) for c in cs] for cs in bank.configs],
+            out_shardings=replicated,
         )
         self.scales = jax.jit(self._scales, out_shardings=replicated)
         self.start = jax.jit(self._start, out_shardings=replicated)
@@ -233,20 +232,30 @@ class Programs:
         saes: Any,
         opts: Any,
         buffers: Any,
+        fired: Any,
         state: Any,
         batch: Any,
         key: jax.Array,
         scales: Any,
     ) -> Any:
         self.count("step")
-        return self._update(saes, opts, buffers, self.activations(state, batch), key, scales)
+        acts = self.activations(state, batch)
+        return self._update(saes, opts, buffers, fired, acts, key, scales)
 
     def _update(
-        self, saes: Any, opts: Any, buffers: Any, acts: Any, key: jax.Array, scales: Any
+        self,
+        saes: Any,
+        opts: Any,
+        buffers: Any,
+        fired: Any,
+        acts: Any,
+        key: jax.Array,
+        scales: Any,
     ) -> Any:
-        """A step after the forward: each site's draw from its buffer, every SAE's update,
-        the new activations `acts` (`{site: [lanes, length, d]}`) written in."""
-        new_saes, new_opts, new_buffers, metrics = [], [], {}, []
+        """A step after the forward: each site's draw from its buffer, every SAE's update
+        (and which of its features have fired so far, `fired`), the new activations `acts`
+        (`{site: [lanes, length, d]}`) written in."""
+        new_saes, new_opts, new_buffers, new_fired, metrics = [], [], {}, [], []
         for i, site in enumerate(self.bank.sites):
             buffer, fresh = buffers[site], acts[site]
             lanes, depth, d = buffer.shape
@@ -257,16 +266,18 @@ class Programs:
             new_buffers[site] = buffer.at[jnp.arange(lanes)[:, None], slots].set(fresh)
             x = drawn.reshape(lanes * length, d) * scales[site]
             x = jax.lax.with_sharding_constraint(x, self.sharding.batch_sharding(2))
-            row_saes, row_opts, row_metrics = [], [], []
+            row_saes, row_opts, row_fired, row_metrics = [], [], [], []
             for j, update in enumerate(self.updates[i]):
                 params, opt, m = update(saes[i][j], opts[i][j], x)
                 row_saes.append(params)
                 row_opts.append(opt)
+                row_fired.append(fired[i][j] | m.pop("fired"))
                 row_metrics.append(m)
             new_saes.append(row_saes)
             new_opts.append(row_opts)
+            new_fired.append(row_fired)
             metrics.append(row_metrics)
-        return new_saes, new_opts, new_buffers, metrics
+        return new_saes, new_opts, new_buffers, new_fired, metrics
 
     # ------------------------------------------------------------------ measures
     def _evaluate(self, saes: Any, state: Any, batch: Any) -> Any:
