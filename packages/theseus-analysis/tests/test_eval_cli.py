@@ -211,7 +211,9 @@ def test_synthetic_perplexity_is_the_forwards_bits_per_byte(lineage: Path, tmp_p
     )
 
 
-@pytest.mark.parametrize("task", ["hellaswag", "ai2_arc", "mmlu"])
+@pytest.mark.parametrize(  # one in the default suite (its budget), all in the slow set
+    "task", ["hellaswag", *(pytest.param(t, marks=pytest.mark.slow) for t in ("ai2_arc", "mmlu"))]
+)
 def test_a_task_that_needs_a_download_is_one_line(
     lineage: Path, tmp_path: Path, task: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

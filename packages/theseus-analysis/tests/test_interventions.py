@@ -79,9 +79,9 @@ def gqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(params=["gpt", "gqa"])
+@pytest.fixture(params=["gpt", pytest.param("gqa", marks=pytest.mark.slow)])
 def any_root(request: pytest.FixtureRequest) -> Path:
-    """`root`, then `gqa_root`."""
+    """`root`, then `gqa_root` (in the slow set: the default suite's budget)."""
     root: Path = request.getfixturevalue("root" if request.param == "gpt" else "gqa_root")
     return root
 
