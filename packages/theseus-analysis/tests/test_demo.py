@@ -83,24 +83,24 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
     assert "skipped" in over.output  # the last node holds both tasks already
     match = re.search(r"without layer (\d) head (\d): ([+-][\d.]+) nats", result.output)
     assert match and int(match.group(1)) < 2 and int(match.group(2)) < 4
-    # the SAE commands it prints, as printed (fewer tokens: the suite's budget)
+    # the SAE commands it prints are the README's (tests/test_readme_features.py runs
+    # those) with this root and lineage: a configuration beside the store, then --over
     configure, run = (
         shlex.split(line)
         for line in result.output.splitlines()
         if "demo/analyze/features" in line or " run features " in line
     )
-
-    def verb(argv: list[str]) -> list[str]:  # after the `theseus` command as printed
-        return argv[[Path(word).name for word in argv].index("theseus") + 1 :]
-
-    made = CliRunner().invoke(main, verb(configure))
-    assert made.exit_code == 0, made.output
-    argv = [*verb(run), "sae.features.tokens=1024", "sae.features.buffer=2"]
-    ran = CliRunner().invoke(main, argv)
-    assert ran.exit_code == 0, ran.output
-    with Store(store_root(root)) as store:
-        node = store.query().spec(run="demo").checkpoint().latest().first()
-        assert store.values(node)["sae/features/blocks_1/512/loss_recovered"] > 0
+    names = [Path(word).name for word in configure]
+    start = names.index("theseus")
+    assert configure[start + 1 :] == [
+        "configure", "demo/analyze/features", str(root / "features.yaml"),
+        "--import", "theseus.analysis.demo",
+    ]  # fmt: skip
+    lineage = f"{node.name}~{node.nonce}"  # the demo lineage's latest checkpoint, above
+    assert run[[Path(word).name for word in run].index("theseus") + 1 :] == [
+        "run", "features", str(root / "features.yaml"), str(root), "--over", lineage,
+        "--import", "theseus.analysis.demo",
+    ]  # fmt: skip
 
 
 def test_demo_refuses_a_step_count_out_of_range(tmp_path: Path) -> None:
