@@ -384,7 +384,7 @@ class SAEBase(AnalysisBase[C, M]):
             0,
             per_forward,
             label,
-            enabled=False if self.borrowed or not is_primary() else None,
+            enabled=False,  # lines, never a second bar: a walk's or a trainer's may be live
         )
         every = max(1, steps // 4)
         node_key = jax.random.fold_in(jax.random.fold_in(base, 1), node.seq)
