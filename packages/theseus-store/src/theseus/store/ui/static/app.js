@@ -288,7 +288,8 @@ function features() {
     frames = data.frames;
     input.max = String(Math.max(0, frames.length - 1));
   };
-  load();
+  // A jump needs the frames: steps queued before they arrive wait for them.
+  queue = load().catch((err) => { info.textContent = String(err); });
   setInterval(load, 5000);
 }
 
