@@ -119,7 +119,7 @@ def test_two_processes_train_the_sae_chain_one_process_trains(tmp_path: Path) ->
         for key in ("fvu", "l0", "loss_clean", "loss_zeroed", "loss_spliced", "loss_recovered"):
             assert two[seq]["values"][key] == pytest.approx(one[seq]["values"][key], rel=1e-3)
     first, second = sorted(two)
-    assert "matched" not in two[first]["values"]
+    assert two[first]["values"]["matched"] is None
     assert two[second]["values"]["matched"] == pytest.approx(
         one[second]["values"]["matched"], abs=0.05
     )

@@ -192,7 +192,7 @@ def test_a_chain_over_unchanged_checkpoints_keeps_every_feature_compiled_once(ro
     with Store(root / "store") as store:
         for label in (f"{SITE}/64", f"{SITE}/96"):
             first = _values(store, nodes[0], label)
-            assert "matched" not in first and first["tokens"] == 4096
+            assert first["matched"] is None and first["tokens"] == 4096
             # a feature seen on the 512 held-out tokens fired on the 4,096 trained on too
             assert 0 <= first["dead_training"] <= first["dead"]
             assert _features(store, nodes[0], label)["previous"] is None
@@ -318,7 +318,7 @@ def test_a_new_job_chains_from_the_stored_sae_of_the_same_configuration(root) ->
     with Store(root / "store") as store:
         chained = _features(store, second.node, f"{SITE}/64")
         assert chained["previous"] == Node(second.node.name, second.node.nonce, 1).serialize()
-        assert "matched" in _values(store, second.node, f"{SITE}/64")
+        assert _values(store, second.node, f"{SITE}/64")["matched"] is not None
         # another configuration starts its own chain: K = 3 never warm-starts from K = 4
         assert _features(store, other.node, f"{SITE}/64")["previous"] is None
 
@@ -376,6 +376,17 @@ def test_a_width_below_k_is_one_line_and_any_site_with_activations_trains(root) 
     with pytest.raises(AnalysisError, match=r"^Narrow at 'blocks_0/mlp' \(d = 32\): topk needs"):
         _at(root, narrow, "moving", 1)()
 
+    empty = {"sae/bad/width": [], "sae/bad/expansion": []}
+    with pytest.raises(AnalysisError, match=r"^_Bad: sae\.bad\.width and sae\.bad\.expansion are"):
+        _at(root, _Bad, "moving", 1, **empty)()
+
+    class Twice(_Bad):
+        def select(self, paths: list[str]) -> list[str]:
+            return [paths[0], paths[0]]
+
+    with pytest.raises(AnalysisError, match=r"^Twice\.select\(\) returned 'blocks_0/mlp' more"):
+        _at(root, Twice, "moving", 1)()
+
     class Attention(_Bad):
         TARGET = SelfAttention
 
@@ -413,3 +424,21 @@ def test_the_package_readme_example_runs(root) -> None:
     with Store(root / "store") as store:
         for width in (32, 64):
             assert f"sae/residual/blocks_1/{width}/loss_recovered" in store.values(job.node)
+
+
+def test_the_match_counts_live_features_and_born_and_gone_apart() -> None:
+    """A hand-made pair of decoders: old features 0-3, new ones the same directions except
+    that new 2 turned away (born) and old 3's direction is gone (new 3 is another one)."""
+    from theseus.analysis.sae import match
+    from theseus.analysis.sae._analysis import _changes
+
+    eye = np.eye(6)
+    old = eye[[0, 1, 2, 3]]
+    new = np.stack([eye[0], eye[1], (eye[2] + eye[4]) / np.sqrt(2), eye[5]])  # cos 0.71, 0
+    pairing = match(old, new, 0.9)
+    # new 0 fired in training, new 1 did not (a dead feature matches itself: not counted)
+    now = np.array([True, False, True, True])
+    before = np.array([True, True, True, False])  # old 3 was already dead
+    got = _changes(pairing, before, now)
+    assert got == {"matched": 1 / 3, "born": 2, "gone": 1}  # new 2, 3 born; old 2 gone
+    assert _changes(pairing, None, now)["gone"] == 2  # unknown liveness: all count

@@ -272,9 +272,21 @@ class SAEBase(AnalysisBase[C, M]):
         configs = []
         cls = type(self)
         st = self.settings()
+        twice = sorted({p for p in selection.paths if selection.paths.count(p) > 1})
+        if twice:
+            raise AnalysisError(
+                f"{cls.__name__}.select() returned {', '.join(map(repr, twice))} more than once; "
+                "each site trains its SAEs once: return each path once"
+            )
         for site in selection.paths:
             d = int(shapes[site].shape[-1])
             widths = list(st.width) or [e * d for e in st.expansion]
+            if not widths:
+                key = f"sae.{_segment(cls.NAME)}"
+                raise AnalysisError(
+                    f"{cls.__name__}: {key}.width and {key}.expansion are both empty, so no SAE "
+                    f"would train; set one, e.g. {key}.expansion=[8]"
+                )
             row = []
             for width in dict.fromkeys(widths):
                 try:
@@ -291,7 +303,11 @@ class SAEBase(AnalysisBase[C, M]):
                         )
                     )
                 except ValueError as exc:
-                    raise AnalysisError(f"{cls.__name__} at {site!r} (d = {d}): {exc}") from None
+                    key = f"sae.{_segment(cls.NAME)}"
+                    raise AnalysisError(
+                        f"{cls.__name__} at {site!r} (d = {d}): {exc} Set {key}.k, or "
+                        f"{key}.width / {key}.expansion."
+                    ) from None
             configs.append(tuple(row))
         return Bank(selection.paths, tuple(configs))
 
@@ -369,7 +385,13 @@ class SAEBase(AnalysisBase[C, M]):
                     continue
                 chained[label] = before
                 self._chain.pop(label, None)  # its optimizer state is donated to the step
-                inner = unfold(before["params"], scales[site], config)
+                # the features carry over; the decoder bias moves to this node's mean
+                # (early in training the activations' mean moves far more than their
+                # spread, and a bias left behind would be all the SAE reconstructs)
+                inner = {
+                    **unfold(before["params"], scales[site], config),
+                    "b_dec": fresh[i][j]["b_dec"],
+                }
                 row_s.append(jax.device_put(inner, self.sharding.replicated()))
                 kept = before.get("opt")
                 row_o.append(kept if kept is not None else fresh_opts[i][j])
@@ -453,12 +475,12 @@ class SAEBase(AnalysisBase[C, M]):
             }
             params = {k: np.asarray(v) for k, v in host_params[i][j].items()}
             before = chained.get(sae)
+            alive = np.asarray(trained[i][j], bool)
             pairing = None
+            measures.update(matched=None, born=None, gone=None)  # no previous SAE: none
             if before is not None:
                 pairing = match(np.asarray(before["params"]["W_dec"]), params["W_dec"], MATCH)
-                measures.update(
-                    matched=pairing.matched, born=len(pairing.born), gone=len(pairing.gone)
-                )
+                measures.update(_changes(pairing, before.get("alive"), alive))
             out["saes"][sae] = {
                 "site": bank.sites[i],
                 "config": config,
@@ -468,7 +490,8 @@ class SAEBase(AnalysisBase[C, M]):
                 "match": pairing,
                 "contexts": found["saes"][i][j],
             }
-            self._chain[sae] = {"node": node, "params": params, "opt": opts[i][j]}
+            out["saes"][sae]["alive"] = alive
+            self._chain[sae] = {"node": node, "params": params, "opt": opts[i][j], "alive": alive}
         out["seconds"] = time.perf_counter() - began
         out["train_seconds"] = train_seconds
         return out
@@ -478,8 +501,8 @@ class SAEBase(AnalysisBase[C, M]):
         branch points) whose SAE this configuration made, from memory or the store."""
         name = type(self).NAME
 
-        def stored() -> dict[str, tuple[Node, dict[str, np.ndarray] | None]]:
-            found: dict[str, tuple[Node, dict[str, np.ndarray] | None]] = {}
+        def stored() -> dict[str, tuple[Node, dict[str, np.ndarray] | None, Any]]:
+            found: dict[str, tuple[Node, dict[str, np.ndarray] | None, Any]] = {}
             for label in labels:
                 frames = self.store.artifact_frames(
                     node.name, node.nonce, f"{name}/{label}/sae_weights.safetensors"
@@ -492,13 +515,14 @@ class SAEBase(AnalysisBase[C, M]):
                         continue
                     memory = self._chain.get(label)
                     if memory is not None and memory["node"] == at:
-                        found[label] = (at, None)  # the one in memory
+                        found[label] = (at, None, None)  # the one in memory
                     else:
+                        held = self.store.get(at)
                         files = {
-                            f: self.store.get(at)[f"{name}/{label}/{f}"].content
+                            f: held[f"{name}/{label}/{f}"].content
                             for f in ("cfg.json", "sae_weights.safetensors")
                         }
-                        found[label] = (at, read_saelens(files)[1])
+                        found[label] = (at, read_saelens(files)[1], _alive(held, name, label))
                     break
             return found
 
@@ -512,14 +536,14 @@ class SAEBase(AnalysisBase[C, M]):
                 and memory["node"].seq < node.seq
             )
             if label in from_store:
-                at, params = from_store[label]
+                at, params, alive = from_store[label]
                 if params is None or (
                     usable and memory is not None and memory["node"].seq > at.seq
                 ):
                     assert memory is not None
                     previous[label] = memory
                 else:
-                    previous[label] = {"node": at, "params": params, "opt": None}
+                    previous[label] = {"node": at, "params": params, "opt": None, "alive": alive}
             elif usable:
                 assert memory is not None
                 previous[label] = memory
@@ -575,12 +599,43 @@ class SAEBase(AnalysisBase[C, M]):
             lines = [
                 f"{label}: L0 {m['l0']:.1f}, FVU {m['fvu']:.3f}, dead {m['dead']:.1%}, "
                 f"loss recovered {m['loss_recovered']:.3f}"
-                + (f", matched {m['matched']:.1%}" if "matched" in m else "")
+                + (f", matched {m['matched']:.1%}" if m.get("matched") is not None else "")
                 for label, m in summary.items()
             ]
             took = format_duration(values["seconds"])
             print(f"{name} at {node.serialize()} ({took}): " + "; ".join(lines), flush=True)
         return path, artifact, None
+
+
+def _changes(pairing: Any, before: Any, now: np.ndarray) -> dict[str, Any]:
+    """The match to the previous SAE, counted over live features (a dead feature gets no
+    gradient and so keeps matching itself): `matched`, the share of the features that
+    fired in this node's training whose one-to-one partner is alike (cosine above
+    `MATCH`); `born`, those without one; `gone`, the previous SAE's live features whose
+    partner is not alike. Where the previous liveness is unknown, all count as live."""
+    old = np.ones(len(pairing.pairs), bool) if before is None else np.asarray(before, bool)
+    alike = pairing.cosines > MATCH
+    new_alike = {int(j) for (_, j), same in zip(pairing.pairs, alike, strict=True) if same}
+    old_alike = {int(i) for (i, _), same in zip(pairing.pairs, alike, strict=True) if same}
+    live = [int(j) for j in np.flatnonzero(now)]
+    kept = sum(j in new_alike for j in live)
+    return {
+        "matched": kept / len(live) if live else float("nan"),
+        "born": len(live) - kept,
+        "gone": sum(int(i) not in old_alike for i in np.flatnonzero(old)),
+    }
+
+
+def _alive(held: dict[str, Artifact], name: str, label: str) -> Any:
+    """Which features of a stored SAE fired in its training (its features.json), or None."""
+    artifact = held.get(f"{name}/{label}/features.json")
+    if artifact is None:
+        return None
+    try:
+        features = json.loads(artifact.content)["features"]
+        return np.array([bool(f["alive"]) for f in features])
+    except (ValueError, KeyError, TypeError):  # an older file, or not ours: unknown
+        return None
 
 
 def _combine(a: Any, b: Any) -> Any:
@@ -652,6 +707,7 @@ def _features(
                 "index": index,
                 "density": float(found["density"][index]),
                 "max": max(0.0, float(found["max"][index])),
+                "alive": bool(sae["alive"][index]),
                 "previous": None if match_of is None else match_of[0],
                 "cosine": None if match_of is None else match_of[1],
                 "top": top,
