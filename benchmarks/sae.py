@@ -1,6 +1,6 @@
 """Sparse autoencoders: training throughput vs a hand-written loop, and a tandem SAE's cost.
 
-Run: ``uv run python benchmarks/sae.py [--rounds 6] [--quick] [--json PATH]``
+Run: ``uv run python benchmarks/sae.py [--rounds 10] [--quick] [--json PATH]``
 
 **Training**, one CPU device: activations of width d = 256 (sparse mixtures of 4,096
 random unit directions, made once and kept on the device), a top-k SAE of 2,048
@@ -227,7 +227,7 @@ def tandem_rows(rounds: int, steps: int) -> list[_report.Row]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--steps", type=int, default=20, help="SAE steps a round (training rows)")
     _report.add_arguments(p)
     args = p.parse_args(argv)
