@@ -430,7 +430,7 @@ def test_the_match_counts_live_features_and_born_and_gone_apart() -> None:
     """A hand-made pair of decoders: old features 0-3, new ones the same directions except
     that new 2 turned away (born) and old 3's direction is gone (new 3 is another one)."""
     from theseus.analysis.sae import match
-    from theseus.analysis.sae._analysis import _changes
+    from theseus.analysis.sae._records import changes as _changes
 
     eye = np.eye(6)
     old = eye[[0, 1, 2, 3]]

@@ -19,152 +19,38 @@ latest earlier node of the lineage whose SAE this configuration made.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import logging
 import math
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
 import optax
 
-from theseus.analysis import _comet, _over
 from theseus.analysis._base import AnalysisBase, C, M
 from theseus.analysis._errors import AnalysisError
-from theseus.analysis._publish import render, write_atomic
+from theseus.analysis._publish import write_atomic
 from theseus.analysis.sae._match import match
-from theseus.analysis.sae._model import ARCHITECTURES, SAEConfig
+from theseus.analysis.sae._model import SAEConfig
+from theseus.analysis.sae._records import (
+    MATCH,
+    alive_features,
+    changes,
+    features_document,
+    plain,
+)
 from theseus.analysis.sae._saelens import read_saelens, saelens_files
+from theseus.analysis.sae._settings import CHECKS, SETTINGS, schema, segment
 from theseus.analysis.sae._stream import Bank, Programs, activations, fold, unfold
-from theseus.config import field
 from theseus.job import from_host_zero, is_primary
 from theseus.store import Artifact, Node
 from theseus.training.reporting import Reporter, format_duration
 
 __all__ = ["SAEBase"]
-
-log = logging.getLogger("theseus.analysis")
-
-FORMAT = "theseus-sae-features/1"
-MATCH = 0.9  # decoder cosine above which two features are the same feature
-
-_SETTINGS = (
-    "ARCHITECTURE",
-    "WIDTH",
-    "EXPANSION",
-    "K",
-    "L1",
-    "L0",
-    "THRESHOLD",
-    "BANDWIDTH",
-    "LEARNING_RATE",
-    "TOKENS",
-    "BUFFER",
-    "EVAL_BATCHES",
-    "CONTEXTS",
-    "WINDOW",
-    "SEED",
-)
-
-
-def _positive_ints(value: Any) -> bool:
-    items = value if isinstance(value, tuple) else (value,)
-    return bool(items) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in items
-    )
-
-
-def _number(value: Any, low: float, *, strict: bool) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return False
-    return value > low if strict else value >= low
-
-
-_CHECKS: dict[str, tuple[Any, str]] = {
-    "ARCHITECTURE": (lambda v: v in ARCHITECTURES, "one of " + ", ".join(map(repr, ARCHITECTURES))),
-    "WIDTH": (lambda v: v is None or _positive_ints(v), "None, a positive int or a tuple of them"),
-    "EXPANSION": (_positive_ints, "a positive int or a tuple of them (width = EXPANSION x d)"),
-    "K": (_positive_ints, "a positive int (active features per token, topk)"),
-    "L1": (lambda v: _number(v, 0, strict=False), "a number >= 0 (the L1 penalty, relu)"),
-    "L0": (lambda v: _number(v, 0, strict=False), "a number >= 0 (the L0 penalty, jumprelu)"),
-    "THRESHOLD": (
-        lambda v: _number(v, 0, strict=True),
-        "a number > 0 (jumprelu's initial threshold)",
-    ),
-    "BANDWIDTH": (lambda v: _number(v, 0, strict=True), "a number > 0 (jumprelu's kernel width)"),
-    "LEARNING_RATE": (lambda v: _number(v, 0, strict=True), "a number > 0"),
-    "TOKENS": (_positive_ints, "a positive int (tokens each SAE trains on per node)"),
-    "BUFFER": (_positive_ints, "a positive int (forwards the shuffling buffer holds)"),
-    "EVAL_BATCHES": (_positive_ints, "a positive int (held-out batches measured)"),
-    "CONTEXTS": (_positive_ints, "a positive int (top contexts kept per feature)"),
-    "WINDOW": (
-        lambda v: (
-            isinstance(v, tuple)
-            and len(v) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
-        ),
-        "(tokens before, tokens after) the activating token, e.g. (12, 3)",
-    ),
-    "SEED": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
-}
-
-
-def _segment(name: str) -> str:
-    """`NAME` as one configuration path segment (an identifier)."""
-    text = re.sub(r"[^A-Za-z0-9_]", "_", name)
-    return f"_{text}" if text[0].isdigit() else text
-
-
-def _schema(cls: type[SAEBase[Any, Any]]) -> type:
-    """The settings of `cls` as a configuration schema under `sae/<NAME>/`, each
-    default the class attribute (so `theseus configure` writes them and `key=value`
-    overrides them)."""
-    prefix = f"sae/{_segment(cls.NAME)}"
-    widths = (
-        cls.WIDTH if isinstance(cls.WIDTH, tuple) else (() if cls.WIDTH is None else (cls.WIDTH,))
-    )
-    expansions = cls.EXPANSION if isinstance(cls.EXPANSION, tuple) else (cls.EXPANSION,)
-
-    def setting(name: str, default: Any, help: str, **bounds: Any) -> Any:
-        if isinstance(default, tuple) and name != "window":
-            return field(
-                f"{prefix}/{name}", default_factory=lambda: list(default), help=help, **bounds
-            )
-        return field(f"{prefix}/{name}", default=default, help=help, **bounds)
-
-    fields = [
-        ("architecture", Literal["topk", "jumprelu", "relu"],
-         setting("architecture", cls.ARCHITECTURE, "topk | jumprelu | relu")),
-        ("width", list[int], setting("width", tuple(widths), "features of each SAE, one SAE per "
-         "entry; [] uses expansion x the site's width", ge=1)),
-        ("expansion", list[int], setting("expansion", tuple(expansions), "width = expansion x "
-         "the site's width, one SAE per entry (when width is [])", ge=1)),
-        ("k", int, setting("k", cls.K, "active features per token (topk)", ge=1)),
-        ("l1", float, setting("l1", float(cls.L1), "L1 penalty (relu)", ge=0)),
-        ("l0", float, setting("l0", float(cls.L0), "L0 penalty (jumprelu)", ge=0)),
-        ("threshold", float, setting("threshold", float(cls.THRESHOLD),
-         "initial threshold (jumprelu)", gt=0)),
-        ("bandwidth", float, setting("bandwidth", float(cls.BANDWIDTH),
-         "the threshold gradient's kernel width (jumprelu)", gt=0)),
-        ("lr", float, setting("lr", float(cls.LEARNING_RATE), "Adam's learning rate", gt=0)),
-        ("tokens", int, setting("tokens", cls.TOKENS, "tokens each SAE trains on per node", ge=1)),
-        ("buffer", int, setting("buffer", cls.BUFFER, "forwards the shuffling buffer holds", ge=1)),
-        ("eval_batches", int, setting("eval_batches", cls.EVAL_BATCHES,
-         "held-out val batches the measures read", ge=1)),
-        ("contexts", int, setting("contexts", cls.CONTEXTS, "top contexts kept per feature", ge=1)),
-        ("window", tuple[int, int], setting("window", tuple(cls.WINDOW),
-         "tokens shown before and after a context's activating token", ge=0)),
-        ("seed", int, setting("seed", cls.SEED, "the SAEs' initialization and draws", unbounded=True)),
-    ]  # fmt: skip
-    schema = dataclasses.make_dataclass(f"{cls.__name__}Settings", fields, frozen=True)
-    schema.__module__ = cls.__module__
-    return schema
 
 
 class SAEBase(AnalysisBase[C, M]):
@@ -211,14 +97,14 @@ class SAEBase(AnalysisBase[C, M]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        declared = [name for name in _SETTINGS if name in vars(cls)]
+        declared = [name for name in SETTINGS if name in vars(cls)]
         for name in declared:
             value = vars(cls)[name]
-            ok, expected = _CHECKS[name]
+            ok, expected = CHECKS[name]
             if not ok(value):
                 raise TypeError(f"{cls.__name__}.{name} = {value!r}; use {expected}")
         if (declared or "NAME" in vars(cls)) and isinstance(getattr(cls, "NAME", None), str):
-            cls.SETTINGS = (_schema(cls),)
+            cls.SETTINGS = (schema(cls),)
 
     def settings(self) -> Any:
         """The SAE settings as the configuration has them (`sae/<NAME>/...`: the class
@@ -282,7 +168,7 @@ class SAEBase(AnalysisBase[C, M]):
             d = int(shapes[site].shape[-1])
             widths = list(st.width) or [e * d for e in st.expansion]
             if not widths:
-                key = f"sae.{_segment(cls.NAME)}"
+                key = f"sae.{segment(cls.NAME)}"
                 raise AnalysisError(
                     f"{cls.__name__}: {key}.width and {key}.expansion are both empty, so no SAE "
                     f"would train; set one, e.g. {key}.expansion=[8]"
@@ -303,7 +189,7 @@ class SAEBase(AnalysisBase[C, M]):
                         )
                     )
                 except ValueError as exc:
-                    key = f"sae.{_segment(cls.NAME)}"
+                    key = f"sae.{segment(cls.NAME)}"
                     raise AnalysisError(
                         f"{cls.__name__} at {site!r} (d = {d}): {exc} Set {key}.k, or "
                         f"{key}.width / {key}.expansion."
@@ -480,7 +366,7 @@ class SAEBase(AnalysisBase[C, M]):
             measures.update(matched=None, born=None, gone=None)  # no previous SAE: none
             if before is not None:
                 pairing = match(np.asarray(before["params"]["W_dec"]), params["W_dec"], MATCH)
-                measures.update(_changes(pairing, before.get("alive"), alive))
+                measures.update(changes(pairing, before.get("alive"), alive))
             out["saes"][sae] = {
                 "site": bank.sites[i],
                 "config": config,
@@ -522,7 +408,11 @@ class SAEBase(AnalysisBase[C, M]):
                             f: held[f"{name}/{label}/{f}"].content
                             for f in ("cfg.json", "sae_weights.safetensors")
                         }
-                        found[label] = (at, read_saelens(files)[1], _alive(held, name, label))
+                        found[label] = (
+                            at,
+                            read_saelens(files)[1],
+                            alive_features(held, name, label),
+                        )
                     break
             return found
 
@@ -553,7 +443,8 @@ class SAEBase(AnalysisBase[C, M]):
     def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None, Any]:
         """Host zero: each SAE's values, SAELens files and features.json, then the
         summary artifact `NAME` and the configuration stamp (last: a crash before
-        them leaves the node to be computed again)."""
+        them, `AnalysisBase._publish` of the measures: a crash before them leaves the
+        node to be computed again)."""
         cls = type(self)
         name = cls.NAME
         store = self.store
@@ -562,9 +453,9 @@ class SAEBase(AnalysisBase[C, M]):
         tokenizer = self.tokenizer
         for label, sae in values["saes"].items():
             measures = sae["measures"]
-            summary[label] = {k: _plain(v) for k, v in measures.items()}
+            summary[label] = {k: plain(v) for k, v in measures.items()}
             for key, value in measures.items():
-                logged[f"sae/{name}/{label}/{key}"] = _plain(value)
+                logged[f"sae/{name}/{label}/{key}"] = plain(value)
             config: SAEConfig = sae["config"]
             files = saelens_files(
                 sae["params"],
@@ -574,7 +465,9 @@ class SAEBase(AnalysisBase[C, M]):
                 context_size=int(values["ids"].shape[1]),
             )
             files["features.json"] = json.dumps(
-                _features(values, label, sae, name, tokenizer, tuple(self.settings().window)),
+                features_document(
+                    values, label, sae, name, tokenizer, tuple(self.settings().window)
+                ),
                 separators=(",", ":"),
             ).encode()
             folder = self.spec.result(name, *label.split("/"))
@@ -582,19 +475,9 @@ class SAEBase(AnalysisBase[C, M]):
                 write_atomic(folder / filename, content)
                 store.put(node, f"{name}/{label}/{filename}", filename, content)
         store.log(node, logged)
-        plotted = self._call("plot", summary)
-        rendered = render(name, plotted, cls.__name__)
-        if rendered is None:
-            return None, None, None
-        filename, content = rendered
-        path = write_atomic(self.spec.result(filename), content)
-        artifact = store.put(node, name, filename, content)
-        if not self.borrowed:
-            _over.stamp(store, node, self.result_digest(), artifact)
-        try:
-            _comet.publish(self.configuration, node, name, filename, content)
-        except Exception as exc:  # the files and artifacts are saved; Comet is a copy
-            log.warning("%s: not sent to Comet: %s", cls.__name__, exc)
+        path, artifact, figure = super()._publish(summary, node)  # NAME, its stamp, Comet
+        if artifact is None:
+            return path, artifact, figure
         if is_primary() and not self.borrowed:
             lines = [
                 f"{label}: L0 {m['l0']:.1f}, FVU {m['fvu']:.3f}, dead {m['dead']:.1%}, "
@@ -604,38 +487,7 @@ class SAEBase(AnalysisBase[C, M]):
             ]
             took = format_duration(values["seconds"])
             print(f"{name} at {node.serialize()} ({took}): " + "; ".join(lines), flush=True)
-        return path, artifact, None
-
-
-def _changes(pairing: Any, before: Any, now: np.ndarray) -> dict[str, Any]:
-    """The match to the previous SAE, counted over live features (a dead feature gets no
-    gradient and so keeps matching itself): `matched`, the share of the features that
-    fired in this node's training whose one-to-one partner is alike (cosine above
-    `MATCH`); `born`, those without one; `gone`, the previous SAE's live features whose
-    partner is not alike. Where the previous liveness is unknown, all count as live."""
-    old = np.ones(len(pairing.pairs), bool) if before is None else np.asarray(before, bool)
-    alike = pairing.cosines > MATCH
-    new_alike = {int(j) for (_, j), same in zip(pairing.pairs, alike, strict=True) if same}
-    old_alike = {int(i) for (i, _), same in zip(pairing.pairs, alike, strict=True) if same}
-    live = [int(j) for j in np.flatnonzero(now)]
-    kept = sum(j in new_alike for j in live)
-    return {
-        "matched": kept / len(live) if live else float("nan"),
-        "born": len(live) - kept,
-        "gone": sum(int(i) not in old_alike for i in np.flatnonzero(old)),
-    }
-
-
-def _alive(held: dict[str, Artifact], name: str, label: str) -> Any:
-    """Which features of a stored SAE fired in its training (its features.json), or None."""
-    artifact = held.get(f"{name}/{label}/features.json")
-    if artifact is None:
-        return None
-    try:
-        features = json.loads(artifact.content)["features"]
-        return np.array([bool(f["alive"]) for f in features])
-    except (ValueError, KeyError, TypeError):  # an older file, or not ours: unknown
-        return None
+        return path, artifact, figure
 
 
 def _combine(a: Any, b: Any) -> Any:
@@ -643,95 +495,3 @@ def _combine(a: Any, b: Any) -> Any:
     if isinstance(a, np.ndarray) and a.dtype == bool:
         return a | b
     return a + b
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _features(
-    values: dict[str, Any],
-    label: str,
-    sae: dict[str, Any],
-    name: str,
-    tokenizer: Any,
-    window: tuple[int, int],
-) -> dict[str, Any]:
-    """The features.json of one SAE (its format: docs/architecture.md, SAE artifacts)."""
-    node: Node = values["node"]
-    ids = np.asarray(values["ids"])
-    length = ids.shape[1]
-    before, after = window
-    found = sae["contexts"]
-    texts: dict[int, str] = {}
-
-    def text(token: int) -> str:
-        if token not in texts:
-            texts[token] = tokenizer.decode([token])
-        return texts[token]
-
-    previous: dict[int, tuple[int, float]] = {}
-    pairing = sae["match"]
-    if pairing is not None:
-        for (old, new), cosine in zip(pairing.pairs, pairing.cosines, strict=True):
-            if cosine > MATCH:
-                previous[int(new)] = (int(old), float(cosine))
-    features = []
-    width = found["values"].shape[0]
-    for index in range(width):
-        top = []
-        for value, where, acts in zip(
-            found["values"][index], found["where"][index], found["window"][index], strict=True
-        ):
-            if value <= 0:
-                break
-            row, position = divmod(int(where), length)
-            first = max(0, position - before)
-            last = min(length, position + after + 1)
-            offset = first - (position - before)
-            top.append(
-                {
-                    "activation": float(value),
-                    "row": row,
-                    "position": position,
-                    "tokens": [text(int(t)) for t in ids[row, first:last]],
-                    "activations": [float(a) for a in acts[offset : offset + last - first]],
-                    "at": position - first,
-                }
-            )
-        match_of = previous.get(index)
-        features.append(
-            {
-                "index": index,
-                "density": float(found["density"][index]),
-                "max": max(0.0, float(found["max"][index])),
-                "alive": bool(sae["alive"][index]),
-                "previous": None if match_of is None else match_of[0],
-                "cosine": None if match_of is None else match_of[1],
-                "top": top,
-            }
-        )
-    config: SAEConfig = sae["config"]
-    return {
-        "format": FORMAT,
-        "analysis": name,
-        "sae": label,
-        "site": sae["site"],
-        "width": config.width,
-        "architecture": config.architecture,
-        "node": node.serialize(),
-        "seq": node.seq,
-        "previous": None if sae["previous"] is None else sae["previous"].serialize(),
-        "measures": {k: _json_number(_plain(v)) for k, v in sae["measures"].items()},
-        "context": {"before": before, "after": after},
-        "features": features,
-    }
-
-
-def _json_number(value: Any) -> Any:
-    """NaN and infinities as null (JSON has no such numbers)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
