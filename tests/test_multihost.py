@@ -45,6 +45,31 @@ def _watching(database: Path, log: Path) -> dict[str, str]:
     return env
 
 
+def run_workers(
+    script: str, root: Path, outs: list[Path], envs: list[dict[str, str]] | None = None
+) -> None:
+    """`script` (beside this file) as processes 0 and 1 of one cluster on a free port,
+    each writing `outs[i]`; both must exit 0 (their output's tail otherwise)."""
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / script), str(root), str(port), str(i), "2", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=None if envs is None else envs[i],
+        )
+        for i, out in enumerate(outs)
+    ]
+    logs = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=400)
+        finally:
+            proc.kill()
+        logs.append(out.decode(errors="replace")[-4000:])
+    assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(logs)
+
+
 def _arrays(content: bytes) -> dict[str, np.ndarray]:
     """The arrays of a `Crop` artifact (JSON lists of float32 values)."""
     return {k: np.asarray(v, dtype=np.float32) for k, v in json.loads(content).items()}
@@ -72,34 +97,10 @@ def _single_process(root: Path) -> tuple[object, list, object]:
 @pytest.mark.multiprocess
 def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
     Synthetic.prepare(tmp_path, tokens=40_000, val_tokens=6_000)
-    port = _free_port()
     outs = [tmp_path / f"host{i}.npz" for i in range(2)]
     opens = [tmp_path / f"host{i}.opens" for i in range(2)]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "multihost_worker.py"),
-                str(tmp_path),
-                str(port),
-                str(i),
-                "2",
-                str(outs[i]),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=_watching(store_root(tmp_path) / "store.sqlite", opens[i]),
-        )
-        for i in range(2)
-    ]
-    logs = []
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=400)
-        finally:
-            proc.kill()
-        logs.append(out.decode(errors="replace")[-4000:])
-    assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(logs)
+    database = store_root(tmp_path) / "store.sqlite"
+    run_workers("multihost_worker.py", tmp_path, outs, [_watching(database, o) for o in opens])
 
     # Host zero alone opened the database; host one had every answer by broadcast.
     assert opens[0].read_text().strip()  # the watch sees opens

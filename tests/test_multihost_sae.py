@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,32 +70,8 @@ def test_two_processes_train_the_sae_chain_one_process_trains(tmp_path: Path) ->
         q.create()()
     shutil.copytree(root, reference)
 
-    port = multihost._free_port()
     outs = [tmp_path / f"host{i}.npz" for i in range(2)]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "multihost_sae_worker.py"),
-                str(root),
-                str(port),
-                str(i),
-                "2",
-                str(outs[i]),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for i in range(2)
-    ]
-    logs = []
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=400)
-        finally:
-            proc.kill()
-        logs.append(out.decode(errors="replace")[-4000:])
-    assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(logs)
+    multihost.run_workers("multihost_sae_worker.py", root, outs)
     hosts = [dict(np.load(o, allow_pickle=True)) for o in outs]
     for host, primary in zip(hosts, (True, False), strict=True):
         assert int(host["devices"]) == 4
