@@ -92,6 +92,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--remat", choices=["none", "block"], default="none", help="training/remat")
     p.add_argument(
+        "--attention",
+        choices=["auto", "reference", "splash", "flash", "cudnn"],
+        default="auto",
+        help="architecture/attention of the trainer's model",
+    )
+    p.add_argument(
+        "--hand-attention",
+        choices=["same", "reference", "splash", "flash", "cudnn"],
+        default="same",
+        help="the hand loop's attention (same: the trainer's model as it is)",
+    )
+    p.add_argument(
         "--trainer-only", action="store_true", help="time the trainer's step alone (no hand loop)"
     )
     p.add_argument(
@@ -177,6 +189,8 @@ def _layout(args: argparse.Namespace) -> dict[str, Any]:
         settings["training/strategy"] = args.strategy
     if getattr(args, "remat", "none") != "none":
         settings["training/remat"] = args.remat
+    if getattr(args, "attention", "auto") != "auto":
+        settings["architecture/attention"] = args.attention
     return settings
 
 
@@ -201,7 +215,7 @@ def run(args: argparse.Namespace, root: str) -> int:
         if args.trainer_only:
             return run_trainer_only(args, trainer, host)
         theseus = TheseusSide(trainer, host, args.placement)
-        hand = HandSide(trainer, host, args.placement)
+        hand = HandSide(trainer, host, args.placement, args.hand_attention)
 
         tokens = args.batch * args.block
         n_params, flops = model_flops_per_token(
@@ -310,6 +324,8 @@ def row(
     theseus, hand = rates["theseus"], rates["hand"]
     devices = f", {args.devices} devices" if args.devices > 1 else ""
     layout = "".join(f", {x}" for x in _layout(args).values())
+    if getattr(args, "hand_attention", "same") != "same":
+        layout += f", hand loop's attention {args.hand_attention}"
     return _report.compare(
         f"train step vs hand-written Flax+optax loop (GPT {args.layers}x{args.width}, block "
         f"{args.block}, batch {args.batch}{devices}{layout})",
@@ -378,7 +394,11 @@ class HandSide:
 
     name = "hand"
 
-    def __init__(self, trainer: Any, host: list[dict[str, Any]], placement: str) -> None:
+    def __init__(
+        self, trainer: Any, host: list[dict[str, Any]], placement: str, attention: str = "same"
+    ) -> None:
+        import dataclasses
+
         import jax
         import numpy as np
         import optax
@@ -388,6 +408,8 @@ class HandSide:
         self.rows = NamedSharding(mesh, PartitionSpec("batch", None))
         replicated = NamedSharding(mesh, PartitionSpec())
         model = trainer.model
+        if attention != "same":  # the same module and parameters, another attention kernel
+            model = model.clone(attention=dataclasses.replace(model.attention, attention=attention))
         tx = optax.chain(
             optax.clip_by_global_norm(CLIP),
             optax.adamw(LR, **ADAMW, mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p)),

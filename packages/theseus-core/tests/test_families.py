@@ -296,9 +296,8 @@ def test_llama3_scaling_touches_all_three_frequency_bands() -> None:
 
 
 @partial(jax.jit, static_argnums=0)
-def _cached(model: GPT, params: dict, x: jax.Array, caches: Any, index: jax.Array,
-            start: jax.Array) -> tuple[jax.Array, Any]:  # fmt: skip
-    return model.apply({"params": params}, x, caches, index, start, method=GPT.cached)
+def _cached(model: GPT, params: dict, x: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+    return model.apply({"params": params}, x, cache=cache)
 
 
 def test_cached_generation_equals_the_full_forward(family: tuple) -> None:
@@ -312,10 +311,10 @@ def test_cached_generation_equals_the_full_forward(family: tuple) -> None:
     for row, prompt in enumerate(prompts):
         padded[row, width - len(prompt) :] = prompt
     start = jnp.asarray([width - len(p) for p in prompts], jnp.int32)
-    caches = model.empty_caches(2, BLOCK)
+    caches = model.empty_cache(2, BLOCK, start)
     kv = settings["n_kv_head"] or settings["n_head"]
     assert caches[0].keys.shape == (2, BLOCK, kv, settings["n_embd"] // settings["n_head"])
-    logits, caches = _cached(model, params, jnp.asarray(padded), caches, jnp.int32(0), start)
+    logits, caches = _cached(model, params, jnp.asarray(padded), caches)
     seqs = [list(p) for p in prompts]
     for step in range(steps):
         # the full forward, each row unpadded at positions 0.., right-filled to the block
@@ -331,10 +330,8 @@ def test_cached_generation_equals_the_full_forward(family: tuple) -> None:
             seq.append(token)
         if step == steps - 1:
             break
-        logits, caches = _cached(
-            model, params, jnp.asarray(tokens, jnp.int32)[:, None], caches,
-            jnp.int32(width + step), start,
-        )  # fmt: skip
+        logits, caches = _cached(model, params, jnp.asarray(tokens, jnp.int32)[:, None], caches)
+        assert int(caches[0].length) == width + step + 1
 
 
 @pytest.mark.parametrize("name", ["llama", "olmo2"])

@@ -111,9 +111,8 @@ def test_the_cached_forward_itself_matches_within_1e_5(model_and_params) -> None
     for n in range(4):
         token = int(np.argmax(last[0]))
         ids.append(token)
-        last, caches = generation._step(
-            model, params, caches, jnp.asarray([token], jnp.int32), jnp.int32(width + n), start
-        )
+        last, caches = generation._step(model, params, caches, jnp.asarray([token], jnp.int32))
+        assert int(caches[0].length) == width + n + 1
         _assert_close(last[0], _full_logits(model, params, ids))
 
 

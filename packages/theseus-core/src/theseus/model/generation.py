@@ -4,7 +4,7 @@ A batch of prompts of different lengths is left-padded to one length, so every r
 writes its next token into the same cache slot. Row `b`'s real tokens start at slot
 `start[b]`; its token at slot `s` is at rotary position `s - start[b]` and attends
 only to slots `start[b] .. s`, so each row computes exactly what it would alone (see
-`SelfAttention.cached`).
+`SelfAttention`).
 
 Compilation: the prefill is compiled once per (batch, prompt bucket), the prompt
 length rounded up to a power of two (at least 8, at most what the context leaves);
@@ -77,21 +77,15 @@ def prompt_keys(key: jax.Array, prompts: Sequence[Sequence[int]]) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _prefill(model: Any, params: Any, tokens: jax.Array, start: jax.Array, slots: int) -> Any:
-    caches = model.empty_caches(tokens.shape[0], slots)
-    logits, caches = model.apply(
-        {"params": params}, tokens, caches, jnp.int32(0), start, method=type(model).cached
-    )
-    return logits[:, -1], caches
+    cache = model.empty_cache(tokens.shape[0], slots, start)
+    logits, cache = model.apply({"params": params}, tokens, cache=cache)
+    return logits[:, -1], cache
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _step(
-    model: Any, params: Any, caches: Any, token: jax.Array, index: jax.Array, start: jax.Array
-) -> Any:
-    logits, caches = model.apply(
-        {"params": params}, token[:, None], caches, index, start, method=type(model).cached
-    )
-    return logits[:, 0], caches
+def _step(model: Any, params: Any, cache: Any, token: jax.Array) -> Any:
+    logits, cache = model.apply({"params": params}, token[:, None], cache=cache)
+    return logits[:, 0], cache
 
 
 @functools.partial(jax.jit, static_argnames=("greedy", "top_k", "nucleus"))
@@ -205,7 +199,7 @@ def generate(
     """Continue each prompt by `max_new_tokens` tokens.
 
     Args:
-        model: a GPT (any module with `cached` and `empty_caches` like `GPT`'s).
+        model: a GPT (any module whose call takes `cache=` and has `empty_cache`, as `GPT`).
         params: its parameters (`state.params`).
         prompts: token ids, one list per prompt; lengths may differ.
         max_new_tokens: tokens to add to each prompt.
@@ -256,5 +250,5 @@ def generate(
         if on_token is not None:
             on_token(host)
         if n + 1 < max_new_tokens:
-            logits, caches = _step(model, params, caches, token, jnp.int32(width + n), start_j)
+            logits, caches = _step(model, params, caches, token)
     return np.stack(new, axis=1).tolist()

@@ -122,6 +122,17 @@ def _embedding(cfg: GPTConfig, rows: int, std: float, axis: str) -> nn.Embed:
     )
 
 
+def _attend(
+    attn: SelfAttention, x: jax.Array, deterministic: bool, cache: KVCache | None
+) -> tuple[jax.Array, KVCache | None]:
+    """`attn`'s output and cache; without a cache the call is `attn(x, deterministic=...)`,
+    as the debugger's and the analyses' hooks have always seen it."""
+    if cache is None:
+        return attn(x, deterministic=deterministic), None
+    out, cache = attn(x, deterministic=deterministic, cache=cache)
+    return out, cache
+
+
 class Block(nn.Module, Component):
     """A transformer block; `architecture/residual` says how its parts join the stream.
 
@@ -145,33 +156,25 @@ class Block(nn.Module, Component):
         self.ln_2 = _norm(self.config, "ln_2")
         self.mlp = MLP(self.mlp_config)
 
-    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
-        residual = self.config.residual
-        if residual == "parallel":
-            attended = self.attn(self.ln_1(x), deterministic=deterministic)
-            x = x + attended + self.mlp(self.ln_2(x), deterministic=deterministic)
-        elif residual == "post_norm":
-            x = x + self.ln_1(self.attn(x, deterministic=deterministic))
-            x = x + self.ln_2(self.mlp(x, deterministic=deterministic))
-        else:
-            x = x + self.attn(self.ln_1(x), deterministic=deterministic)
-            x = x + self.mlp(self.ln_2(x), deterministic=deterministic)
-        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
-
-    def cached(
-        self, x: jax.Array, cache: KVCache, index: jax.Array, start: jax.Array
-    ) -> tuple[jax.Array, KVCache]:
-        """`__call__` (deterministic) with the attention reading and writing `cache`."""
+    def __call__(
+        self, x: jax.Array, deterministic: bool = True, cache: KVCache | None = None
+    ) -> Any:
+        """`x [batch, seq, n_embd]` through the block; with a cache (see `SelfAttention`),
+        `(x, cache)` with the attention reading and writing it."""
         residual = self.config.residual
         if residual == "post_norm":
-            attended, cache = self.attn.cached(x, cache, index, start)
+            attended, cache = _attend(self.attn, x, deterministic, cache)
             x = x + self.ln_1(attended)
-            return x + self.ln_2(self.mlp(x)), cache
-        attended, cache = self.attn.cached(self.ln_1(x), cache, index, start)
-        if residual == "parallel":
-            return x + attended + self.mlp(self.ln_2(x)), cache
-        x = x + attended
-        return x + self.mlp(self.ln_2(x)), cache
+            x = x + self.ln_2(self.mlp(x, deterministic=deterministic))
+        else:
+            attended, cache = _attend(self.attn, self.ln_1(x), deterministic, cache)
+            if residual == "parallel":
+                x = x + attended + self.mlp(self.ln_2(x), deterministic=deterministic)
+            else:
+                x = x + attended
+                x = x + self.mlp(self.ln_2(x), deterministic=deterministic)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        return x if cache is None else (x, cache)
 
 
 # `training/remat = block`: each block's `__call__` under `jax.checkpoint`, so the backward
@@ -281,7 +284,8 @@ class GPT(nn.Module, Component):
         y: jax.Array | None = None,
         padding_mask: jax.Array | None = None,
         deterministic: bool = True,
-    ) -> tuple[jax.Array, jax.Array | None]:
+        cache: tuple[KVCache, ...] | None = None,
+    ) -> tuple[jax.Array, Any]:
         """Run the model.
 
         Args:
@@ -289,9 +293,14 @@ class GPT(nn.Module, Component):
             y: target ids `[batch, seq]` (`-1` is ignored), or None for no loss.
             padding_mask: `[batch, seq]`, true where `x` is a real token.
             deterministic: disable dropout.
+            cache: None, or one `KVCache` per block (`empty_cache`): then `x` holds the
+                tokens at the cache's slots `length ..` (a left-padded prompt at length 0,
+                then one token per row and step; see `SelfAttention`), and the call is
+                deterministic and computes no loss.
 
         Returns:
-            `(logits [batch, seq, vocab_size], loss or None)`.
+            `(logits [batch, seq, vocab_size], loss or None)`; with a cache,
+            `(logits, cache)` with every layer's keys and values written.
         """
         if x.shape[-1] > self.config.block_size:
             raise ModelInputError(
@@ -300,44 +309,37 @@ class GPT(nn.Module, Component):
             )
         h = self.wte(x)
         if self.config.positions == "learned":
-            h = h + self.wpe(jnp.arange(x.shape[-1]))[None]
+            if cache is None:
+                h = h + self.wpe(jnp.arange(x.shape[-1]))[None]
+            else:  # as SelfAttention places a cached row's tokens
+                first = cache[0]
+                slots = jnp.arange(x.shape[-1], dtype=jnp.int32) + first.length
+                h = h + self.wpe(jnp.maximum(slots[None, :] - first.start[:, None], 0))
         h = self.drop(h, deterministic=deterministic)
         h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-        for block in self.blocks:
-            h = block(h, deterministic)  # positional: static under nn.remat
+        if cache is None:
+            for block in self.blocks:
+                h = block(h, deterministic)  # positional: static under nn.remat
+        else:
+            written = []
+            for block, layer in zip(self.blocks, cache, strict=True):
+                h, layer = block(h, True, layer)
+                written.append(layer)
+            cache = tuple(written)
         h = self.ln_f(h)
         logits = self.wte.attend(h) if self.config.tie_embeddings else self.lm_head(h)
+        if cache is not None:
+            return logits, cache
         if y is None:
             return logits, None
         loss, _ = cross_entropy(logits, y, padding_mask)
         return logits, loss
 
-    def cached(
-        self, x: jax.Array, caches: tuple[KVCache, ...], index: jax.Array, start: jax.Array
-    ) -> tuple[jax.Array, tuple[KVCache, ...]]:
-        """Logits of `x` at cache slots `index ..`, reading and writing every layer's cache.
-
-        The model's forward for generation (deterministic): the padded prompt at
-        `index = 0` (prefill), then one token per row and step. See `SelfAttention.cached`
-        for `start` (each row's first real slot, for left-padded prompts).
-
-        Returns:
-            `(logits [batch, seq, vocab_size], caches)`.
-        """
-        h = self.wte(x)
-        if self.config.positions == "learned":  # as SelfAttention.cached places rows
-            slots = jnp.arange(x.shape[-1], dtype=jnp.int32) + index
-            h = h + self.wpe(jnp.maximum(slots[None, :] - start[:, None], 0))
-        written = []
-        for block, cache in zip(self.blocks, caches, strict=True):
-            h, cache = block.cached(h, cache, index, start)
-            written.append(cache)
-        h = self.ln_f(h)
-        logits = self.wte.attend(h) if self.config.tie_embeddings else self.lm_head(h)
-        return logits, tuple(written)
-
-    def empty_caches(self, batch: int, slots: int) -> tuple[KVCache, ...]:
-        """A zero cache per block for `batch` rows of `slots` positions."""
+    def empty_cache(
+        self, batch: int, slots: int, start: jax.Array | None = None
+    ) -> tuple[KVCache, ...]:
+        """A zero `KVCache` per block for `batch` rows of `slots` positions (`start`: each
+        row's first real slot, `[batch]`; None: 0)."""
         return tuple(
-            KVCache.empty(self.attention, batch, slots) for _ in range(self.config.n_layers)
+            KVCache.empty(self.attention, batch, slots, start) for _ in range(self.config.n_layers)
         )

@@ -158,10 +158,10 @@ def generate(
     from theseus.model.generation import generate as decode
 
     state = inspected(trainer)
-    if not hasattr(trainer.model, "cached"):
+    if not hasattr(trainer.model, "empty_cache"):
         raise TrainerError(
-            f"{type(trainer.model).__name__} has no cached forward (`cached`, `empty_caches`); "
-            "generate() needs a GPT-like model (see theseus.model.models.GPT.cached)"
+            f"{type(trainer.model).__name__} has no key-value cache (`empty_cache`, a call "
+            "taking `cache=`); generate() needs a GPT-like model (see theseus.model.models.GPT)"
         )
     tokenizer = trainer.tokenizer
     single = isinstance(prompts, str)

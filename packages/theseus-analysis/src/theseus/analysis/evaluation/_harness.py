@@ -140,10 +140,10 @@ class TheseusLM(TemplateLM):
                     str(error),
                 )
                 raise EvaluationError(said) from None
-        if not hasattr(trainer.model, "cached"):
+        if not hasattr(trainer.model, "empty_cache"):
             raise EvaluationError(
                 f"{type(trainer).__name__}'s model ({type(trainer.model).__name__}) has no "
-                "cached forward; the theseus model evaluates GPT-like models"
+                "key-value cache (`empty_cache`); the theseus model evaluates GPT-like models"
             )
         self.trainer = trainer
         self._tokenizer = trainer.tokenizer

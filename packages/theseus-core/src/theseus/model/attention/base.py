@@ -15,7 +15,7 @@ attention, as Llama's `repeat_kv`); the KV cache holds only the `n_kv_head` head
 from __future__ import annotations
 
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -23,11 +23,19 @@ import jax.numpy as jnp
 
 from theseus.config import ConfigError
 from theseus.model.attention.config import AttentionConfig
+from theseus.model.attention.kernels import attend, probabilities, reference, repeat_kv
 from theseus.model.attention.rotary import apply_rotary, rotary_width
 from theseus.model.component import Component, resolve_dtype
 from theseus.model.norms import make_norm
 
-__all__ = ["AttentionConfig", "KVCache", "SelfAttention", "apply_rotary", "causal_softmax"]
+__all__ = [
+    "AttentionConfig",
+    "KVCache",
+    "SelfAttention",
+    "apply_rotary",
+    "attend",
+    "causal_softmax",
+]
 
 
 class SelfAttention(nn.Module, Component):
@@ -118,57 +126,16 @@ class SelfAttention(nn.Module, Component):
 
         Query head `h` reads key/value head `h // (n_head // n_kv_head)`.
         """
-        group = self.config.n_head // self.config.kv_head_count
-        return kv if group == 1 else jnp.repeat(kv, group, axis=2)
-
-    def cached(
-        self, x: jax.Array, cache: KVCache, index: jax.Array, start: jax.Array
-    ) -> tuple[jax.Array, KVCache]:
-        """Attend from `x` at cache positions `index ..` over the cache, and write its keys.
-
-        The cached twin of `__call__` (deterministic): row `b` holds its real tokens from
-        cache slot `start[b]` on (a left-padded prompt), and its token at slot `s` sits
-        at position `s - start[b]`, so every row computes what it would alone.
-
-        Args:
-            x: `[batch, seq, n_embd]`, the inputs at slots `index .. index + seq - 1`
-                (the whole padded prompt at `index = 0`, then one token per step).
-            cache: this layer's keys and values, `[batch, slots, n_kv_head, head_dim]` each.
-            index: the first slot `x` fills (a scalar int32).
-            start: `[batch]` int32, the slot of each row's first real token.
-
-        Returns:
-            `(out [batch, seq, n_embd], cache)` with `x`'s keys and values written.
-        """
-        batch, seq, width = x.shape
-        slots = jnp.arange(seq, dtype=jnp.int32) + index  # [seq]
-        positions = jnp.maximum(slots[None, :] - start[:, None], 0)  # padding: masked below
-        q, k, v = self.project(x, positions)
-        keys = jax.lax.dynamic_update_slice(
-            cache.keys, k.astype(cache.keys.dtype), (0, index, 0, 0)
-        )
-        values = jax.lax.dynamic_update_slice(
-            cache.values, v.astype(cache.values.dtype), (0, index, 0, 0)
-        )
-        total, head_dim = keys.shape[1], q.shape[-1]
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, self.grouped(keys)).astype(jnp.float32)
-        scores = scores / jnp.sqrt(head_dim)
-        slot = jnp.arange(total, dtype=jnp.int32)
-        visible = (slot[None, None, :] <= slots[None, :, None]) & (
-            slot[None, None, :] >= start[:, None, None]
-        )  # [batch, seq, slots]: causal, and never a row's padding
-        scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights, self.grouped(values))
-        return self.c_proj(out.reshape(batch, seq, width)), KVCache(keys, values)
+        return repeat_kv(kv, self.config.n_head)
 
     def weights(self, x: jax.Array) -> jax.Array:
         """Attention probabilities `[batch, n_head, query, key]` (float32, before dropout).
 
         Row `q` of head `h` says how much position `q` reads from each earlier position.
+        Always the reference computation, whatever `architecture/attention` says.
         """
         q, k, _ = self.project(x)
-        return causal_softmax(q, self.grouped(k))
+        return probabilities(q, k)
 
     def heads(self, x: jax.Array) -> jax.Array:
         """Each head's contribution to the output, `[batch, seq, n_head, n_embd]` (no dropout).
@@ -176,40 +143,86 @@ class SelfAttention(nn.Module, Component):
         Head `h`'s attention output passed through its rows of `c_proj`'s kernel: the
         contributions summed over heads, plus `c_proj`'s bias, are `__call__(x)`.
         Interventions on one head (ablating, patching) subtract or swap its slice.
+        Always the reference computation, whatever `architecture/attention` says.
         """
         cfg = self.config
         q, k, v = self.project(x)
-        v = self.grouped(v)
-        weights = causal_softmax(q, self.grouped(k)).astype(v.dtype)
-        z = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        z = reference(q, k, v)
         dtype = resolve_dtype(cfg.dtype)
         kernel = self.c_proj.variables["params"]["kernel"].astype(dtype)
         kernel = kernel.reshape(cfg.n_head, cfg.head_dim, cfg.n_embd)
         return jnp.einsum("bqhd,hde->bqhe", z.astype(dtype), kernel)
 
-    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, deterministic: bool = True, cache: KVCache | None = None
+    ) -> Any:
+        """Attend causally within `x`, or from `x` over a key-value cache.
+
+        Args:
+            x: `[batch, seq, n_embd]`.
+            deterministic: disable dropout.
+            cache: None for a plain forward. Given (generation, deterministic): `x` holds
+                the inputs at cache slots `cache.length .. length + seq - 1` (the whole
+                left-padded prompt at length 0, then one token per step); row `b`'s real
+                tokens start at slot `cache.start[b]` and its token at slot `s` sits at
+                position `s - start[b]`, so every row computes what it would alone.
+
+        Returns:
+            `[batch, seq, n_embd]`; with a cache, `(out, cache)` with `x`'s keys and
+            values written and its length moved past them.
+        """
         batch, seq, width = x.shape
-        q, k, v = self.project(x)
-        v = self.grouped(v)
-        weights = causal_softmax(q, self.grouped(k)).astype(v.dtype)
-        weights = self.attn_dropout(weights, deterministic=deterministic)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, seq, width)
-        out = nn.with_logical_constraint(out, ("batch", "length", "embed"))
-        return self.resid_dropout(self.c_proj(out), deterministic=deterministic)
+        implementation = self.config.attention
+        if cache is None:
+            q, k, v = self.project(x)
+            drop = None
+            if not deterministic and self.config.dropout > 0:
+                drop = partial(self.attn_dropout, deterministic=False)
+            out = attend(q, k, v, implementation=implementation, dropout=drop)
+        else:
+            slots = jnp.arange(seq, dtype=jnp.int32) + cache.length  # [seq]
+            positions = jnp.maximum(slots[None, :] - cache.start[:, None], 0)  # padding: masked
+            q, k, v = self.project(x, positions)
+            cache = cache.write(k, v)
+            slot = jnp.arange(cache.keys.shape[1], dtype=jnp.int32)
+            visible = (slot[None, None, :] <= slots[None, :, None]) & (
+                slot[None, None, :] >= cache.start[:, None, None]
+            )  # [batch, seq, slots]: causal, and never a row's padding
+            out = attend(q, cache.keys, cache.values, implementation=implementation, mask=visible)
+        out = nn.with_logical_constraint(
+            out.reshape(batch, seq, width), ("batch", "length", "embed")
+        )
+        out = self.resid_dropout(self.c_proj(out), deterministic=deterministic)
+        return out if cache is None else (out, cache)
 
 
 class KVCache(NamedTuple):
-    """One attention layer's cached keys and values, `[batch, slots, n_kv_head, head_dim]` each."""
+    """One attention layer's cache: keys and values `[batch, slots, n_kv_head, head_dim]`,
+    how many slots are written (`length`, int32: the next call writes from there), and each row's first real slot
+    (`start`, `[batch]` int32: a left-padded prompt's padding is never attended to)."""
 
     keys: jax.Array
     values: jax.Array
+    length: jax.Array
+    start: jax.Array
 
     @classmethod
-    def empty(cls, config: AttentionConfig, batch: int, slots: int) -> KVCache:
-        """Zeros for `batch` rows of `slots` positions, in the activation dtype."""
+    def empty(
+        cls, config: AttentionConfig, batch: int, slots: int, start: jax.Array | None = None
+    ) -> KVCache:
+        """Zeros for `batch` rows of `slots` positions in the activation dtype, length 0."""
         shape = (batch, slots, config.kv_head_count, config.head_dim)
         zeros = jnp.zeros(shape, resolve_dtype(config.dtype))
-        return cls(zeros, zeros)
+        if start is None:
+            start = jnp.zeros((batch,), jnp.int32)
+        return cls(zeros, zeros, jnp.int32(0), jnp.asarray(start, jnp.int32))
+
+    def write(self, k: jax.Array, v: jax.Array) -> KVCache:
+        """Keys and values `[batch, seq, n_kv_head, head_dim]` written at `length`, which moves on."""
+        at = (0, self.length, 0, 0)
+        keys = jax.lax.dynamic_update_slice(self.keys, k.astype(self.keys.dtype), at)
+        values = jax.lax.dynamic_update_slice(self.values, v.astype(self.values.dtype), at)
+        return KVCache(keys, values, self.length + k.shape[1], self.start)
 
 
 def causal_softmax(q: jax.Array, k: jax.Array) -> jax.Array:
@@ -217,10 +230,6 @@ def causal_softmax(q: jax.Array, k: jax.Array) -> jax.Array:
 
     Args:
         q: queries `[batch, seq, heads, head_dim]`.
-        k: keys `[batch, seq, heads, head_dim]`.
+        k: keys `[batch, seq, heads, head_dim]` (or fewer heads, each serving a group).
     """
-    seq, head_dim = q.shape[1], q.shape[-1]
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(head_dim)
-    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-    scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
-    return jax.nn.softmax(scores, axis=-1)
+    return probabilities(q, k)

@@ -213,6 +213,14 @@ class AttentionConfig:
     )
     param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
     dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
+    attention: Literal["auto", "reference", "splash", "flash", "cudnn"] = field(
+        "architecture/attention",
+        default="auto",
+        help="how attention is computed: 'auto' (the fastest the platform has: Pallas splash "
+        "on a TPU, cuDNN on a GPU, the reference on a CPU), 'reference', or a fused kernel "
+        "('splash', 'flash': TPU; 'cudnn': GPU); a call a kernel cannot serve uses the "
+        "reference and says so once",
+    )
 
     @property
     def kv_head_count(self) -> int:

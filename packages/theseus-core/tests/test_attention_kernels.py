@@ -1,0 +1,214 @@
+"""`attend`: the reference path against NumPy, the fused kernels against the reference.
+
+The Pallas TPU kernels run here in interpret mode (`THESEUS_ATTENTION_INTERPRET=1`):
+the same kernel code, executed by the CPU. The accelerator set (`pytest --accelerator`)
+runs them compiled on a TPU.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from theseus.model import GPT
+from theseus.model.attention import kernels
+from theseus.model.attention.kernels import attend, choose, probabilities
+from theseus.training.sharding import DEFAULT_RULES
+
+BATCH, SEQ, HEADS, HEAD_DIM = 2, 128, 4, 32
+
+
+def _numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal attention in float64, each query head reading key head h // group."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    out = np.zeros_like(q)
+    seq = q.shape[1]
+    for b in range(q.shape[0]):
+        for h in range(q.shape[2]):
+            scores = q[b, :, h] @ k[b, :, h // group].T / np.sqrt(q.shape[-1])
+            scores[np.triu_indices(seq, 1)] = -np.inf
+            weights = np.exp(scores - scores.max(-1, keepdims=True))
+            weights /= weights.sum(-1, keepdims=True)
+            out[b, :, h] = weights @ v[b, :, h // group]
+    return out
+
+
+def _qkv(kv_heads: int, seed: int = 0) -> tuple[jax.Array, jax.Array, jax.Array]:
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(BATCH, SEQ, HEADS, HEAD_DIM)).astype(np.float32)
+    k = rng.normal(size=(BATCH, SEQ, kv_heads, HEAD_DIM)).astype(np.float32)
+    v = rng.normal(size=(BATCH, SEQ, kv_heads, HEAD_DIM)).astype(np.float32)
+    return jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+
+
+@pytest.fixture
+def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THESEUS_ATTENTION_INTERPRET", "1")
+
+
+@pytest.mark.parametrize("kv_heads", [HEADS, 2, 1])
+def test_reference_equals_numpy(kv_heads: int) -> None:
+    q, k, v = _qkv(kv_heads)
+    with jax.default_matmul_precision("highest"):
+        out = attend(q, k, v, implementation="reference")
+    np.testing.assert_allclose(out, _numpy_attention(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [HEADS, 2])
+def test_splash_equals_the_reference_forward_and_gradient(interpret: None, kv_heads: int) -> None:
+    """Forward within 2e-5 of NumPy's float64 attention; gradients of a random projection
+    of the output within 1e-4 of the reference path's (float32, highest precision). (The
+    Pallas flash kernel has no interpret switch: the accelerator set checks it on a TPU.)"""
+    name = "splash"
+    q, k, v = _qkv(kv_heads, seed=1)
+    probe = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
+
+    def loss(implementation: str, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.sum(attend(q, k, v, implementation=implementation) * probe)
+
+    with jax.default_matmul_precision("highest"):
+        out = jax.jit(lambda q, k, v: attend(q, k, v, implementation=name))(q, k, v)
+        fused = jax.jit(jax.grad(lambda *a: loss(name, *a), argnums=(0, 1, 2)))(q, k, v)
+        plain = jax.jit(jax.grad(lambda *a: loss("reference", *a), argnums=(0, 1, 2)))(q, k, v)
+    np.testing.assert_allclose(out, _numpy_attention(q, k, v), rtol=2e-5, atol=2e-5)
+    for got, want in zip(fused, plain, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_kernel_runs_per_device_under_a_mesh(interpret: None) -> None:
+    """Batch over `batch`, heads over `shard` (4 virtual devices): the splash kernel runs
+    per device through shard_map and equals the reference on the whole arrays."""
+    devices = np.asarray(jax.devices()[:4]).reshape(2, 2)
+    mesh = Mesh(devices, ("batch", "shard"))
+    q, k, v = _qkv(2, seed=3)
+    spec = NamedSharding(mesh, PartitionSpec("batch", None, "shard", None))
+    q, k, v = (jax.device_put(a, spec) for a in (q, k, v))
+
+    @jax.jit
+    def run(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        with (
+            jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
+            nn.logical_axis_rules(list(DEFAULT_RULES)),
+        ):
+            return attend(q, k, v, implementation="splash")
+
+    with jax.default_matmul_precision("highest"):
+        out = run(q, k, v)
+    assert "shard_map" in str(jax.make_jaxpr(run)(q, k, v))
+    np.testing.assert_allclose(out, _numpy_attention(q, k, v), rtol=2e-5, atol=2e-5)
+
+
+def test_choose_takes_the_fastest_the_platform_has() -> None:
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    assert choose("auto", q_len=1024, kv_len=1024, dtype=bf16, platform="tpu") == ("splash", None)
+    assert choose("auto", q_len=1024, kv_len=1024, dtype=bf16, platform="gpu") == ("cudnn", None)
+    assert choose("auto", q_len=1024, kv_len=1024, dtype=f32, platform="gpu") == (
+        "reference",
+        None,
+    )
+    assert choose("auto", q_len=1024, kv_len=1024, dtype=f32, platform="cpu") == (
+        "reference",
+        None,
+    )
+    assert choose("reference", q_len=8, kv_len=8, dtype=f32, platform="tpu") == (
+        "reference",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"platform": "cpu"}, "needs a TPU (this is a cpu)"),
+        ({"masked": True}, "serves the causal mask only"),
+        ({"dropout": True}, "no dropout on the probabilities"),
+        ({"q_len": 1, "kv_len": 1024}, "as many queries as keys"),
+        ({"q_len": 100, "kv_len": 100}, "multiple of 128 tokens; got 100"),
+        ({"q_len": 640, "kv_len": 640}, "blocks of 512 tokens; got 640"),
+    ],
+)
+def test_a_call_the_kernel_cannot_serve_falls_back_and_says_why(settings: dict, said: str) -> None:
+    call = {"q_len": 1024, "kv_len": 1024, "dtype": jnp.bfloat16, "platform": "tpu", **settings}
+    name, reason = choose("splash", **call)
+    assert name == "reference" and reason is not None and said in reason
+
+
+def test_cudnn_needs_a_gpu_and_half_precision() -> None:
+    name, reason = choose("cudnn", q_len=64, kv_len=64, dtype=jnp.float32, platform="gpu")
+    assert name == "reference" and "bfloat16 or float16" in reason
+    name, reason = choose("cudnn", q_len=64, kv_len=64, dtype=jnp.bfloat16, platform="tpu")
+    assert name == "reference" and "NVIDIA GPU" in reason
+
+
+def test_an_unknown_implementation_is_one_line() -> None:
+    with pytest.raises(ValueError, match="must be one of auto, reference, splash, flash, cudnn"):
+        choose("fastest", q_len=8, kv_len=8, dtype=jnp.float32)
+
+
+def test_the_fallback_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    kernels._SAID.clear()
+    q, k, v = _qkv(HEADS)
+    with caplog.at_level(logging.WARNING, logger="theseus.model.attention"):
+        for _ in range(3):
+            attend(q, k, v, implementation="splash")
+    said = [r.getMessage() for r in caplog.records if r.name == "theseus.model.attention"]
+    assert said == ["attention: Pallas splash attention needs a TPU (this is a cpu): reference"]
+
+
+def _model(attention: str, kv_heads: int = 2) -> GPT:
+    return GPT.build(
+        n_layers=1,
+        n_embd=HEADS * HEAD_DIM,
+        n_head=HEADS,
+        n_kv_head=kv_heads,
+        block_size=SEQ,
+        vocab_size=64,
+        attention=attention,
+    )
+
+
+def test_a_model_on_the_kernel_trains_as_on_the_reference(interpret: None) -> None:
+    """Loss and every parameter's gradient of a GQA rotary GPT: splash within 1e-4 of the
+    reference; `weights()` (what analyses read) is the reference's on either."""
+    fused, plain = _model("splash"), _model("reference")
+    x = jnp.asarray(np.random.default_rng(4).integers(0, 64, (BATCH, SEQ)), jnp.int32)
+    params = plain.init(jax.random.key(0), x)["params"]
+
+    def loss(model: GPT, params: dict) -> jax.Array:
+        return model.apply({"params": params}, x, jnp.roll(x, -1, axis=1))[1]
+
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(jax.value_and_grad(lambda p: loss(fused, p)))(params)
+        want = jax.jit(jax.value_and_grad(lambda p: loss(plain, p)))(params)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+    def pattern(model: GPT) -> jax.Array:
+        def read(module: GPT) -> jax.Array:
+            h = module.wte(x)
+            return module.blocks[0].attn.weights(module.blocks[0].ln_1(h))
+
+        return nn.apply(read, model)({"params": params})
+
+    np.testing.assert_array_equal(pattern(fused), pattern(plain))
+    q = jnp.ones((1, 4, HEADS, HEAD_DIM))
+    assert probabilities(q, q[:, :, :2]).shape == (1, HEADS, 4, 4)
+
+
+def test_the_default_is_auto_and_bit_identical_to_the_reference_on_a_cpu() -> None:
+    auto, plain = _model("auto"), _model("reference")
+    assert auto.attention.attention == "auto"
+    x = jnp.asarray(np.random.default_rng(5).integers(0, 64, (BATCH, SEQ)), jnp.int32)
+    params = plain.init(jax.random.key(1), x)["params"]
+    got = auto.apply({"params": params}, x)[0]
+    want = plain.apply({"params": params}, x)[0]
+    np.testing.assert_array_equal(got, want)
