@@ -14,15 +14,17 @@ engine's forward and the inspector's Flax recorder all listen through it:
   The block yields an `Interception` whose `stop()` ends the run early.
 - `discover(run, where)` lists the paths of the calls `where(call)` selects.
 - `record(run, paths, replace)` records the first call at each path (a `Recorded`:
-  module, variables, arguments, output) and replaces the outputs of `replace`'s.
+  module, variables, arguments, output) and replaces the output of each path in
+  `replace`.
 - `restarting(attempt, on_restart)` is the one way to start a run over: `attempt`
   gets a `restart(*why)` that abandons the run; `on_restart(*why)` runs (a listener
   that met an `nn.remat` class made before it hooks it there), then `attempt` again.
 
 Calls inside a JAX or Flax transform (`jax.vmap`, `nn.remat`, `nn.scan`, ...) run in
 the transform's own trace (`trace_state` tells them apart), so their values cannot
-leave it: `record` refuses them, and the debugger's `capture` and the engine's
-forward take them at the transformed module's own call (`theseus.model.debug`).
+leave it: `record` refuses them; the debugger's `capture` takes them at the
+transformed module's own call, and the engine's forward replaces a site inside an
+`nn.remat` within the transform (both through `theseus.model.debug`'s lifted hooks).
 
 Example:
     >>> import flax.linen as nn, jax, jax.numpy as jnp
