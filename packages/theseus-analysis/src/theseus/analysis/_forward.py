@@ -1,10 +1,10 @@
 """One forward of the trace with the selected calls' outputs passed through a callback.
 
-`forward(run, paths, on_call, owner)` runs `run()` under `nn.intercept_methods`: the
-first `__call__` at each selected path (a site, as the debugger captures it) returns
-what `on_call(path, module, arguments, output)` returns, and each site's call is
-recorded (`Recorded`: module, variables, arguments, output) as values of the caller's
-trace. A site inside an `nn.remat`/`nn.checkpoint` module is replaced inside the
+`forward(run, paths, on_call, owner)` runs `run()` listening to its module calls
+through `theseus.model.hooks`: the first `__call__` at each selected path (a site, as
+the debugger captures it) returns what `on_call(path, module, arguments, output)`
+returns, and each site's call is recorded (`hooks.Recorded`: module, variables,
+arguments, output) as values of the caller's trace. A site inside an `nn.remat`/`nn.checkpoint` module is replaced inside the
 transform (`theseus.model.debug.call_lifted` runs its body there); a site inside
 any other transform is an `InterventionError`.
 """
@@ -12,6 +12,7 @@ any other transform is an `InterventionError`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,8 @@ import jax
 
 from theseus.analysis._sites import InterventionError
 from theseus.model import debug as _debug
+from theseus.model import hooks
+from theseus.model.hooks import Recorded
 
 __all__ = ["OnCall", "Recorded", "forward", "is_array", "unchanged"]
 
@@ -38,10 +41,6 @@ class _Level:
 
     trace: Any
     calls: dict[str, Recorded]
-
-
-class _Restart(Exception):
-    """A site ran inside an `nn.remat` class made before the forward: hook it, run again."""
 
 
 def forward(
@@ -63,47 +62,43 @@ def forward(
     def pending(path: str) -> bool:
         return path in paths and not any(path in level.calls for level in levels)
 
-    def listen(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
-        if busy[0] or context.method_name != "__call__":
-            return next_fun(*args, **kwargs)
-        path = _debug.path_of(context.module)
+    def listen(restart: hooks.Restart, call: hooks.ModuleCall) -> Any:
+        if busy[0]:
+            return call.proceed()
+        path = call.path
         if not pending(path):
-            return next_fun(*args, **kwargs)
-        if _debug.trace_state() != levels[-1].trace:
+            return call.proceed()
+        if hooks.trace_state() != levels[-1].trace:
             around = _debug.lifted_call_around()
             if around is not None and around[0] in _REMAT and not around[2]:
-                raise _Restart(around[1])
+                restart(around[1])  # an `nn.remat` class made before: hook it, run again
             kind = f"nn.{around[0]}" if around is not None else "a transform"
             raise InterventionError(
                 f"{owner}: the call at {path!r} runs inside {kind} (nn.scan, nn.vmap, ...), "
                 "whose values cannot be replaced from outside it; select the transformed "
                 "module itself"
             )
-        output = next_fun(*args, **kwargs)
-        module = context.module
-        named = _debug.arguments(context, args, kwargs)
-        levels[-1].calls[path] = Recorded(
-            module.clone(parent=None), dict(module.variables), named, output
-        )
+        output = call.proceed()
+        recorded = levels[-1].calls[path] = call.record(output)
         busy[0] = True
         try:
-            return on_call(path, module, named, output)
+            return on_call(path, call.module, recorded.arguments, output)
         finally:
             busy[0] = False
 
     def outer(module: nn.Module, original: Any, args: Any, kwargs: Any) -> Any:
         """A lifted module's call: an `nn.remat` with sites below runs them inside it."""
         kind = (_debug.lifted(type(module)) or ("",))[0]
-        path = _debug.path_of(module)
+        path = hooks.path_of(module)
         below = [p for p in paths if pending(p) and _within(p, path)]
-        here = _debug.trace_state() == levels[-1].trace
+        here = hooks.trace_state() == levels[-1].trace
         if busy[0] or not here or kind not in _REMAT or not below:
             return original(module, *args, **kwargs)
         statics: dict[str, tuple[nn.Module, Any, list[Any]]] = {}
 
         def body(method: Callable[..., Any], *inner: Any, **named: Any) -> Any:
             statics.clear()  # a transform may trace its body more than once
-            levels.append(_Level(_debug.trace_state(), {}))
+            levels.append(_Level(hooks.trace_state(), {}))
             try:
                 out = method(*inner, **named)
                 calls = levels[-1].calls
@@ -111,7 +106,7 @@ def forward(
                 levels.pop()
             arrays = {}
             for where, call in calls.items():  # the variables are read outside
-                leaves, treedef = jax.tree_util.tree_flatten(call.named)
+                leaves, treedef = jax.tree_util.tree_flatten(call.arguments)
                 statics[where] = (
                     call.module,
                     treedef,
@@ -131,15 +126,13 @@ def forward(
             levels[-1].calls[where] = Recorded(copy, variables, named, output)
         return out
 
+    def attempt(restart: hooks.Restart) -> Any:
+        levels[:] = [_Level(hooks.trace_state(), {})]
+        with hooks.intercept(functools.partial(listen, restart)):
+            return run()
+
     with _debug.lifted_calls(outer) as hook:
-        while True:
-            levels[:] = [_Level(_debug.trace_state(), {})]
-            try:
-                with nn.intercept_methods(listen):
-                    result = run()
-                break
-            except _Restart as restart:
-                hook(restart.args[0])
+        result = hooks.restarting(attempt, hook)
     [level] = levels
     missing = [p for p in paths if p not in level.calls]
     if missing:
@@ -153,16 +146,6 @@ def forward(
 def _within(path: str, root: str) -> bool:
     """Whether module `path` is `root` or below it (every path is below the root `""`)."""
     return not root or path == root or path.startswith(root + "/")
-
-
-@dataclasses.dataclass(frozen=True)
-class Recorded:
-    """A site's call: its module (unbound copy), variables, arguments by name and output."""
-
-    module: nn.Module
-    variables: dict[str, Any]
-    named: dict[str, Any]
-    output: Any
 
 
 def unchanged(path: str, module: nn.Module, named: dict[str, Any], output: Any) -> Any:

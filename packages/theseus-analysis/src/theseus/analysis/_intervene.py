@@ -17,8 +17,9 @@ its end, and `measure(outcome)` reads what the intervention changed downstream.
 Every site's replacement is under `jax.lax.cond` on the variant index, so a forward
 computes only its own site's intervention and the program is traced once however
 many sites and variants a sweep has: `n` interventions cost `n` forwards plus the
-baseline (and the source). Calls are intercepted with `nn.intercept_methods`; the
-first `__call__` at each selected path is the site (as the debugger captures it).
+baseline (and the source). Calls are seen through `theseus.model.hooks` (by
+`_forward.forward`); the first `__call__` at each selected path is the site (as the
+debugger captures it).
 """
 
 from __future__ import annotations
@@ -81,14 +82,14 @@ def compile_intervention(
         if hooks.corrupt is not None:
             outcome, calls = forward(batch, unchanged)
             source = measure(outcome)
-            sources = {p: Call(_debug.DebugInputs(c.named), c.output) for p, c in calls.items()}
+            sources = {p: Call(_debug.DebugInputs(c.arguments), c.output) for p, c in calls.items()}
             target = hooks.corrupt(batch)
         else:
             target = batch
 
         def replacement(call: Recorded, path: str, k: Any) -> Any:
             layer = _debug.DebugLayer(call.module.bind(call.variables, rngs=rngs), path)
-            given = _debug.DebugInputs(call.named)
+            given = _debug.DebugInputs(call.arguments)
             site = Site(path, paths.index(path), layer, given, call.output, k, sources.get(path))
             try:
                 new = hooks.intervene(site)
@@ -208,7 +209,7 @@ def _gradients(
         outcome, calls = forward(target, add)
         arrays: dict[str, Any] = {}
         for path, call in calls.items():
-            leaves, treedef = jax.tree_util.tree_flatten(call.named)
+            leaves, treedef = jax.tree_util.tree_flatten(call.arguments)
             statics[path] = (call.module, treedef, [None if is_array(x) else x for x in leaves])
             arrays[path] = (call.variables, [x for x in leaves if is_array(x)], call.output)
         measured = measure(outcome)

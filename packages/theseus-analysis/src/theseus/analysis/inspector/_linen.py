@@ -1,9 +1,10 @@
 """Recording Flax linen modules by method interception.
 
 Linen modules are not pytrees: their parameters live in ``variables`` and their
-submodules are created while ``apply`` runs. ``flax.linen.intercept_methods``
-sees every module method call with the bound module, whose ``path`` names it
-(``("blocks_0", "attn")``); the interceptor reports ``__call__`` of every module
+submodules are created while ``apply`` runs. ``theseus.model.hooks`` (the one
+module that installs a Flax method interceptor) hands every ``__call__`` to a
+listener with the bound module, whose ``path`` names it (``("blocks_0", "attn")``);
+the listener reports ``__call__`` of every module
 below the root to a :class:`~._tap.Tap`, under ``blocks_0.attn.__call__`` (a lone
 module without submodules is recorded itself, as ``__call__``). The
 interception happens while tracing, so it works when ``apply`` is called inside
@@ -17,6 +18,8 @@ from typing import Any
 
 import flax.linen as nn
 from jax.tree_util import GetAttrKey
+
+from theseus.model import hooks
 
 from ._paths import PATH_SEP, ModulePath
 from ._tap import Tap
@@ -75,49 +78,37 @@ class LinenTail:
             parent = parent.parent
         return False
 
-    def intercept(
-        self,
-        next_fun: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        context: Any,
-    ) -> Any:
-        """The interceptor handed to ``flax.linen.intercept_methods``."""
-        module = context.module
-        if context.method_name != "__call__":
-            return next_fun(*args, **kwargs)
+    def intercept(self, call: hooks.ModuleCall) -> Any:
+        """The listener handed to ``theseus.model.hooks.intercept`` (``__call__`` only)."""
+        module = call.module
         if not module.path:
-            return self._root(next_fun, args, kwargs, context)
+            return self._root(call)
         self._submodule_calls += 1
         path = _module_path(module)
-        key = path + PATH_SEP + context.method_name
+        key = path + PATH_SEP + call.method
         if key not in self.seen:
             self.seen.append(key)
         if self.filter_ is not None and not self.filter_(path, module):
-            return next_fun(*args, **kwargs)
+            return call.proceed()
         if self.is_leaf is not None and self._inside_leaf(module):
-            return next_fun(*args, **kwargs)
-        return self.tap.call(key, next_fun, args, kwargs, signature_of=context.orig_method)
+            return call.proceed()
+        return self.tap.call(
+            key, call.function, call.args, call.kwargs, signature_of=call.bound_method
+        )
 
-    def _root(
-        self,
-        next_fun: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        context: Any,
-    ) -> Any:
+    def _root(self, call: hooks.ModuleCall) -> Any:
         """Run the root; record it only when no submodule was called (a lone module)."""
         before = self._submodule_calls
         opened = self.tap.sink.open_call()
         failed = True
         try:
-            out = next_fun(*args, **kwargs)
+            out = call.proceed()
             root = ModulePath(())
             lone = self._submodule_calls == before
-            if lone and (self.filter_ is None or self.filter_(root, context.module)):
+            if lone and (self.filter_ is None or self.filter_(root, call.module)):
                 if "__call__" not in self.seen:
                     self.seen.append("__call__")
-                self.tap.report_inputs("__call__", context.orig_method, args, kwargs)
+                self.tap.report_inputs("__call__", call.bound_method, call.args, call.kwargs)
                 self.tap.report_output("__call__", out)
             failed = False
         finally:
@@ -126,5 +117,5 @@ class LinenTail:
 
     def apply(self, variables: Any, *args: Any, **kwargs: Any) -> Any:
         """``module.apply(variables, *args, **kwargs)``, recording the calls inside."""
-        with nn.intercept_methods(self.intercept):
+        with hooks.intercept(self.intercept):
             return self.module.apply(variables, *args, **kwargs)

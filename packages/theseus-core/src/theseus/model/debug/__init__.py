@@ -1,9 +1,9 @@
 """The time-travel debugger: find module calls by type, replay one, get it back bound.
 
 A trainer's `trace(state, batch, key, sharding=...)` is one pure model call. Flax
-linen reports every module method call to `nn.intercept_methods`; this module
-listens there and names each call by its module path (`"blocks_0/attn"`, the root
-module is `""`):
+linen reports every module method call to its interceptors; this package listens
+through `theseus.model.hooks` (the one module that installs one) and names each
+call by its module path (`"blocks_0/attn"`, the root module is `""`):
 
 - `discover(run, target)` lists the paths of every `__call__` of a module of type
   `target` (subclasses too), in call order, each once. Callers run it under
@@ -38,14 +38,14 @@ releases the layer and inputs, and using either afterwards is a `DebugClosedErro
 
 The package is split by concept: `_discovery` (`discover`, path checks, the errors),
 `_session` (`DebugLayer`, `DebugInputs`, `DebugSession`), `_lifted` (Flax lifted
-classes: hooks, `call_lifted`, `trace_state`, `subtree`), `_mapped` (the module of a
-call below `nn.vmap`/`nn.scan`) and `_capture` (`capture`). Every public name is
-imported from here; the analysis engine's interventions use `trace_state`,
-`arguments`, `subtree`, `lifted`, `lifted_calls`, `lifted_call_around` and
-`call_lifted`.
+classes: hooks, `call_lifted`, `subtree`), `_mapped` (the module of a call below
+`nn.vmap`/`nn.scan`) and `_capture` (`capture`); naming a call (`path_of`, `join`,
+`named_arguments`) and `trace_state` come from `theseus.model.hooks`. Every public
+name is imported from here; the analysis engine's interventions use `trace_state`,
+`subtree`, `lifted`, `lifted_calls`, `lifted_call_around` and `call_lifted`.
 """
 
-from theseus.model.debug._capture import arguments, capture, named_arguments
+from theseus.model.debug._capture import capture
 from theseus.model.debug._discovery import (
     DebugClosedError,
     DebugTargetError,
@@ -55,8 +55,6 @@ from theseus.model.debug._discovery import (
     check_paths,
     check_target,
     discover,
-    join,
-    path_of,
 )
 from theseus.model.debug._lifted import (
     attributes,
@@ -65,10 +63,10 @@ from theseus.model.debug._lifted import (
     lifted_call_around,
     lifted_calls,
     subtree,
-    trace_state,
 )
 from theseus.model.debug._mapped import mapped_layer
 from theseus.model.debug._session import DebugInputs, DebugLayer, DebugSession
+from theseus.model.hooks import join, named_arguments, path_of, trace_state
 
 __all__ = [
     "DebugClosedError",
@@ -79,7 +77,6 @@ __all__ = [
     "TransformedCallError",
     "UnknownArgumentError",
     "UnknownPathError",
-    "arguments",
     "attributes",
     "call_lifted",
     "capture",

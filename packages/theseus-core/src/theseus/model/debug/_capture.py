@@ -19,13 +19,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from theseus.model import hooks
 from theseus.model.debug._discovery import (
     TransformedCallError,
     UnknownPathError,
     check_paths,
     discover,
-    join,
-    path_of,
 )
 from theseus.model.debug._lifted import (
     _MAPPED,
@@ -40,47 +39,14 @@ from theseus.model.debug._lifted import (
     called_by_name,
     lifted,
     subtree,
-    trace_state,
 )
 from theseus.model.debug._mapped import is_array, layer_mapping, mapped_layer
 from theseus.model.debug._session import DebugInputs
-
-
-class _Captured(Exception):
-    """Raised inside the trace once every wanted call is captured: the rest is not run."""
-
-
-def arguments(context: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """An `nn.intercept_methods` call's arguments by name, defaults applied.
-
-    Args:
-        context: the interceptor's context (the module is already bound in).
-        args, kwargs: the call's arguments as the interceptor received them.
-    """
-    return named_arguments(inspect.signature(context.orig_method), args, kwargs)
-
-
-class _Restart(Exception):
-    """A selected call ran inside a lifted transform whose class was not hooked yet."""
-
 
 _WHOLE = {
     "vmap": "the whole vmapped batch of calls (outputs stacked on the mapped axis)",
     "scan": "every iteration of the scan (outputs stacked on the scanned axis)",
 }
-
-
-def named_arguments(signature: inspect.Signature, args: Any, kwargs: Any) -> dict[str, Any]:
-    """`args` and `kwargs` bound to `signature` by name, defaults filled, `**kwargs` spread."""
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    named: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(value)
-        else:
-            named[name] = value
-    return named
 
 
 def capture(
@@ -120,18 +86,20 @@ def capture(
     undo: list[Callable[[], None]] = []
     hooked: set[type] = set()
     restarted: set[str] = set()
+
+    def attempt(restart: hooks.Restart) -> dict[str, tuple[nn.Module, DebugInputs]]:
+        return _capture_once(run, wanted, rngs, hooked, restarted, restart)
+
+    def hook(boundary: str, classes: list[type]) -> None:
+        """A selected call ran inside lifted classes not hooked yet: hook them, run again."""
+        restarted.add(boundary)
+        for cls in classes:
+            hooked.add(cls)
+            undo.append(_hook(cls))
+
     try:
         with _hook_new_classes(hooked, undo):
-            while True:
-                try:
-                    got = _capture_once(run, wanted, rngs, hooked, restarted)
-                    break
-                except _Restart as restart:
-                    [boundary, classes] = restart.args
-                    restarted.add(boundary)
-                    for cls in classes:
-                        hooked.add(cls)
-                        undo.append(_hook(cls))
+            got = hooks.restarting(attempt, hook)
     finally:
         for step in reversed(undo):
             step()
@@ -174,9 +142,10 @@ def _capture_once(
     rngs: dict[str, jax.Array] | None,
     hooked: set[type],
     restarted: set[str],
+    restart: hooks.Restart,
 ) -> dict[str, tuple[nn.Module, DebugInputs]]:
     got: dict[str, tuple[nn.Module, DebugInputs]] = {}
-    levels = [_Level(trace_state())]  # the innermost is where calls are taken now
+    levels = [_Level(hooks.trace_state())]  # the innermost is where calls are taken now
     prefix = [""]  # where the copy being run (untransformed or probed) sits in the model
     stack: list[tuple[str, bool, type]] = []  # active calls: (path, at its level, class)
 
@@ -189,7 +158,7 @@ def _capture_once(
             module = module.clone(parent=None).bind(dict(module.variables), rngs=rngs)
         got[path] = (module, DebugInputs(named))
         if len(got) == len(wanted):
-            raise _Captured
+            interception.stop()  # the rest of the trace is not run
 
     def pending(path: str) -> bool:
         recorded = levels[-1].recorded
@@ -204,7 +173,7 @@ def _capture_once(
         subclasses = _lifted_subclasses(cls) if foreign else []
         classes = [c for c in subclasses if c not in hooked]
         if classes and boundary not in restarted:
-            raise _Restart(boundary, classes)
+            restart(boundary, classes)
         around_cls = _lifted_call_around() if subclasses else None
         if around_cls is not None:  # hooked, yet not seen from outside: not made by Flax
             kind = (lifted(around_cls) or ("transform", cls))[0]
@@ -230,12 +199,10 @@ def _capture_once(
             "nn.vmap, nn.scan or nn.remat"
         )
 
-    def listen(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
-        if context.method_name != "__call__":
-            return next_fun(*args, **kwargs)
-        module = context.module
-        path = join(prefix[-1], path_of(module))
-        here = trace_state() == levels[-1].trace
+    def listen(call: hooks.ModuleCall) -> Any:
+        module = call.module
+        path = hooks.join(prefix[-1], call.path)
+        here = hooks.trace_state() == levels[-1].trace
         if pending(path):
             if not here:
                 stack.append((path, here, type(module)))
@@ -243,10 +210,10 @@ def _capture_once(
                     inside(path)
                 finally:
                     stack.pop()
-            take(module, path, arguments(context, args, kwargs))
+            take(module, path, call.arguments)
         stack.append((path, here, type(module)))
         try:
-            return next_fun(*args, **kwargs)
+            return call.proceed()
         finally:
             stack.pop()
 
@@ -265,7 +232,7 @@ def _capture_once(
 
         def body(copy: nn.Module, *inner: Any) -> Any:
             recorded.clear()  # a transform may trace its body more than once
-            levels.append(_Level(trace_state(), recorded))
+            levels.append(_Level(hooks.trace_state(), recorded))
             prefix.append(path)
             try:
                 out = copy(*inner)
@@ -311,12 +278,14 @@ def _capture_once(
 
     def outer_call(module: nn.Module, original: Any, args: Any, kwargs: Any) -> Any:
         """The call of a lifted module, outside its transform (the hooked `__call__`)."""
-        path = join(prefix[-1], path_of(module))
+        path = hooks.join(prefix[-1], hooks.path_of(module))
         kind, cls = lifted(type(module)) or ("", type(module))
-        if trace_state() != levels[-1].trace:  # nested in another transform: the inner call decides
+        if (
+            hooks.trace_state() != levels[-1].trace
+        ):  # nested in another transform: the inner call decides
             return original(module, *args, **kwargs)
         if pending(path):
-            named = named_arguments(inspect.signature(cls.__call__), (module, *args), kwargs)
+            named = hooks.named_arguments(inspect.signature(cls.__call__), (module, *args), kwargs)
             named.pop(next(iter(named)))  # self
             if kind:  # called like its class: `layer(**inputs)` (a transform drops keywords)
                 take(called_by_name(module, rngs), path, named, bound=True)
@@ -345,10 +314,8 @@ def _capture_once(
 
     _hooks.append(outer_call)
     try:
-        with nn.intercept_methods(listen):
-            run()
-    except _Captured:
-        pass
+        with hooks.intercept(listen) as interception:
+            run()  # until `take` has every path: then `interception.stop()` ends it
     finally:
         _hooks.pop()
     return got

@@ -1,8 +1,8 @@
 """Discovery: which module calls a trace makes, by type, and the debugger's errors.
 
-Flax linen reports every module method call to `nn.intercept_methods`; `discover`
-listens there and names each `__call__` by its module path (`"blocks_0/attn"`, the
-root module is `""`). `check_paths` and `check_target` validate what callers select
+`discover` listens to module calls through `theseus.model.hooks` and names each
+`__call__` of a module type by its module path (`"blocks_0/attn"`, the root module
+is `""`). `check_paths` and `check_target` validate what callers select
 against it, with one-line errors that list the discovered paths.
 """
 
@@ -12,9 +12,8 @@ import difflib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import flax.linen as nn
-
 from theseus.errors import TheseusError
+from theseus.model import hooks
 
 
 class UnknownPathError(TheseusError, ValueError):
@@ -38,11 +37,6 @@ class DebugClosedError(TheseusError, RuntimeError):
 
 class TransformedCallError(TheseusError, ValueError):
     """A selected call inside a transform whose calls cannot be taken apart (`jax.lax.scan`, ...)."""
-
-
-def path_of(module: nn.Module) -> str:
-    """The path string of a bound module: `"blocks_0/attn"`; the root module is `""`."""
-    return "/".join(str(part) for part in module.path)
 
 
 def check_paths(wanted: Sequence[Any], discovered: Sequence[str], what: str) -> list[str]:
@@ -86,11 +80,6 @@ def check_target(target: Any, what: str) -> None:
         )
 
 
-def join(prefix: str, path: str) -> str:
-    """`prefix/path`, either of them possibly empty (the root module's path is `""`)."""
-    return "/".join(p for p in (prefix, path) if p)
-
-
 def discover(run: Callable[[], Any], target: type | tuple[type, ...]) -> list[str]:
     """Paths of every `__call__` of a `target` module while `run()` runs, in call order.
 
@@ -101,16 +90,4 @@ def discover(run: Callable[[], Any], target: type | tuple[type, ...]) -> list[st
     Returns:
         Each path once, as a string (`""` is the root module).
     """
-    found: list[str] = []
-
-    def listen(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
-        wanted = context.method_name == "__call__" and isinstance(context.module, target)
-        if wanted:
-            path = path_of(context.module)
-            if path not in found:
-                found.append(path)
-        return next_fun(*args, **kwargs)
-
-    with nn.intercept_methods(listen):
-        run()
-    return found
+    return hooks.discover(run, lambda call: isinstance(call.module, target))

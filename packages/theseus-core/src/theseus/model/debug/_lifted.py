@@ -7,8 +7,8 @@ calls of lifted classes to a callback while a block runs (hooking classes Flax m
 meanwhile), `lifted_call_around` names the one the Python stack is inside, and
 `call_lifted` runs a lifted call's own transform with a body of the caller's around
 the method, so values computed inside leave as outputs; `called_by_name` lets a
-captured lifted module take its arguments by keyword. `trace_state` tells whether a
-call runs in the trace a caller started in; `subtree` and `attributes` copy a
+captured lifted module take its arguments by keyword. `trace_state` (from
+`theseus.model.hooks`) tells whether a call runs in the trace a caller started in; `subtree` and `attributes` copy a
 submodule's variables and a module's constructor fields. The debugger's `capture`
 and the engine's interventions share them.
 """
@@ -28,7 +28,7 @@ import flax.linen as nn
 # ----------------------------------------------------------- lifted transforms
 # `nn.remat(Block)` etc. return a subclass of `Block` whose `__call__` is Flax's
 # `wrapped_fn` (functools.wraps copies its name and the flag that keeps Flax from
-# wrapping it again, so `nn.intercept_methods` never sees that outer call). While
+# wrapping it again, so `theseus.model.hooks` never sees that outer call). While
 # `capture` runs, such classes get a thin `__call__` that reports the outer call, with
 # its real arguments, to the capture; it is removed again when `capture` returns.
 # Classes that exist before `capture` starts are hooked when a selected call is first
@@ -41,20 +41,6 @@ _TRANSPARENT = ("checkpoint", "remat", "jit")  # values are those of the untrans
 _MAPPED = ("vmap", "scan")  # calls below are re-run in a probe that returns their values
 _MAKERS = ("module_class_lift_transform", "module_class_lift_transform_cached")
 _hooks: list[Callable[..., Any]] = []
-
-
-def trace_state() -> Any:
-    """The trace values are being computed in now (a transform opens a new one).
-
-    Two calls see equal states exactly when they run in the same trace, so a call
-    whose state differs from the caller's runs inside a transform the caller did not
-    open.
-    """
-    try:
-        from jax.extend.core import get_opaque_trace_state
-    except ImportError:  # JAX 0.9 exports it from jax.core only
-        from jax.core import get_opaque_trace_state
-    return get_opaque_trace_state(convention="flax")
 
 
 def lifted(cls: type) -> tuple[str, type] | None:
