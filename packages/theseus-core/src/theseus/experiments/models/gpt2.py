@@ -80,7 +80,7 @@ def import_gpt2(
         InvalidNodeError: `run`, `project` or `group` is not a valid name.
         TrainerError: the run already has a lineage under `root`.
     """
-    check_new_run(root, run, project=project, group=group)
+    check_new_run(root, run, project=project, group=group)  # refused before any reading
     if not (isinstance(src, HFFolder) and src.model_type == "gpt2"):
         src = read_gpt2(src.path if isinstance(src, HFFolder) else src)
     return import_hf(src, root, run, project=project, group=group, job_class=GPT2)

@@ -200,8 +200,7 @@ def _eos_id(config: dict[str, Any]) -> int | None:
 
 def _gpt2_bpe(folder: Path) -> str:
     """GPT-2's tokenizer.json text built from its slow tokenizer's `vocab.json` and
-    `merges.txt` (byte-level BPE, no prefix space, `<|endoftext|>` special), as
-    `GPT2TokenizerFast` builds it."""
+    `merges.txt`: byte-level BPE, no prefix space, `<|endoftext|>` a special token."""
     from theseus.data.tokenizer import END_OF_TEXT, _tokenizers
 
     vocab, merges = folder / "vocab.json", folder / "merges.txt"
@@ -251,7 +250,7 @@ def _tokenizer(folder: Path, config: dict[str, Any]) -> tuple[str, str]:
             eos = backend.id_to_token(identifier)
             if eos is None:
                 raise HFFolderError(
-                    f"{folder}: eos_token_id {identifier} is not in tokenizer.json's vocabulary"
+                    f"{folder}: eos_token_id {identifier} is not in {path.name}'s vocabulary"
                 )
             break
     if eos is None:
