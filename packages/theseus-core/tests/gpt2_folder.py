@@ -128,6 +128,30 @@ def load_weights(folder: Path) -> dict[str, np.ndarray]:
     return {k.removeprefix("transformer."): v.astype(np.float64) for k, v in weights.items()}
 
 
+def theseus_params(folder: Path) -> dict[str, np.ndarray]:
+    """The folder's tensors at the paths of Theseus's parameter tree (`"blocks_0/attn/
+    c_attn/kernel"`, ...), float32, written from the tree's contract (docs/architecture.md:
+    GPT-2's `Conv1D` weights are already `[in, out]`; the unembedding is tied)."""
+    from safetensors.numpy import load_file
+
+    weights = {
+        k.removeprefix("transformer."): v.astype(np.float32)
+        for k, v in load_file(str(folder / "model.safetensors")).items()
+    }
+    n_layer = json.loads((folder / "config.json").read_text())["n_layer"]
+    tree = {"wte/embedding": weights["wte.weight"], "wpe/embedding": weights["wpe.weight"],
+            "ln_f/scale": weights["ln_f.weight"], "ln_f/bias": weights["ln_f.bias"]}  # fmt: skip
+    for i in range(n_layer):
+        for ours, theirs, kind in (("ln_1", "ln_1", "scale"), ("ln_2", "ln_2", "scale"),
+                                   ("attn/c_attn", "attn.c_attn", "kernel"),
+                                   ("attn/c_proj", "attn.c_proj", "kernel"),
+                                   ("mlp/c_fc", "mlp.c_fc", "kernel"),
+                                   ("mlp/c_proj", "mlp.c_proj", "kernel")):  # fmt: skip
+            tree[f"blocks_{i}/{ours}/{kind}"] = weights[f"h.{i}.{theirs}.weight"]
+            tree[f"blocks_{i}/{ours}/bias"] = weights[f"h.{i}.{theirs}.bias"]
+    return tree
+
+
 def _gelu_new(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 

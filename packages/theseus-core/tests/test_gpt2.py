@@ -29,7 +29,9 @@ from theseus.config import load
 from theseus.data.datasets import TextFiles
 from theseus.experiments.models.gpt2 import GPT2, import_gpt2
 from theseus.model.attention.base import SelfAttention
-from theseus.model.gpt2 import GPT2FolderError, _expected, _tree, read_gpt2
+from theseus.model.gpt2 import GPT2FolderError, read_gpt2
+from theseus.model.hf._config import settings_of
+from theseus.model.hf._families import plan
 from theseus.model.models import GPT
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
@@ -259,12 +261,17 @@ def test_gpt2_small_shapes_built_abstractly() -> None:
         "n_positions": 1024, "vocab_size": 50257, "activation_function": "gelu_new",
         "layer_norm_epsilon": 1e-5,
     }  # fmt: skip
-    from theseus.model.gpt2 import _settings
-
-    settings = _settings(config, Path("config.json"))
-    shapes = _expected(settings, "")
+    settings, _ = settings_of(config, Path("config.json"))
+    leaves = plan("gpt2", settings, "")
+    shapes = {name: shape for leaf in leaves.values() for name, shape in leaf.sources.items()}
     assert sum(int(np.prod(s)) for s in shapes.values()) == 124_439_808
-    as_arrays = _tree(settings, "", lambda name: np.broadcast_to(np.float32(0), shapes[name]))
+    as_arrays: dict[str, Any] = {}
+    for path, leaf in leaves.items():  # "blocks_0/attn/c_attn/kernel" -> nested dicts
+        *parents, last = path.split("/")
+        node = as_arrays
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = leaf.make([np.broadcast_to(np.float32(0), s) for s in leaf.sources.values()])
     keys = {k.removeprefix("architecture/"): v for k, v in settings.items()}
     model = GPT.build(**keys)
     abstract = jax.eval_shape(
@@ -301,6 +308,13 @@ def _no_end_of_text(src: Path) -> None:
     (src / "tokenizer.json").write_text(json.dumps(data))
 
 
+def _vocabulary_without_end_of_text(src: Path) -> None:
+    (src / "tokenizer.json").unlink()  # GPT-2's slow tokenizer files only
+    vocab = json.loads((src / "vocab.json").read_text())
+    vocab.pop("<|endoftext|>")
+    (src / "vocab.json").write_text(json.dumps(vocab))
+
+
 BAD = {
     "no-config": (lambda src: (src / "config.json").unlink(), "has no config.json"),
     "config-not-json": (lambda src: _write(src / "config.json", "{nope"), "not valid JSON"),
@@ -316,7 +330,8 @@ BAD = {
     "more-layers-than-config": (folders.edit_config(n_layer=1), "h.1."),
     "fewer-layers-than-config": (folders.edit_config(n_layer=3), "no h.2."),
     "no-tokenizer": (_no_tokenizer, "has no tokenizer"),
-    "no-end-of-text": (_no_end_of_text, "no <|endoftext|> token"),
+    "no-end-of-text": (_no_end_of_text, "eos_token_id 0 is not in tokenizer.json's vocabulary"),
+    "vocab-without-end-of-text": (_vocabulary_without_end_of_text, "vocab.json has no <|endoftext|> token"),
     "config-vocabulary-not-the-weights": (folders.edit_config(vocab_size=100), "wte.weight has shape [300, 32], but"),
 }  # fmt: skip
 

@@ -258,7 +258,7 @@ def test_the_table_writes_tokens_as_the_names_do() -> None:
 
 # ----------------------------------------------------------------------- import
 def _restored(root: Path, node: Node) -> dict[str, np.ndarray]:
-    """The parameters restored at `node`, flattened to `{path: array}`."""
+    """The parameters restored at `node`, flattened to `{"blocks_0/attn/c_attn/kernel": array}`."""
     import jax
 
     with quick(root) as q:
@@ -266,16 +266,7 @@ def _restored(root: Path, node: Node) -> dict[str, np.ndarray]:
         q.find().node(node).resume()
         job = q.create()
         flat = jax.tree_util.tree_flatten_with_path(job.state.params)[0]
-        return {jax.tree_util.keystr(p): np.asarray(v) for p, v in flat}
-
-
-def _expected(folder: Path) -> dict[str, np.ndarray]:
-    import jax
-
-    from theseus.model.gpt2 import read_gpt2
-
-    flat = jax.tree_util.tree_flatten_with_path(read_gpt2(folder).params())[0]
-    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in flat}
+        return {"/".join(k.key for k in p): np.asarray(v) for p, v in flat}
 
 
 def test_a_suite_becomes_one_lineage_ordered_by_step_and_flagged(
@@ -318,7 +309,8 @@ def test_a_suite_becomes_one_lineage_ordered_by_step_and_flagged(
     assert values[1000]["import/sha256"] == values[2000]["import/sha256"] == digest
     assert values[1000]["import/commit"] == hashlib.sha1(b"step1000").hexdigest()
     for seq, revision in ((0, "step0"), (1000, "step1000"), (4000, "step4000")):
-        restored, expected = _restored(root, Node(name, nonce, seq)), _expected(revisions[revision])
+        restored = _restored(root, Node(name, nonce, seq))
+        expected = folders.theseus_params(revisions[revision])
         assert restored.keys() == expected.keys()
         for key in expected:
             np.testing.assert_array_equal(restored[key], expected[key])

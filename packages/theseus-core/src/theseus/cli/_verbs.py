@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +19,9 @@ from theseus.job._slurm import ScheduledJob, scheduled_here
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
 from theseus.store import Node, Store
+
+if TYPE_CHECKING:  # the reader imports JAX; `theseus --help` must not
+    from theseus.model.hf import HFFolder
 
 
 def _job_class(name: str) -> type[BasicJob]:
@@ -381,21 +384,39 @@ def import_gpt2_command(
     first node holds a checkpoint of the weights; sample it, analyze it, or resume it
     to fine-tune.
     """
-    from theseus.data.tokenizer import tokenizer_name
     from theseus.experiments.models.gpt2 import check_new_run, import_gpt2
     from theseus.model.gpt2 import read_gpt2
 
     check_new_run(root, run_name, project=project, group=group)  # before any reading
     folder = read_gpt2(src)  # a bad folder fails here, before the root is touched
-    click.echo(
-        f"Importing GPT-2 from {folder.path}: {folder.parameter_count:,} parameters, "
-        f"{folder.settings['architecture/n_layers']} layers, "
-        f"{folder.settings['architecture/n_embd']} wide, context "
-        f"{folder.settings['architecture/block_size']}, vocabulary "
-        f"{folder.settings['architecture/vocab_size']}.",
-        err=True,
+    click.echo(f"Importing GPT-2 from {_described(folder)}.", err=True)
+    node = import_gpt2(folder, root, run_name, project=project, group=group)
+    _print_next_steps(node, folder, root, run_name, project, group, "gpt2")
+
+
+def _described(folder: HFFolder) -> str:
+    """`PATH: N parameters, L layers, W wide, context C, vocabulary V` of a checked folder."""
+    s = folder.settings
+    return (
+        f"{folder.path}: {folder.parameter_count:,} parameters, {s['architecture/n_layers']} "
+        f"layers, {s['architecture/n_embd']} wide, context {s['architecture/block_size']}, "
+        f"vocabulary {s['architecture/vocab_size']}"
     )
-    node = import_gpt2(folder.path, root, run_name, project=project, group=group)
+
+
+def _print_next_steps(
+    node: Node,
+    folder: HFFolder,
+    root: Path,
+    run_name: str,
+    project: str | None,
+    group: str | None,
+    kind: str,
+) -> None:
+    """What an import made and the commands that sample and fine-tune it (job `kind`)."""
+    from theseus.data.tokenizer import tokenizer_name
+
+    name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
     quoted, run = shlex.quote(str(root)), shlex.quote(run_name)
     place = "".join(
         f" --{flag} {shlex.quote(value)}"
@@ -403,17 +424,15 @@ def import_gpt2_command(
         if value is not None
     )
     click.echo(f"Imported as node {node.serialize()} (its checkpoint: the weights, step 0).")
-    click.echo(
-        f"Tokenizer: {tokenizer_name(folder.tokenizer, 'gpt2')} (under {root / 'tokenizers'})"
-    )
+    click.echo(f"Tokenizer: {name} (under {root / 'tokenizers'})")
     target = f"{run}~{node.nonce}"
     click.echo(
         f"Sample:    theseus sample {quoted} {target} 'Hello, my name is' --max-new-tokens 20"
     )
     click.echo(
         f"Fine-tune: theseus data prepare text --root {quoted} --source DIR --tokenizer "
-        f"{tokenizer_name(folder.tokenizer, 'gpt2')}; theseus configure gpt2 gpt2.yaml; "
-        f"theseus run tuned gpt2.yaml {quoted} --branch {target}{place} training/tokens=N "
+        f"{name}; theseus configure {kind} {kind}.yaml; theseus run tuned {kind}.yaml "
+        f"{quoted} --branch {target}{place} training/tokens=N "
         "(the architecture comes from the import; set training keys as KEY=VALUE)"
     )
 
@@ -439,14 +458,13 @@ def import_hf_command(
     """Import the Hugging Face model folder SRC into ROOT as a lineage of --run.
 
     SRC holds config.json (model_type gpt2, gpt_neox, llama, mistral, qwen2 or olmo2),
-    model.safetensors (or shards with model.safetensors.index.json) and tokenizer.json;
-    it is checked whole before anything is written. KEY=VALUE overrides set the import's
+    model.safetensors (or shards with model.safetensors.index.json) and tokenizer.json
+    (a GPT-2's vocab.json and merges.txt do instead); it is checked whole before anything is written. KEY=VALUE overrides set the import's
     training layout (training.strategy=fsdp, training.shard=4) or parameter dtype; the
     weights stream into that layout shard by shard. With --revisions, SRC is a training
     suite (a Hugging Face cache folder, or one subfolder per revision) and each revision
     becomes a node of the run's one lineage, at seq = its step.
     """
-    from theseus.data.tokenizer import tokenizer_name
     from theseus.experiments.models.gpt2 import check_new_run
     from theseus.experiments.models.hf import check_overrides, import_hf, read_model
 
@@ -457,33 +475,12 @@ def import_hf_command(
     check_new_run(root, run_name, project=project, group=group)  # before any reading
     folder = read_model(src)  # a bad folder fails here, before the root is touched
     check_overrides(folder, settings)
-    s = folder.settings
     click.echo(
-        f"Importing {folder.model_type} from {folder.path}: {folder.parameter_count:,} "
-        f"parameters, {s['architecture/n_layers']} layers, {s['architecture/n_embd']} wide, "
-        f"context {s['architecture/block_size']}, vocabulary {s['architecture/vocab_size']}, "
-        f"{len(folder.files)} weight file(s).",
+        f"Importing {folder.model_type} from {_described(folder)}, {len(folder.files)} "
+        "weight file(s).",
         err=True,
     )
     for note in folder.notes:
         click.echo(f"Note: {note}.", err=True)
     node = import_hf(folder, root, run_name, project=project, group=group, overrides=settings)
-    name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
-    quoted, run = shlex.quote(str(root)), shlex.quote(run_name)
-    place = "".join(
-        f" --{flag} {shlex.quote(value)}"
-        for flag, value in (("project", project), ("group", group))
-        if value is not None
-    )
-    click.echo(f"Imported as node {node.serialize()} (its checkpoint: the weights, step 0).")
-    click.echo(f"Tokenizer: {name} (under {root / 'tokenizers'})")
-    target = f"{run}~{node.nonce}"
-    click.echo(
-        f"Sample:    theseus sample {quoted} {target} 'Hello, my name is' --max-new-tokens 20"
-    )
-    click.echo(
-        f"Fine-tune: theseus data prepare text --root {quoted} --source DIR --tokenizer "
-        f"{name}; theseus configure hf hf.yaml; theseus run tuned hf.yaml {quoted} "
-        f"--branch {target}{place} training/tokens=N "
-        "(the architecture comes from the import; set training keys as KEY=VALUE)"
-    )
+    _print_next_steps(node, folder, root, run_name, project, group, "hf")

@@ -1,11 +1,13 @@
 """GPT-2's published weights as a lineage (`gpt2`): imported, sampled, analyzed, fine-tuned.
 
-`import_gpt2(folder, root)` (the command `theseus import gpt2 SRC ROOT`) checks a local
-Hugging Face GPT-2 folder, keeps a copy of its tokenizer under `ROOT/tokenizers/`, and
-runs a fresh `GPT2` job whose only work is to save those weights as the checkpoint of
-its first node. From there the lineage is like any other: `theseus sample`, analyses
-and the debugger on a prompt (`inspection/prompt`), and resume or branch to fine-tune
-on text prepared with the same tokenizer (`theseus data prepare text --tokenizer NAME`).
+`import_gpt2(folder, root)` (the command `theseus import gpt2 SRC ROOT`) is
+`import_hf` (`theseus.experiments.models.hf`) for a folder of `model_type` `gpt2`,
+under the job `GPT2`: the folder is checked by `read_gpt2` (the Hugging Face reader,
+restricted to GPT-2), its tokenizer is kept under `ROOT/tokenizers/`, and a fresh
+`GPT2` job streams the weights into its layout and saves them as the checkpoint of its
+first node. From there the lineage is like any other: `theseus sample`, analyses and
+the debugger on a prompt (`inspection/prompt`), and resume or branch to fine-tune on
+text prepared with the same tokenizer (`theseus data prepare text --tokenizer NAME`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from theseus.config import field
-from theseus.data.tokenizer import install_tokenizer
 from theseus.experiments.models._imported import ImportedWeights, check_new_run
+from theseus.experiments.models.hf import check_settings, import_hf
 from theseus.model.gpt2 import read_gpt2
+from theseus.model.hf import HFFolder, load_state
 from theseus.registry import job
 from theseus.store import Node
-from theseus.training import state as train_state
-from theseus.training.base import BaseTrainerConfig, TrainerError
+from theseus.training.base import BaseTrainerConfig
 
 __all__ = ["GPT2", "GPT2Config", "check_new_run", "import_gpt2"]
 
@@ -43,20 +45,16 @@ class GPT2(ImportedWeights):
     KIND = "gpt2"
 
     def initial_state(self) -> Any:
-        """The folder's weights, checked against this job's configuration."""
+        """The folder's weights, checked against this job's configuration and streamed
+        into its state layout (no optimizer state: a resume starts a fresh one)."""
         folder = read_gpt2(self.source())
-        for key, value in folder.settings.items():
-            if self.configuration[key] != value:
-                raise TrainerError(
-                    f"{key} is {self.configuration[key]!r}, but the weights in "
-                    f"{folder.path} need {value!r}; leave the architecture as the import sets it"
-                )
+        check_settings(self.configuration, folder)
         assert self._layout is not None
-        return train_state.from_params(self._layout, folder.params())
+        return load_state(self._layout, folder)
 
 
 def import_gpt2(
-    src: str | os.PathLike[str],
+    src: str | os.PathLike[str] | HFFolder,
     root: str | os.PathLike[str],
     run: str = "gpt2",
     *,
@@ -65,10 +63,14 @@ def import_gpt2(
 ) -> Node:
     """Bring a local Hugging Face GPT-2 folder into `root` as a new lineage of `run`.
 
-    The folder is checked completely first (configuration, every tensor's name and
-    shape, tokenizer): a folder that does not hold a GPT-2 writes nothing. Then the
-    tokenizer is copied to `ROOT/tokenizers/gpt2-<hash>/` and a fresh `GPT2` job saves
-    the weights as its first node's checkpoint (step 0).
+    The run's name is checked first, then the folder completely (configuration, every
+    tensor's name, shape and dtype, tokenizer): a folder that does not hold a GPT-2
+    writes nothing. Then `import_hf` with the job `GPT2` copies the tokenizer to
+    `ROOT/tokenizers/gpt2-<hash>/` and saves the weights as the first node's
+    checkpoint (step 0).
+
+    Args:
+        src: the folder, or one `read_gpt2` checked.
 
     Returns:
         The node holding the checkpoint (`name~nonce~0`).
@@ -78,16 +80,7 @@ def import_gpt2(
         InvalidNodeError: `run`, `project` or `group` is not a valid name.
         TrainerError: the run already has a lineage under `root`.
     """
-    from theseus.quick import quick
-
-    check_new_run(root, run, project=project, group=group)
-    folder = read_gpt2(src)
-    with quick(root) as q:
-        q.build(GPT2, run, project=project, group=group)
-        for key, value in folder.settings.items():
-            q.config[key] = value
-        q.config["architecture/tokenizer"] = install_tokenizer(root, folder.tokenizer, "gpt2")
-        q.config["gpt2/source"] = str(folder.path)
-        imported = q.create()
-        imported()
-        return imported.node
+    check_new_run(root, run, project=project, group=group)  # refused before any reading
+    if not (isinstance(src, HFFolder) and src.model_type == "gpt2"):
+        src = read_gpt2(src.path if isinstance(src, HFFolder) else src)
+    return import_hf(src, root, run, project=project, group=group, job_class=GPT2)

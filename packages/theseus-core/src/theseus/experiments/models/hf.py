@@ -110,17 +110,22 @@ def write_revision(job: HF, folder: HFFolder) -> None:
 
 
 def compose(
-    tree: Any, folder: HFFolder, tokenizer: str, overrides: Mapping[str, Any] | None = None
+    tree: Any,
+    folder: HFFolder,
+    tokenizer: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    source: str = "hf/source",
 ) -> None:
-    """Set the import's configuration values in `tree`: the folder's settings, then
-    `overrides`.
+    """Set the import's configuration values in `tree`: the folder's settings, its path
+    (at `source`, the job's `KIND/source`), the tokenizer's name, then `overrides`.
 
     `training/tokens`, which an import never trains, is raised to one batch of the
     folder's context when it is below (a 128k-token context makes the default too small
     for the rule that a run trains at least one batch), unless an override sets it.
     """
     tree.update(dict(folder.settings))
-    tree.update({"architecture/tokenizer": tokenizer, "hf/source": str(folder.path)})
+    tree.update({"architecture/tokenizer": tokenizer, source: str(folder.path)})
     tree.update(dict(overrides or {}))
     if "training/tokens" not in (overrides or {}):
         batch = int(tree["training/batch_size"]) * int(tree["architecture/block_size"])
@@ -128,8 +133,13 @@ def compose(
             tree["training/tokens"] = batch
 
 
-def check_overrides(folder: HFFolder, overrides: Mapping[str, Any] | None = None) -> None:
-    """Compose the import's configuration and check it, writing nothing.
+def check_overrides(
+    folder: HFFolder,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    job_class: type[ImportedWeights] = HF,
+) -> None:
+    """Compose the import's configuration (of `job_class`) and check it, writing nothing.
 
     Raises:
         ConfigError: an override names no setting, does not fit it, or breaks a rule;
@@ -140,8 +150,8 @@ def check_overrides(folder: HFFolder, overrides: Mapping[str, Any] | None = None
     from theseus.data.tokenizer import tokenizer_name
 
     name = tokenizer_name(folder.tokenizer, folder.model_type, folder.eot)
-    tree = HF.schema()
-    compose(tree, folder, name, overrides)
+    tree = job_class.schema()
+    compose(tree, folder, name, overrides, source=f"{job_class.KIND}/source")
     tree.check()  # the rules across settings
     check_settings(tree, folder)
     # what the job's setup refuses about the devices, refused before the root is touched
@@ -183,18 +193,21 @@ def import_hf(
     project: str | None = None,
     group: str | None = None,
     overrides: Mapping[str, Any] | None = None,
+    job_class: type[ImportedWeights] = HF,
 ) -> Node:
     """Bring a local Hugging Face model folder into `root` as a new lineage of `run`.
 
     The folder and the overrides are checked completely first (configuration, every
     tensor's name, shape and dtype, tokenizer, the composed job configuration): a bad
     folder writes nothing, not even the root. Then the tokenizer is copied to
-    `ROOT/tokenizers/<model_type>-<hash>/` and a fresh `HF` job streams the weights into
-    its state and saves them as its first node's checkpoint (step 0).
+    `ROOT/tokenizers/<model_type>-<hash>/` and a fresh `job_class` job (`HF`) streams
+    the weights into its state and saves them as its first node's checkpoint (step 0).
 
     Args:
         overrides: configuration values (`{"training/strategy": "fsdp"}`), e.g. parsed
             from the command line's KEY=VALUE; the architecture is the folder's.
+        job_class: the import's job (`theseus import gpt2` passes `GPT2`, whose folder
+            setting is `gpt2/source`).
 
     Returns:
         The node holding the checkpoint (`name~nonce~0`).
@@ -210,11 +223,11 @@ def import_hf(
 
     check_new_run(root, run, project=project, group=group)
     folder = src if isinstance(src, HFFolder) else read_model(src)
-    check_overrides(folder, overrides)
+    check_overrides(folder, overrides, job_class=job_class)
     with quick(root) as q:
-        q.build(HF, run, project=project, group=group)
+        q.build(job_class, run, project=project, group=group)
         installed = install_tokenizer(root, folder.tokenizer, folder.model_type, folder.eot)
-        compose(q.config, folder, installed, overrides)
+        compose(q.config, folder, installed, overrides, source=f"{job_class.KIND}/source")
         imported = q.create()
         imported()
         return imported.node

@@ -31,6 +31,12 @@ FAMILIES = {
 _GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
          "gelu_fast": "gelu_tanh", "relu": "relu"}  # fmt: skip
 _ROPE_TYPES = ("default", "llama3")
+# Settings of GPT2Config that change the computation, with the value the block computes.
+_GPT2_FIXED = {
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "add_cross_attention": False,
+}
 
 
 class HFFolderError(TheseusError, ValueError):
@@ -137,12 +143,53 @@ def _sizes(config: dict[str, Any], where: Path) -> dict[str, Any]:
 
 
 def _gpt2(config: dict[str, Any], where: Path) -> dict[str, Any]:
-    from theseus.model.gpt2 import GPT2FolderError, _settings
-
-    try:
-        return _settings(config, where)
-    except GPT2FolderError as error:
-        raise HFFolderError(str(error)) from None
+    """GPT-2: learned positions, biases in every dense layer and norm, tied embeddings by
+    default, `n_inner` (default 4 x `n_embd`) a multiple of the width, and dropout from
+    `resid_pdrop` (GPT2Config's 0.1 when absent)."""
+    for key, wanted in _GPT2_FIXED.items():
+        if key in config and config[key] != wanted:
+            raise HFFolderError(
+                f"{where}: {key} is {config[key]!r}; this model computes GPT-2 with "
+                f"{key} = {wanted}"
+            )
+    n_layer = _integer(config, where, "n_layer", "num_hidden_layers")
+    n_embd = _integer(config, where, "n_embd", "hidden_size")
+    n_head = _integer(config, where, "n_head", "num_attention_heads")
+    n_positions = _integer(config, where, "n_positions", "n_ctx", "max_position_embeddings")
+    vocab_size = _integer(config, where, "vocab_size")
+    if n_embd % n_head:
+        raise HFFolderError(f"{where}: n_embd {n_embd} does not split into n_head {n_head}")
+    inner = config.get("n_inner") or 4 * n_embd
+    if not isinstance(inner, int) or inner % n_embd:
+        raise HFFolderError(
+            f"{where}: n_inner is {inner!r}; this model needs a multiple of n_embd ({n_embd})"
+        )
+    activation = config.get("activation_function", "gelu_new")
+    if activation not in _GELU:
+        raise HFFolderError(
+            f"{where}: activation_function {activation!r} is not one this model computes; "
+            f"supported: {', '.join(sorted(_GELU))}"
+        )
+    eps = config.get("layer_norm_epsilon", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < 1:
+        raise HFFolderError(f"{where}: layer_norm_epsilon is {eps!r}; expected a small number")
+    dropout = config.get("resid_pdrop", 0.1)
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        raise HFFolderError(f"{where}: resid_pdrop is {dropout!r}; expected a probability")
+    return {
+        "architecture/n_layers": n_layer,
+        "architecture/n_embd": n_embd,
+        "architecture/n_head": n_head,
+        "architecture/block_size": n_positions,
+        "architecture/vocab_size": vocab_size,
+        "architecture/mlp_ratio": inner // n_embd,
+        "architecture/activation": _GELU[activation],
+        "architecture/norm_eps": float(eps),
+        "architecture/dropout": float(dropout),
+        "architecture/positions": "learned",
+        "architecture/bias": True,
+        "architecture/tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+    }
 
 
 def _gpt_neox(config: dict[str, Any], where: Path) -> dict[str, Any]:

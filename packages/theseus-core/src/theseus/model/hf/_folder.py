@@ -3,9 +3,11 @@
 The folder holds `config.json` (its `model_type` names the family), the weights
 (`model.safetensors`, or shards listed by `model.safetensors.index.json`; every
 tensor's name, shape and dtype are read from the file headers, no weight is loaded),
-and `tokenizer.json`. The end-of-text token is the model's own: `eos_token_id` of
-`config.json` or `generation_config.json`, else `eos_token` of `tokenizer_config.json`,
-else `<|endoftext|>`. The check names the first file, tensor or setting that is wrong.
+and `tokenizer.json` (a GPT-2 folder may hold its slow tokenizer's `vocab.json` and
+`merges.txt` instead: GPT-2's byte-level BPE is built from them). The end-of-text token
+is the model's own: `eos_token_id` of `config.json` or `generation_config.json`, else
+`eos_token` of `tokenizer_config.json`, else `<|endoftext|>`. The check names the first
+file, tensor or setting that is wrong.
 """
 
 from __future__ import annotations
@@ -64,8 +66,12 @@ class HFFolder:
         return sorted({info.file for info in self.tensors.values()})
 
 
-def read_hf(src: str | os.PathLike[str]) -> HFFolder:
+def read_hf(src: str | os.PathLike[str], *, only: str | None = None) -> HFFolder:
     """Check a Hugging Face model folder and describe it (no weight is loaded).
+
+    Args:
+        only: the one `model_type` the caller reads (`theseus import gpt2` reads
+            `gpt2`); a folder of another is refused before anything else is read.
 
     Raises:
         HFFolderError: a missing or unreadable file, an unsupported `model_type` or
@@ -82,6 +88,14 @@ def read_hf(src: str | os.PathLike[str]) -> HFFolder:
     kind = config.get("model_type")
     if kind is None and "GPT2LMHeadModel" in (config.get("architectures") or []):
         config["model_type"] = kind = "gpt2"
+    if only is not None and kind != only:
+        architectures = config.get("architectures") or []
+        raise HFFolderError(
+            f"{folder / 'config.json'} describes model_type {kind!r}"
+            + (f" ({', '.join(map(str, architectures))})" if architectures else "")
+            + f"; theseus import {only} reads model_type {only!r} only, theseus import hf "
+            f"reads {', '.join(sorted(FAMILIES))}"
+        )
     settings, notes = settings_of(config, folder / "config.json")
     family = FAMILIES[str(kind)]
     found = _headers(folder)
@@ -184,19 +198,47 @@ def _eos_id(config: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _gpt2_bpe(folder: Path) -> str:
+    """GPT-2's tokenizer.json text built from its slow tokenizer's `vocab.json` and
+    `merges.txt`: byte-level BPE, no prefix space, `<|endoftext|>` a special token."""
+    from theseus.data.tokenizer import END_OF_TEXT, _tokenizers
+
+    vocab, merges = folder / "vocab.json", folder / "merges.txt"
+    if not (vocab.is_file() and merges.is_file()):
+        raise HFFolderError(
+            f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json and "
+            "merges.txt (GPT-2's byte-level BPE)"
+        )
+    hf = _tokenizers()
+    try:
+        backend = hf.Tokenizer(hf.models.BPE.from_file(str(vocab), str(merges)))
+    except Exception as error:  # the Rust reader's own message says what is wrong
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise HFFolderError(f"{vocab} and {merges} are not a BPE vocabulary ({message})") from None
+    backend.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = hf.decoders.ByteLevel()
+    if backend.token_to_id(END_OF_TEXT) is None:
+        raise HFFolderError(f"{vocab} has no {END_OF_TEXT} token")
+    backend.add_special_tokens([END_OF_TEXT])
+    return str(backend.to_str())
+
+
 def _tokenizer(folder: Path, config: dict[str, Any]) -> tuple[str, str]:
     from theseus.data.tokenizer import END_OF_TEXT, TokenizerError, parse_tokenizer
 
     path = folder / "tokenizer.json"
-    if not path.is_file():
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise HFFolderError(f"{path} is not UTF-8 text") from None
+    elif config.get("model_type") == "gpt2":
+        text, path = _gpt2_bpe(folder), folder / "vocab.json"
+    else:
         raise HFFolderError(
             f"{folder} has no tokenizer.json; save the tokenizer with transformers' "
             "save_pretrained (a fast tokenizer) into the folder"
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise HFFolderError(f"{path} is not UTF-8 text") from None
     try:
         backend = parse_tokenizer(text, str(path), eot=None)
     except TokenizerError as error:
@@ -208,7 +250,7 @@ def _tokenizer(folder: Path, config: dict[str, Any]) -> tuple[str, str]:
             eos = backend.id_to_token(identifier)
             if eos is None:
                 raise HFFolderError(
-                    f"{folder}: eos_token_id {identifier} is not in tokenizer.json's vocabulary"
+                    f"{folder}: eos_token_id {identifier} is not in {path.name}'s vocabulary"
                 )
             break
     if eos is None:
