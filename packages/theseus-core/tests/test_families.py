@@ -27,7 +27,7 @@ import pytest
 
 from theseus.config import ConfigRangeError, Tree
 from theseus.model import GPT, KVCache
-from theseus.model.attention.base import AttentionConfig
+from theseus.model.config import AttentionConfig
 from theseus.model.generation import generate
 from theseus.model.mlp import MLPConfig
 from theseus.model.models import GPTConfig

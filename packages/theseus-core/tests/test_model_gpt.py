@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from functools import partial
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -11,8 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import theseus.model
 from theseus.config import ConfigTypeError, Tree, UnknownKeyError, using
-from theseus.model.attention.base import AttentionConfig, SelfAttention
+from theseus.config._field import PATH_KEY
+from theseus.model.attention.base import SelfAttention
+from theseus.model.config import AttentionConfig, ModelConfig
 from theseus.model.models import GPT, MLP, GPTConfig, MLPConfig, cross_entropy
 
 WIDTH, HEADS, LAYERS, BLOCK, VOCAB = 32, 4, 2, 12, 40
@@ -195,10 +201,39 @@ def test_module_paths_and_logical_axes() -> None:
     assert tuple(specs["lm_head"]["kernel"]) == ("embed", "vocab")
 
 
-def test_gather_collects_every_schema_once() -> None:
-    assert GPT.gather() == [GPTConfig, AttentionConfig, MLPConfig]
-    assert SelfAttention.gather() == [AttentionConfig]
-    assert MLP.gather() == [MLPConfig]
+def test_one_configuration_declares_every_model_key_once() -> None:
+    """Every component reads `ModelConfig`; the three names earlier versions declared are
+    its names, and no `architecture/*` key is declared by any other dataclass."""
+    assert GPT.gather() == SelfAttention.gather() == MLP.gather() == [ModelConfig]
+    assert GPTConfig is AttentionConfig is MLPConfig is ModelConfig
+    paths = [f.metadata[PATH_KEY] for f in dataclasses.fields(ModelConfig)]
+    assert len(paths) == len(set(paths))
+    sources = Path(theseus.model.__file__).parents[1].rglob("*.py")  # theseus-core's
+    sources = [path for path in sources if "config" not in path.parent.name]  # its own docs
+    declaring = sorted(
+        str(path.relative_to(Path(theseus.model.__file__).parents[1]))
+        for path in sources
+        if re.search(r'field\(\s*"architecture/', path.read_text())
+    )
+    assert declaring == ["model/config.py"]
+
+
+def test_three_configurations_still_build_the_same_model() -> None:
+    """`GPT(GPTConfig(...), AttentionConfig(...), MLPConfig(...))`, as earlier versions
+    built one, gives the parameters and logits of `GPT(ModelConfig(...))`."""
+    cfg = ModelConfig(n_layers=LAYERS, n_embd=WIDTH, n_head=HEADS, block_size=BLOCK)
+    x = jnp.arange(2 * BLOCK, dtype=jnp.int32).reshape(2, BLOCK) % 200
+    one, three = (
+        GPT(cfg),
+        GPT(GPTConfig(**vars(cfg)), AttentionConfig(**vars(cfg)), MLPConfig(**vars(cfg))),
+    )
+    params = one.init(jax.random.key(0), x)["params"]
+    again = three.init(jax.random.key(0), x)["params"]
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(
+        one.apply({"params": params}, x)[0], three.apply({"params": params}, x)[0]
+    )
 
 
 def test_build_reads_the_active_configuration() -> None:
@@ -223,21 +258,10 @@ def test_bad_shapes_are_clear_errors() -> None:
 def test_build_sets_each_shared_setting_once_for_every_component() -> None:
     built = GPT.build(n_layers=LAYERS, n_embd=WIDTH, n_head=HEADS, block_size=BLOCK,
                       vocab_size=VOCAB, dropout=0.25, bias=True)  # fmt: skip
-    by_hand = GPT(
-        GPTConfig(
-            n_layers=LAYERS,
-            n_embd=WIDTH,
-            block_size=BLOCK,
-            vocab_size=VOCAB,
-            dropout=0.25,
-            bias=True,
-        ),
-        AttentionConfig(n_embd=WIDTH, n_head=HEADS, block_size=BLOCK, dropout=0.25, bias=True),
-        MLPConfig(n_embd=WIDTH, dropout=0.25, bias=True),
-    )
-    assert (built.config, built.attention, built.mlp_config) == (
-        by_hand.config, by_hand.attention, by_hand.mlp_config
-    )  # fmt: skip
+    by_hand = ModelConfig(n_layers=LAYERS, n_embd=WIDTH, n_head=HEADS, block_size=BLOCK,
+                          vocab_size=VOCAB, dropout=0.25, bias=True)  # fmt: skip
+    assert built.config == by_hand
+    assert built.attention is built.mlp_config is built.config  # each part reads the one
     assert GPT.build(**{"architecture/n_embd": 48}).mlp_config.n_embd == 48  # a key works too
     with pytest.raises(UnknownKeyError, match=r"'n_emb'.*Did you mean 'n_embd'"):
         GPT.build(n_emb=WIDTH)

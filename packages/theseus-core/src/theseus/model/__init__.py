@@ -7,7 +7,6 @@ type in a trainer's forward pass and replays one eagerly (``trainer.find`` and
 """
 
 from theseus.model.attention.base import (
-    AttentionConfig,
     KVCache,
     SelfAttention,
     apply_rotary,
@@ -15,6 +14,7 @@ from theseus.model.attention.base import (
 )
 from theseus.model.attention.rotary import RopeScaling
 from theseus.model.component import Component, resolve_dtype
+from theseus.model.config import AttentionConfig, GPTConfig, MLPConfig, ModelConfig
 from theseus.model.debug import (
     DebugClosedError,
     DebugInputs,
@@ -28,8 +28,6 @@ from theseus.model.models import (
     GPT,
     MLP,
     Block,
-    GPTConfig,
-    MLPConfig,
     ModelInputError,
     cross_entropy,
 )
@@ -48,6 +46,7 @@ __all__ = [
     "GPTConfig",
     "KVCache",
     "MLPConfig",
+    "ModelConfig",
     "ModelInputError",
     "RopeScaling",
     "SelfAttention",

@@ -10,59 +10,13 @@ projections biases.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import flax.linen as nn
 import jax
 
-from theseus.config import field
 from theseus.model.component import Component, resolve_dtype
+from theseus.model.config import MLPConfig, ModelConfig
 
 __all__ = ["ACTIVATIONS", "MLP", "MLPConfig"]
-
-
-@dataclass(frozen=True)
-class MLPConfig:
-    """Settings read by `MLP`."""
-
-    n_embd: int = field(
-        "architecture/n_embd", default=128, ge=1, help="width of the residual stream"
-    )
-    mlp_ratio: int = field("architecture/mlp_ratio", default=4, ge=1, help="hidden width / n_embd")
-    mlp_width: int = field(
-        "architecture/mlp_width",
-        default=0,
-        ge=0,
-        help="the MLP's hidden width (Llama's intermediate_size); 0: mlp_ratio * n_embd",
-    )
-    dropout: float = field(
-        "architecture/dropout", default=0.0, ge=0, lt=1, help="dropout probability"
-    )
-    bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
-    mlp_bias: bool | None = field(
-        "architecture/mlp_bias",
-        default=None,
-        help="biases on the MLP's projections; None: architecture/bias",
-    )
-    activation: Literal["gelu_tanh", "gelu", "relu", "silu"] = field(
-        "architecture/activation",
-        default="gelu_tanh",
-        help="the MLP's nonlinearity: GELU with the tanh approximation (GPT-2's), exact GELU, "
-        "ReLU, SiLU (Llama's, with gated_mlp)",
-    )
-    gated_mlp: bool = field(
-        "architecture/gated_mlp",
-        default=False,
-        help="hidden = act(c_gate(x)) * c_fc(x) (SwiGLU with activation silu)",
-    )
-    param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
-    dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
-
-    @property
-    def hidden(self) -> int:
-        """The hidden width: `mlp_width`, or `mlp_ratio * n_embd` when it is 0."""
-        return self.mlp_width or self.mlp_ratio * self.n_embd
 
 
 ACTIVATIONS = {
@@ -76,8 +30,8 @@ ACTIVATIONS = {
 class MLP(nn.Module, Component):
     """Position-wise feed-forward: `x [batch, seq, n_embd] -> [batch, seq, n_embd]`."""
 
-    CONFIG = MLPConfig
-    config: MLPConfig
+    CONFIG = ModelConfig
+    config: ModelConfig
 
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:

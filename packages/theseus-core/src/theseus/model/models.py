@@ -18,88 +18,41 @@ own sizes (see `theseus.model.gpt2`).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from theseus.config import Tree, UnknownKeyError, configure, field
+from theseus.config import Tree, UnknownKeyError, configure
 from theseus.config._errors import suggest
 from theseus.config._field import PATH_KEY
 from theseus.errors import TheseusError
-from theseus.model.attention.base import AttentionConfig, KVCache, SelfAttention
+from theseus.model.attention.base import KVCache, SelfAttention
 from theseus.model.component import Component, resolve_dtype
-from theseus.model.mlp import MLP, MLPConfig
+from theseus.model.config import AttentionConfig, GPTConfig, MLPConfig, ModelConfig
+from theseus.model.mlp import MLP
 from theseus.model.norms import make_norm
 
-__all__ = ["GPT", "MLP", "Block", "GPTConfig", "MLPConfig", "ModelInputError", "cross_entropy"]
+__all__ = [
+    "GPT",
+    "MLP",
+    "AttentionConfig",
+    "Block",
+    "GPTConfig",
+    "MLPConfig",
+    "ModelConfig",
+    "ModelInputError",
+    "cross_entropy",
+]
 
 
 class ModelInputError(TheseusError, ValueError):
     """Tokens the model cannot take (a sequence longer than `architecture/block_size`)."""
 
 
-@dataclass(frozen=True)
-class GPTConfig:
-    """Settings read by `GPT` itself."""
-
-    n_layers: int = field("architecture/n_layers", default=4, ge=1, help="number of blocks")
-    n_embd: int = field(
-        "architecture/n_embd", default=128, ge=1, help="width of the residual stream"
-    )
-    block_size: int = field(
-        "architecture/block_size", default=128, ge=1, help="context length in tokens"
-    )
-    vocab_size: int = field("architecture/vocab_size", default=258, ge=1, help="embedding rows")
-    dropout: float = field(
-        "architecture/dropout", default=0.0, ge=0, lt=1, help="dropout probability"
-    )
-    bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
-    tie_embeddings: bool = field(
-        "architecture/tie_embeddings", default=True, help="unembed with the embedding matrix"
-    )
-    positions: Literal["rotary", "learned"] = field(
-        "architecture/positions",
-        default="rotary",
-        help="'rotary' rotates queries and keys; 'learned' adds a position embedding (GPT-2)",
-    )
-    norm: Literal["layernorm", "rmsnorm"] = field(
-        "architecture/norm", default="layernorm", help="the kind of every norm of the model"
-    )
-    norm_eps: float = field(
-        "architecture/norm_eps", default=1e-5, gt=0, help="epsilon of every layer norm"
-    )
-    norm_bias: bool | None = field(
-        "architecture/norm_bias",
-        default=None,
-        help="a LayerNorm's bias (RMSNorm has none); None: architecture/bias",
-    )
-    residual: Literal["sequential", "parallel", "post_norm"] = field(
-        "architecture/residual",
-        default="sequential",
-        help="'sequential': x + attn(ln_1(x)), then x + mlp(ln_2(x)); 'parallel': "
-        "x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX); 'post_norm': x + ln_1(attn(x)), then "
-        "x + ln_2(mlp(x)) (OLMo-2)",
-    )
-    tokenizer: str = field(
-        "architecture/tokenizer",
-        default="bytes",
-        help="the tokenizer whose ids the model reads: 'bytes', or one under ROOT/tokenizers",
-    )
-    param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
-    dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
-    remat: Literal["none", "block"] = field(
-        "training/remat",
-        default="none",
-        help="activation checkpointing: 'none' keeps every activation for the backward, "
-        "'block' keeps only each block's input and recomputes the block in the backward",
-    )
-
-
-def _norm(cfg: GPTConfig, name: str) -> nn.Module:
+def _norm(cfg: ModelConfig, name: str) -> nn.Module:
     bias = cfg.bias if cfg.norm_bias is None else cfg.norm_bias
     return make_norm(
         cfg.norm,
@@ -111,7 +64,7 @@ def _norm(cfg: GPTConfig, name: str) -> nn.Module:
     )
 
 
-def _embedding(cfg: GPTConfig, rows: int, std: float, axis: str) -> nn.Embed:
+def _embedding(cfg: ModelConfig, rows: int, std: float, axis: str) -> nn.Embed:
     """`rows` embeddings of width `n_embd`, initialized normal(`std`), rows along `axis`."""
     return nn.Embed(
         rows,
@@ -141,10 +94,20 @@ class Block(nn.Module, Component):
     - `post_norm`: `x + ln_1(attn(x))`, then `x + ln_2(mlp(x))`.
     """
 
-    CONFIG = GPTConfig
-    config: GPTConfig
-    attention: AttentionConfig
-    mlp_config: MLPConfig
+    CONFIG = ModelConfig
+    config: ModelConfig
+    # Earlier versions took three configurations; each defaults to `config`.
+    attention: ModelConfig | None = None
+    mlp_config: ModelConfig | None = None
+
+    def __post_init__(self) -> None:
+        # `attention` and `mlp_config` name the configuration those parts read: `config`
+        # unless given (earlier versions passed three).
+        if self.attention is None:
+            object.__setattr__(self, "attention", self.config)
+        if self.mlp_config is None:
+            object.__setattr__(self, "mlp_config", self.config)
+        super().__post_init__()
 
     @classmethod
     def components(cls) -> list[type[Component]]:
@@ -152,9 +115,9 @@ class Block(nn.Module, Component):
 
     def setup(self) -> None:
         self.ln_1 = _norm(self.config, "ln_1")
-        self.attn = SelfAttention(self.attention)
+        self.attn = SelfAttention(self.attention or self.config)
         self.ln_2 = _norm(self.config, "ln_2")
-        self.mlp = MLP(self.mlp_config)
+        self.mlp = MLP(self.mlp_config or self.config)
 
     def __call__(
         self, x: jax.Array, deterministic: bool = True, cache: KVCache | None = None
@@ -207,10 +170,20 @@ def cross_entropy(
 class GPT(nn.Module, Component):
     """A GPT: `x [batch, seq] int -> logits [batch, seq, vocab_size]` (and the loss given `y`)."""
 
-    CONFIG = GPTConfig
-    config: GPTConfig
-    attention: AttentionConfig
-    mlp_config: MLPConfig
+    CONFIG = ModelConfig
+    config: ModelConfig
+    # Earlier versions took three configurations; each defaults to `config`.
+    attention: ModelConfig | None = None
+    mlp_config: ModelConfig | None = None
+
+    def __post_init__(self) -> None:
+        # `attention` and `mlp_config` name the configuration those parts read: `config`
+        # unless given (earlier versions passed three).
+        if self.attention is None:
+            object.__setattr__(self, "attention", self.config)
+        if self.mlp_config is None:
+            object.__setattr__(self, "mlp_config", self.config)
+        super().__post_init__()
 
     @classmethod
     def components(cls) -> list[type[Component]]:
@@ -222,41 +195,34 @@ class GPT(nn.Module, Component):
 
         Without settings: from the active configuration (see `theseus.config.using`),
         as a trainer does. With settings (a field name such as `n_embd=64`, or a key
-        such as `architecture/n_embd`): one fresh configuration of `GPTConfig`,
-        `AttentionConfig` and `MLPConfig` with those values (type-checked) and the
-        defaults, so `n_embd`, `block_size` and `dropout` are never written three times.
+        such as `architecture/n_embd`): one fresh `ModelConfig` with those values
+        (type-checked) and the defaults.
 
         Example:
-            >>> GPT.build(n_layers=2, n_embd=64, n_head=2, block_size=32).attention.n_embd
+            >>> GPT.build(n_layers=2, n_embd=64, n_head=2, block_size=32).config.n_embd
             64
 
         Raises:
-            UnknownKeyError: a setting that none of the three declares (with the
-                closest names).
+            UnknownKeyError: a setting `ModelConfig` does not declare (with the closest
+                names).
             ConfigTypeError: a value of the wrong type.
             ConfigRangeError: a value out of its range, or settings that do not fit
                 together (`n_head` not divisible by `n_kv_head`, ...).
         """
-        schemas = (GPTConfig, AttentionConfig, MLPConfig)
         if not settings:
-            return cls(configure(GPTConfig), configure(AttentionConfig), configure(MLPConfig))
-        keys = {
-            f.name: f.metadata[PATH_KEY] for schema in schemas for f in dataclasses.fields(schema)
-        }
-        tree = Tree.of(*schemas)
+            return cls(configure(ModelConfig))
+        keys = {f.name: f.metadata[PATH_KEY] for f in dataclasses.fields(ModelConfig)}
+        tree = Tree.of(ModelConfig)
         for name, value in settings.items():
             key = keys.get(name, name)
             if key not in keys.values():
                 raise UnknownKeyError(
-                    f"GPT.build() got the setting {name!r}, which none of GPTConfig, "
-                    f"AttentionConfig and MLPConfig declares.{suggest(name, keys)} Settings: "
-                    f"{', '.join(sorted(keys))}."
+                    f"GPT.build() got the setting {name!r}, which ModelConfig does not "
+                    f"declare.{suggest(name, keys)} Settings: {', '.join(sorted(keys))}."
                 )
             tree.set(key, value)
         tree.check()
-        return cls(
-            configure(GPTConfig, tree), configure(AttentionConfig, tree), configure(MLPConfig, tree)
-        )
+        return cls(configure(ModelConfig, tree))
 
     def setup(self) -> None:
         cfg = self.config
@@ -341,5 +307,6 @@ class GPT(nn.Module, Component):
         """A zero `KVCache` per block for `batch` rows of `slots` positions (`start`: each
         row's first real slot, `[batch]`; None: 0)."""
         return tuple(
-            KVCache.empty(self.attention, batch, slots, start) for _ in range(self.config.n_layers)
+            KVCache.empty(self.attention or self.config, batch, slots, start)
+            for _ in range(self.config.n_layers)
         )

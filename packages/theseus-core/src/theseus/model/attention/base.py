@@ -22,14 +22,13 @@ import jax
 import jax.numpy as jnp
 
 from theseus.config import ConfigError
-from theseus.model.attention.config import AttentionConfig
 from theseus.model.attention.kernels import attend, probabilities, reference, repeat_kv
 from theseus.model.attention.rotary import apply_rotary, rotary_width
 from theseus.model.component import Component, resolve_dtype
+from theseus.model.config import ModelConfig
 from theseus.model.norms import make_norm
 
 __all__ = [
-    "AttentionConfig",
     "KVCache",
     "SelfAttention",
     "apply_rotary",
@@ -41,8 +40,8 @@ __all__ = [
 class SelfAttention(nn.Module, Component):
     """Causal self-attention: `x [batch, seq, n_embd] -> [batch, seq, n_embd]`."""
 
-    CONFIG = AttentionConfig
-    config: AttentionConfig
+    CONFIG = ModelConfig
+    config: ModelConfig
 
     def setup(self) -> None:
         cfg = self.config
@@ -208,7 +207,7 @@ class KVCache(NamedTuple):
 
     @classmethod
     def empty(
-        cls, config: AttentionConfig, batch: int, slots: int, start: jax.Array | None = None
+        cls, config: ModelConfig, batch: int, slots: int, start: jax.Array | None = None
     ) -> KVCache:
         """Zeros for `batch` rows of `slots` positions in the activation dtype, length 0."""
         shape = (batch, slots, config.kv_head_count, config.head_dim)

@@ -1,10 +1,15 @@
-"""The attention's settings and the checks across them.
+"""The model's configuration: every `architecture/*` key, declared once.
 
-`AttentionConfig` holds what `SelfAttention` reads: sizes, grouped-query heads
-(`architecture/n_kv_head`), positions (learned, or rotary with `rope_base`,
-`rotary_fraction` and `rope_scaling/...`), the optional QK-norm and the biases of the
-two projections. Each `@rule` refuses a combination the model cannot build, in one
-line, when the configuration is checked (before a job writes anything).
+`ModelConfig` holds every setting the model reads: sizes, attention (grouped-query
+heads, positions and rotary settings, QK-norm, biases, the attention computation), the
+MLP, norms, the residual layout, dtypes, and the two memory settings `training/remat` and
+`training/loss_chunk`. `GPT`, `Block`, `SelfAttention` and `MLP` all read it, so each
+key has one declaration, one default and one help text. `GPTConfig`, `AttentionConfig`
+and `MLPConfig`, the three dataclasses earlier versions declared, are names of it:
+`GPT(GPTConfig(...), AttentionConfig(...), MLPConfig(...))` still builds a model, and
+configuration files, saved configurations and checkpoints keep their keys (no key was
+renamed). Each `@rule` refuses a combination the model cannot build, in one line, when
+the configuration is checked (before a job writes anything).
 """
 
 from __future__ import annotations
@@ -15,7 +20,17 @@ from typing import Literal
 from theseus.config import field, rule
 from theseus.model.attention.rotary import RopeScaling, rotary_width
 
-__all__ = ["AttentionConfig", "head_width", "kv_heads", "kv_shard", "rope_scaling", "rotated"]
+__all__ = [
+    "AttentionConfig",
+    "GPTConfig",
+    "MLPConfig",
+    "ModelConfig",
+    "head_width",
+    "kv_heads",
+    "kv_shard",
+    "rope_scaling",
+    "rotated",
+]
 
 
 @rule("architecture/n_embd", "architecture/n_head", "architecture/positions")
@@ -119,11 +134,59 @@ def rope_scaling(positions: str, kind: str, low: float, high: float) -> str | No
 
 
 @dataclass(frozen=True)
-class AttentionConfig:
-    """Settings read by `SelfAttention`."""
+class ModelConfig:
+    """Every setting the model reads (`architecture/*`, `training/remat`, `training/loss_chunk`)."""
 
+    n_layers: int = field("architecture/n_layers", default=4, ge=1, help="number of blocks")
     n_embd: int = field(
         "architecture/n_embd", default=128, ge=1, help="width of the residual stream"
+    )
+    block_size: int = field(
+        "architecture/block_size", default=128, ge=1, help="context length in tokens"
+    )
+    vocab_size: int = field("architecture/vocab_size", default=258, ge=1, help="embedding rows")
+    dropout: float = field(
+        "architecture/dropout", default=0.0, ge=0, lt=1, help="dropout probability"
+    )
+    bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
+    tie_embeddings: bool = field(
+        "architecture/tie_embeddings", default=True, help="unembed with the embedding matrix"
+    )
+    positions: Literal["rotary", "learned"] = field(
+        "architecture/positions",
+        default="rotary",
+        help="'rotary' rotates queries and keys; 'learned' adds a position embedding (GPT-2)",
+    )
+    norm: Literal["layernorm", "rmsnorm"] = field(
+        "architecture/norm", default="layernorm", help="the kind of every norm of the model"
+    )
+    norm_eps: float = field(
+        "architecture/norm_eps", default=1e-5, gt=0, help="epsilon of every layer norm"
+    )
+    norm_bias: bool | None = field(
+        "architecture/norm_bias",
+        default=None,
+        help="a LayerNorm's bias (RMSNorm has none); None: architecture/bias",
+    )
+    residual: Literal["sequential", "parallel", "post_norm"] = field(
+        "architecture/residual",
+        default="sequential",
+        help="'sequential': x + attn(ln_1(x)), then x + mlp(ln_2(x)); 'parallel': "
+        "x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX); 'post_norm': x + ln_1(attn(x)), then "
+        "x + ln_2(mlp(x)) (OLMo-2)",
+    )
+    tokenizer: str = field(
+        "architecture/tokenizer",
+        default="bytes",
+        help="the tokenizer whose ids the model reads: 'bytes', or one under ROOT/tokenizers",
+    )
+    param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
+    dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
+    remat: Literal["none", "block"] = field(
+        "training/remat",
+        default="none",
+        help="activation checkpointing: 'none' keeps every activation for the backward, "
+        "'block' keeps only each block's input and recomputes the block in the backward",
     )
     n_head: int = field(
         "architecture/n_head", default=4, ge=1, rules=[head_width], help="attention heads per layer"
@@ -135,13 +198,6 @@ class AttentionConfig:
         rules=[kv_heads, kv_shard],
         help="key/value heads (grouped-query attention); 0: one per query head",
     )
-    block_size: int = field(
-        "architecture/block_size", default=128, ge=1, help="context length in tokens"
-    )
-    dropout: float = field(
-        "architecture/dropout", default=0.0, ge=0, lt=1, help="dropout probability"
-    )
-    bias: bool = field("architecture/bias", default=False, help="biases in dense layers and norms")
     qkv_bias: bool | None = field(
         "architecture/qkv_bias",
         default=None,
@@ -154,11 +210,6 @@ class AttentionConfig:
     )
     rope_base: float = field(
         "architecture/rope_base", default=10000.0, gt=0, help="rotary frequency base"
-    )
-    positions: Literal["rotary", "learned"] = field(
-        "architecture/positions",
-        default="rotary",
-        help="'rotary' rotates queries and keys; 'learned' adds a position embedding (GPT-2)",
     )
     rotary_fraction: float = field(
         "architecture/rotary_fraction",
@@ -200,19 +251,6 @@ class AttentionConfig:
         default=False,
         help="normalize all query and all key features after the projection (OLMo-2)",
     )
-    norm: Literal["layernorm", "rmsnorm"] = field(
-        "architecture/norm", default="layernorm", help="the kind of every norm of the model"
-    )
-    norm_eps: float = field(
-        "architecture/norm_eps", default=1e-5, gt=0, help="epsilon of every layer norm"
-    )
-    norm_bias: bool | None = field(
-        "architecture/norm_bias",
-        default=None,
-        help="a LayerNorm's bias (RMSNorm has none); None: architecture/bias",
-    )
-    param_dtype: str = field("architecture/dtype/param", default="float32", help="parameter dtype")
-    dtype: str = field("architecture/dtype/activation", default="float32", help="activation dtype")
     attention: Literal["auto", "reference", "splash", "flash", "cudnn"] = field(
         "architecture/attention",
         default="auto",
@@ -220,6 +258,29 @@ class AttentionConfig:
         "on a TPU, cuDNN on a GPU, the reference on a CPU), 'reference', or a fused kernel "
         "('splash', 'flash': TPU; 'cudnn': GPU); a call a kernel cannot serve uses the "
         "reference and says so once",
+    )
+    mlp_ratio: int = field("architecture/mlp_ratio", default=4, ge=1, help="hidden width / n_embd")
+    mlp_width: int = field(
+        "architecture/mlp_width",
+        default=0,
+        ge=0,
+        help="the MLP's hidden width (Llama's intermediate_size); 0: mlp_ratio * n_embd",
+    )
+    mlp_bias: bool | None = field(
+        "architecture/mlp_bias",
+        default=None,
+        help="biases on the MLP's projections; None: architecture/bias",
+    )
+    activation: Literal["gelu_tanh", "gelu", "relu", "silu"] = field(
+        "architecture/activation",
+        default="gelu_tanh",
+        help="the MLP's nonlinearity: GELU with the tanh approximation (GPT-2's), exact GELU, "
+        "ReLU, SiLU (Llama's, with gated_mlp)",
+    )
+    gated_mlp: bool = field(
+        "architecture/gated_mlp",
+        default=False,
+        help="hidden = act(c_gate(x)) * c_fc(x) (SwiGLU with activation silu)",
     )
 
     @property
@@ -243,3 +304,14 @@ class AttentionConfig:
             self.rope_scaling_high_freq_factor,
             self.rope_scaling_original_context,
         )
+
+    @property
+    def hidden(self) -> int:
+        """The hidden width: `mlp_width`, or `mlp_ratio * n_embd` when it is 0."""
+        return self.mlp_width or self.mlp_ratio * self.n_embd
+
+
+#: The names of the three dataclasses earlier versions declared (GPT's, the attention's, the MLP's).
+GPTConfig = ModelConfig
+AttentionConfig = ModelConfig
+MLPConfig = ModelConfig
