@@ -32,6 +32,7 @@ from theseus.config._field import PATH_KEY
 from theseus.errors import TheseusError
 from theseus.model.attention.base import AttentionConfig, KVCache, SelfAttention
 from theseus.model.component import Component, resolve_dtype
+from theseus.model.loss import chunked_cross_entropy
 from theseus.model.mlp import MLP, MLPConfig
 from theseus.model.norms import make_norm
 
@@ -96,6 +97,13 @@ class GPTConfig:
         default="none",
         help="activation checkpointing: 'none' keeps every activation for the backward, "
         "'block' keeps only each block's input and recomputes the block in the backward",
+    )
+    loss_chunk: int = field(
+        "training/loss_chunk",
+        default=0,
+        ge=0,
+        help="most tokens (rows x positions) whose logits the loss computes at once; 0: as "
+        "many as keep a chunk's float32 logits within 256 MiB (theseus.model.loss)",
     )
 
 
@@ -306,10 +314,25 @@ class GPT(nn.Module, Component):
         for block in self.blocks:
             h = block(h, deterministic)  # positional: static under nn.remat
         h = self.ln_f(h)
-        logits = self.wte.attend(h) if self.config.tie_embeddings else self.lm_head(h)
+        tied = self.config.tie_embeddings
+        logits = self.wte.attend(h) if tied else self.lm_head(h)
         if y is None:
             return logits, None
-        loss, _ = cross_entropy(logits, y, padding_mask)
+        # The loss reads `h` and the unembedding weights, chunk by chunk (theseus.model.loss):
+        # a caller that drops `logits` (train_step, val_step) never holds them in float32.
+        if tied:
+            unembedding = self.wte.embedding
+        else:
+            unembedding = nn.unbox(self.lm_head.variables["params"]["kernel"])
+        loss, _ = chunked_cross_entropy(
+            h,
+            unembedding,
+            y,
+            padding_mask,
+            tied=tied,
+            dtype=resolve_dtype(self.config.dtype),
+            chunk=self.config.loss_chunk,
+        )
         return logits, loss
 
     def cached(
