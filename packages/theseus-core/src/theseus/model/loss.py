@@ -7,8 +7,9 @@ targets and their count. When the tokens exceed one chunk, the positions are cut
 chunks of every row and `per` positions; `lax.scan` runs over the chunks, and each
 chunk's body is under `jax.checkpoint`, so the forward keeps only the chunk's inputs
 (slices of `h`) and the backward recomputes the chunk's logits. At most one chunk's
-logits `[batch, per, vocab]` (and their gradient) exist at a time. A batch that fits in
-one chunk takes the plain computation, operation for operation `cross_entropy`'s.
+logits `[batch, per, vocab]` (and their gradient) exist at a time; rows stay whole, so
+under data parallelism each device holds its rows' share of a chunk. A batch that fits
+in one chunk takes the plain computation, operation for operation `cross_entropy`'s.
 
 `GPT.__call__` computes its loss here, from `ln_f`'s output and the unembedding weights
 (not from the logits it returns): a caller that drops the logits (the trainer's
