@@ -319,7 +319,7 @@ class GPT(nn.Module, Component):
         if y is None:
             return logits, None
         # The loss reads `h` and the unembedding weights, chunk by chunk (theseus.model.loss):
-        # a caller that drops `logits` (train_step, val_step) never holds them in float32.
+        # for a caller that drops `logits` (train_step, val_step) XLA removes them.
         if tied:
             unembedding = self.wte.embedding
         else:
