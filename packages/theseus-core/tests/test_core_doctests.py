@@ -16,6 +16,7 @@ MODULES = [
     "theseus.job._spec",
     "theseus.quick._session",
     "theseus.data",
+    "theseus.model.loss",
 ]
 
 

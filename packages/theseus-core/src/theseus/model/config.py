@@ -188,6 +188,13 @@ class ModelConfig:
         help="activation checkpointing: 'none' keeps every activation for the backward, "
         "'block' keeps only each block's input and recomputes the block in the backward",
     )
+    loss_chunk: int = field(
+        "training/loss_chunk",
+        default=0,
+        ge=0,
+        help="most tokens (rows x positions) whose logits the loss computes at once; 0: as "
+        "many as keep a chunk's float32 logits within 256 MiB (theseus.model.loss)",
+    )
     n_head: int = field(
         "architecture/n_head", default=4, ge=1, rules=[head_width], help="attention heads per layer"
     )

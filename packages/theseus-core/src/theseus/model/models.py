@@ -32,6 +32,7 @@ from theseus.errors import TheseusError
 from theseus.model.attention.base import KVCache, SelfAttention
 from theseus.model.component import Component, resolve_dtype
 from theseus.model.config import AttentionConfig, GPTConfig, MLPConfig, ModelConfig
+from theseus.model.loss import chunked_cross_entropy
 from theseus.model.mlp import MLP
 from theseus.model.norms import make_norm
 
@@ -293,12 +294,27 @@ class GPT(nn.Module, Component):
                 written.append(layer)
             cache = tuple(written)
         h = self.ln_f(h)
-        logits = self.wte.attend(h) if self.config.tie_embeddings else self.lm_head(h)
+        tied = self.config.tie_embeddings
+        logits = self.wte.attend(h) if tied else self.lm_head(h)
         if cache is not None:
             return logits, cache
         if y is None:
             return logits, None
-        loss, _ = cross_entropy(logits, y, padding_mask)
+        # The loss reads `h` and the unembedding weights, chunk by chunk (theseus.model.loss):
+        # for a caller that drops `logits` (train_step, val_step) XLA removes them.
+        if tied:
+            unembedding = self.wte.embedding
+        else:
+            unembedding = nn.unbox(self.lm_head.variables["params"]["kernel"])
+        loss, _ = chunked_cross_entropy(
+            h,
+            unembedding,
+            y,
+            padding_mask,
+            tied=tied,
+            dtype=resolve_dtype(self.config.dtype),
+            chunk=self.config.loss_chunk,
+        )
         return logits, loss
 
     def empty_cache(
