@@ -1,6 +1,7 @@
 """`theseus eval` on the accelerator: the harness's scores are the plain forward's.
 
-`theseus eval ROOT trained --tasks synthetic_ppl,synthetic_mc --limit 4` scores the
+`theseus eval --debug ROOT trained --tasks synthetic_ppl,synthetic_mc --limit 4` (a failure
+shows its traceback) scores the
 shared run's latest checkpoint (batched rows through `theseus.model.scoring`) under
 `precise()`. References, as `test_eval_cli.py` computes them: bits per byte from the
 trainer's plain forward on each rolling window alone (float64 log-softmax), within
@@ -9,6 +10,7 @@ trainer's plain forward on each rolling window alone (float64 log-softmax), with
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,10 @@ LIMIT = 4
 def test_theseus_eval_scores_what_the_forward_scores(trained: tuple[Path, Any]) -> None:
     root, trainer = trained
     cli = import_module_or_file(str(_run.ANALYSIS_TESTS / "test_eval_cli.py"))
-    command = ["eval", str(root), _run.RUN, "--tasks", "synthetic_ppl,synthetic_mc"]
+    command = ["eval", "--debug", str(root), _run.RUN, "--tasks", "synthetic_ppl,synthetic_mc"]
     with precise():
         done = CliRunner().invoke(main, [*command, "--limit", str(LIMIT)])
-        assert done.exit_code == 0, done.output
+        assert done.exit_code == 0, "".join(traceback.format_exception(*done.exc_info))
         with Store(root / "store") as store:
             values = store.values(trainer.node)
         language = Synthetic.language(root)
