@@ -8,26 +8,28 @@ Every comparison in the set is `max|ours - reference| <= tolerance * max|referen
 and `kind` says what the two sides are:
 
 - `"reference"`: float32 on the platform, under `precise()` (matrix products at
-  'highest' precision), against a float64 NumPy computation of the same definition.
-- `"recompiled"`: the same arithmetic as two programs on one platform, both under
-  `precise()`: eager against compiled, the KV cache against the full recompute, the
-  batched scorer against one row alone.
+  'highest' precision), against a float64 NumPy computation of the same definition
+  (including a log-softmax taken in float64 from the platform's logits).
+- `"recompiled"`: the same float32 arithmetic as two programs on one platform, both
+  under `precise()`: eager against compiled, the KV cache against the full recompute.
 - `"bitwise"`: the same program on the same inputs (a resumed run against an
   uninterrupted one): 0.
 
 Values restored on another platform are compared with the sum of both platforms'
 `"reference"` tolerances (each side is that close to the truth): `across`.
 
-Why these multiples. CPU: IEEE float32 with correctly rounded or nearly so `exp`, `tanh`
-and `erf`; a 2-layer forward against float64 stays within 1e-5 of its scale (84 eps), as
-the default suite's tests assert. TPU: under 'highest' a float32 matrix product is
-float32-accurate (six bf16 passes), but `exp`, `log`, `tanh` and `erf` are approximations
-good to 4-5 decimal digits; a 2-layer forward measured within MEASURED of its scale
-(below), so the multiple is 2048 eps (2.4e-4): about 4x what was measured. GPU: its
-transcendental functions are accurate to a few ulps, but reductions are reordered
-between programs; the CPU's multiples times 4. An unknown platform gets the TPU's.
-
-Never loosen one of these to make a test pass: find out why the numbers moved.
+Why these multiples. CPU: IEEE float32 with nearly correctly rounded `exp`, `log`,
+`tanh` and `erf`; a 2-layer forward against float64 stays within 1e-5 of its scale
+(84 eps), as the default suite's tests assert, and within 5 eps in this set. TPU: under
+'highest' a float32 matrix product agrees with float64 to about seven digits (six bf16
+passes), but `exp`, `log`, `tanh` and `erf` are approximations that agree to four or
+five digits (as reported for a TPU v5e with JAX 0.10.2; this set has not yet been run on
+one to measure its own); so 4096 eps (4.9e-4, five times 1e-4) against float64, and 512
+eps (6.1e-5) between two programs, which share those approximations. GPU: its transcendental functions are accurate to a
+few ulps, but reductions are reordered between programs; the CPU's multiples times 4.
+An unknown platform gets the TPU's. The session ends with a line of the largest ratio
+each kind showed (`seen_line`): tighten a multiple from it, and never loosen one to make
+a test pass without finding out why the numbers moved.
 """
 
 from __future__ import annotations
@@ -54,12 +56,8 @@ __all__ = [
 ULPS: dict[str, dict[str, float]] = {
     "cpu": {"reference": 128, "recompiled": 16, "bitwise": 0},
     "gpu": {"reference": 512, "recompiled": 64, "bitwise": 0},
-    "tpu": {"reference": 2048, "recompiled": 512, "bitwise": 0},
+    "tpu": {"reference": 4096, "recompiled": 512, "bitwise": 0},
 }
-
-#: What the multiples were checked against on a TPU v5e (JAX 0.10.2): the largest
-#: `max|ours - reference| / max|reference|` each kind of comparison gave there.
-MEASURED = {"reference": None, "recompiled": None}
 
 
 def platform() -> str:

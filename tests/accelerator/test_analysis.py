@@ -9,8 +9,9 @@ debugger` does), both under `precise()`. Tolerance: `recompiled`.
 Sweep: `intervention_jobs.HeadAblationTokens` zero-ablates each head of each layer of
 the shared run's last checkpoint (grouped-query heads); every target's loss change is
 compared with `test_interventions.Reference`, the model applied eagerly with the head's
-slice of `c_proj`'s input set to zero by hand and the losses taken in float64. Tolerance:
-`recompiled` of the losses' size, and the changes must exceed ten times that.
+slice of `c_proj`'s input set to zero by hand and the losses taken in float64 from its
+logits (the sweep's are float32 on the platform). Tolerance: `reference` of the losses'
+size, and the changes must exceed ten times that.
 """
 
 from __future__ import annotations
@@ -76,6 +77,6 @@ def test_a_head_ablation_sweep_matches_the_eager_losses(trained: tuple[Path, Any
                 want[layer, head] = ref.losses(ref.with_head(layer, head, 0.0)) - clean
     assert got.shape == want.shape == (2, 4, *clean.shape)
     scale = float(np.abs(clean).max())
-    assert_close(got, want, "recompiled", what="per-head loss changes", scale=scale)
-    assert np.abs(want).max() > 10 * tolerance("recompiled") * scale, "nothing changed"
+    assert_close(got, want, "reference", what="per-head loss changes", scale=scale)
+    assert np.abs(want).max() > 10 * tolerance("reference") * scale, "nothing changed"
     assert job.traces == 1
