@@ -9,7 +9,8 @@
 #    SITE/packed/site-packages;
 # 2. what requirements-host.txt names, from the host's own index (THESEUS_TPU_INDEX,
 #    default file:///opt/pypi/simple; the packed folder too, for what the index lacks),
-#    into SITE/host/site-packages;
+#    into SITE/host/site-packages, at uv.lock's versions (THESEUS_TPU_UNPINNED=1: the
+#    index's);
 # 3. checks, with both folders appended to PYTHONPATH (the host's JAX stays first), that
 #    JAX is still the host's, that it sees a TPU (THESEUS_ACCELERATOR_ALLOW_CPU=1 accepts
 #    a CPU), and that Theseus imports from SITE; then prints the lines to export.
@@ -38,6 +39,10 @@ if [ "$packed_for" != "$have" ]; then
   echo "install.sh: the wheels were packed for Python $packed_for, but $python is $have; pack again with --python $have" >&2
   exit 1
 fi
+if ! "$python" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (22, 2))' 2>/dev/null; then
+  echo "install.sh: $python's pip is missing or older than 22.2 (this needs pip install --dry-run --report)" >&2
+  exit 1
+fi
 host_jax="$("$python" -c 'import jax; print(jax.__file__)' 2>/dev/null)" || {
   echo "install.sh: $python cannot import jax; this installs beside the host's own JAX (check PYTHONPATH)" >&2
   exit 1
@@ -55,8 +60,16 @@ echo "2/3 requirements-host.txt from $index -> $host"
 # and what step 1 installed, so no second JAX lands on PYTHONPATH.
 index_pip=(env PIP_CONFIG_FILE=/dev/null "$python" -m pip install --quiet --isolated
   --disable-pip-version-check --only-binary=:all: --index-url "$index" --find-links "$wheels")
-"${index_pip[@]}" --dry-run --ignore-installed --report "$site/resolved.json" \
-  -r "$wheels/requirements-host.txt"
+wanted="$wheels/requirements-host.txt"
+if [ "${THESEUS_TPU_UNPINNED:-0}" = 1 ]; then  # the index's own choice of versions
+  sed 's/==.*//' "$wanted" >"$site/requirements-unpinned.txt"
+  wanted="$site/requirements-unpinned.txt"
+fi
+"${index_pip[@]}" --dry-run --ignore-installed --report "$site/resolved.json" -r "$wanted" || {
+  echo "install.sh: the host's index ($index) lacks what pip names above; run again with" \
+    "THESEUS_TPU_UNPINNED=1 (the index's versions), or pack with --index-has listing what it has" >&2
+  exit 1
+}
 "$python" - "$site/resolved.json" "$wheels/packed.json" "$site/host.txt" <<'EOF'
 import json
 import re
