@@ -25,7 +25,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +198,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(_CACHE_FOLDER, ignore_errors=True)
 
 
-def _keep(config: pytest.Config, items: list[pytest.Item], wanted: Any) -> None:
+def _keep(
+    config: pytest.Config, items: list[pytest.Item], wanted: Callable[[pytest.Item], bool]
+) -> None:
     """Keep the items for which `wanted(item)` holds; report the others deselected."""
     left = [item for item in items if not wanted(item)]
     if left:

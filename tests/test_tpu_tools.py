@@ -50,6 +50,18 @@ def test_the_host_has_its_jax_and_the_index_its_packages() -> None:
     assert from_index == {"flax": "0.12.8", "markdown-it-py": "4.3.0"}
 
 
+def test_the_host_takes_the_workspaces_ranges_from_its_index(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "theseus-x"\ndependencies = ["theseus-core==0.1.0", "flax>=0.11.0",'
+        ' "seaborn"]\n[project.optional-dependencies]\ngpt2 = ["tokenizers>=0.15"]\n'
+        'torch = ["torch>=2.5"]\n'
+    )
+    ranges = pack.declared([tmp_path / "pyproject.toml"], ["gpt2"])
+    assert ranges == {"flax": ">=0.11.0", "tokenizers": ">=0.15"}
+    text = pack.host_requirements({"flax": "0.12.8", "pandas": "3.1.1"}, ranges)
+    assert text.splitlines()[2:] == ["flax>=0.11.0  # uv.lock: 0.12.8", "pandas  # uv.lock: 3.1.1"]
+
+
 def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "THESEUS_ACCELERATOR_ALLOW_CPU"}
     env["JAX_PLATFORMS"] = "cpu"  # whatever this machine has, JAX sees no accelerator

@@ -8,9 +8,10 @@
 # 1. the packed wheels (Theseus and what the host lacks), --no-deps, into
 #    SITE/packed/site-packages;
 # 2. what requirements-host.txt names, from the host's own index (THESEUS_TPU_INDEX,
-#    default file:///opt/pypi/simple; the packed folder too, for what the index lacks),
-#    into SITE/host/site-packages, at uv.lock's versions (THESEUS_TPU_UNPINNED=1: the
-#    index's);
+#    default file:///opt/pypi/simple), into SITE/host/site-packages: resolved within the
+#    index alone (its versions fit each other and the host's JAX, which it holds too),
+#    then installed less the host's own packages and less what step 1 installed (those
+#    come first on PYTHONPATH anyway);
 # 3. checks, with both folders appended to PYTHONPATH (the host's JAX stays first), that
 #    JAX is still the host's, that it sees a TPU (THESEUS_ACCELERATOR_ALLOW_CPU=1 accepts
 #    a CPU), and that Theseus imports from SITE; then prints the lines to export.
@@ -56,18 +57,14 @@ echo "1/3 the packed wheels -> $packed"
 "$python" -m pip install --quiet --disable-pip-version-check --no-deps --no-index \
   --target "$packed" "$wheels"/*.whl
 echo "2/3 requirements-host.txt from $index -> $host"
-# Resolved as pip resolves them, installed less what the host has (its JAX, numpy, ...)
-# and what step 1 installed, so no second JAX lands on PYTHONPATH.
+# Resolved within the index, installed less what the host has (its JAX, numpy, ...) and
+# what step 1 installed, so no second JAX lands on PYTHONPATH.
 index_pip=(env PIP_CONFIG_FILE=/dev/null "$python" -m pip install --quiet --isolated
-  --disable-pip-version-check --only-binary=:all: --index-url "$index" --find-links "$wheels")
-wanted="$wheels/requirements-host.txt"
-if [ "${THESEUS_TPU_UNPINNED:-0}" = 1 ]; then  # the index's own choice of versions
-  sed 's/==.*//' "$wanted" >"$site/requirements-unpinned.txt"
-  wanted="$site/requirements-unpinned.txt"
-fi
-"${index_pip[@]}" --dry-run --ignore-installed --report "$site/resolved.json" -r "$wanted" || {
-  echo "install.sh: the host's index ($index) lacks what pip names above; run again with" \
-    "THESEUS_TPU_UNPINNED=1 (the index's versions), or pack with --index-has listing what it has" >&2
+  --disable-pip-version-check --only-binary=:all: --index-url "$index")
+"${index_pip[@]}" --dry-run --ignore-installed --report "$site/resolved.json" \
+  -r "$wheels/requirements-host.txt" || {
+  echo "install.sh: the host's index ($index) lacks what pip names above; pack again with" \
+    "--index-has listing only what it gives (pack.py packs the rest)" >&2
   exit 1
 }
 "$python" - "$site/resolved.json" "$wheels/packed.json" "$site/host.txt" <<'EOF'

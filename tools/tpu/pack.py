@@ -12,8 +12,11 @@ writes OUT (default `.whl-tpu/` at the repository's root, git-ignored):
   numpy, scipy, ml-dtypes, opt-einsum), what its own package index gives (`INDEX`) and
   what only those need (pip brings it from the index with them). A package published
   only as source is built into a wheel here (it must be pure Python);
-- `requirements-host.txt`: the `INDEX` packages at the lock's versions, which
-  `tools/tpu/install.sh` takes from the host's index;
+- `requirements-host.txt`: the `INDEX` packages, each with the range the workspace's
+  pyproject files declare for it (the lock's version beside it, as a comment), which
+  `tools/tpu/install.sh` takes from the host's index. A host's index holds a version or
+  two of each, seldom the lock's (a TPU v5e host's: orbax-checkpoint 0.12.4 where the lock
+  has 0.12.8, pandas 3.0.6 for 3.1.1, ...), and pip picks there what fits its JAX;
 - `packed.json`: the Python, platform and lock this was packed for.
 
 `--index-has NAME,...` replaces `INDEX` (what the host's index is known to give) and
@@ -42,8 +45,9 @@ INDEX = ("flax", "optax", "orbax-checkpoint", "tensorstore", "pandas", "pyarrow"
 #: The accelerator set's test dependencies the host's python3 may lack (it has pytest).
 TESTS = ("pytest-timeout",)
 #: The runtime closure: these packages of the workspace with these extras.
+EXTRAS = ("gpt2", "inspect", "eval")
 EXPORT = ("--package", "theseus-core", "--package", "theseus-analysis",
-          "--extra", "gpt2", "--extra", "inspect", "--extra", "eval")  # fmt: skip
+          *(arg for extra in EXTRAS for arg in ("--extra", extra)))  # fmt: skip
 
 
 class PackError(RuntimeError):
@@ -99,6 +103,41 @@ def split(closure: dict[str, str], index: Sequence[str]) -> tuple[dict[str, str]
     packed = {n: v for n, v in closure.items() if n not in host and n not in indexed}
     from_index = {n: v for n, v in closure.items() if n in indexed}
     return packed, from_index
+
+
+def declared(pyprojects: Sequence[Path], extras: Sequence[str]) -> dict[str, str]:
+    """What the workspace's pyproject files require of each package: name -> range.
+
+    The dependencies of each, and those of its optional extras named in `extras`; a
+    package required twice keeps both ranges (`>=0.4,>=0.4.1`). Other packages of the
+    workspace (`theseus-*`) are left out.
+    """
+    from packaging.requirements import Requirement
+
+    ranges: dict[str, list[str]] = {}
+    for path in pyprojects:
+        project = tomllib.loads(path.read_text())["project"]
+        lines = list(project.get("dependencies", []))
+        for extra in extras:
+            lines += project.get("optional-dependencies", {}).get(extra, [])
+        for line in lines:
+            requirement = Requirement(line)
+            name = normalize(requirement.name)
+            if not name.startswith("theseus-") and str(requirement.specifier):
+                ranges.setdefault(name, []).append(str(requirement.specifier))
+    return {name: ",".join(sorted(set(found))) for name, found in ranges.items()}
+
+
+def host_requirements(from_index: dict[str, str], ranges: dict[str, str]) -> str:
+    """requirements-host.txt: each package with its declared range, the lock's version
+    as a comment."""
+    lines = [
+        "# What tools/tpu/install.sh takes from the TPU host's own package index: the\n",
+        "# workspace's declared ranges, pip picks the index's versions (uv.lock's beside).\n",
+    ]
+    for name, version in sorted(from_index.items()):
+        lines.append(f"{name}{ranges.get(name, '')}  # uv.lock: {version}\n")
+    return "".join(lines)
 
 
 def source_only(lock: dict, names: set[str]) -> set[str]:
@@ -181,11 +220,8 @@ def pack(out: Path, python: str, platforms: Sequence[str], index: Sequence[str])
     if impure:
         raise PackError(f"{', '.join(impure)} built for this machine only; the host needs its own")
 
-    (out / "requirements-host.txt").write_text(
-        "# What tools/tpu/install.sh takes from the TPU host's own package index (uv.lock's\n"
-        "# versions); everything else is a wheel in this folder.\n"
-        + "".join(f"{n}=={v}\n" for n, v in sorted(from_index.items()))
-    )
+    ranges = declared(sorted(ROOT.glob("packages/*/pyproject.toml")), EXTRAS)
+    (out / "requirements-host.txt").write_text(host_requirements(from_index, ranges))
     digest = hashlib.sha256((ROOT / "uv.lock").read_bytes()).hexdigest()[:16]
     record = {
         "python": python,
