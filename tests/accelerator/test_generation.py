@@ -83,14 +83,14 @@ def test_cached_logits_and_greedy_tokens_equal_the_recompute(trained: tuple[Path
         compared = 0
         for prompt, new in zip(prompts, cached, strict=True):
             ids = list(prompt)
-            for token in new:
+            for chosen in new:
                 reference = full(ids)
                 best = int(np.argmax(reference))
-                if token != best:
-                    gap = reference[best] - reference[token]
+                if chosen != best:
+                    gap = reference[best] - reference[chosen]
                     allowed = tolerance("recompiled") * np.abs(reference).max()
                     assert gap <= allowed, (prompt, new, len(ids), gap, allowed)
                     break
-                ids.append(token)
+                ids.append(chosen)
                 compared += 1
     assert compared >= NEW, compared  # ties are rare: most tokens were compared
