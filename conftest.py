@@ -8,6 +8,14 @@ are errors (pyproject.toml).
 ``pytest --slurm`` (nox's ``slurm`` session) runs only the tests marked ``slurm``, on a
 private one-node SLURM cluster that the ``slurm_cluster`` fixture starts once for the
 session (``tests/_slurm_cluster.py``); without it those tests are left out.
+
+``pytest --accelerator`` runs only the accelerator set (``tests/accelerator/``, marked
+``accelerator``) on the machine's TPU or GPU, as users run: JAX picks its own platform
+(nothing is pinned to the CPU), XLA compiles with its optimizations, and everything runs
+in this one process (one program holds a TPU at a time, so ``-n`` is refused). Where JAX
+sees no accelerator the set is left out with one line and pytest exits 0;
+``THESEUS_ACCELERATOR_ALLOW_CPU=1`` runs it on the CPU instead. Without the option the set
+is not collected.
 """
 
 from __future__ import annotations
@@ -17,26 +25,40 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    ).strip()
 # Matplotlib must never try to open a window in tests.
 os.environ.setdefault("MPLBACKEND", "Agg")
-# Compile for the tests' tiny programs, not for speed: JAX's own switch (LLVM at -O0,
-# XLA's expensive passes off) halves the CPU time of each compilation, which is most of
-# the suite's time; the programs, their shardings and IEEE float semantics are unchanged
-# (every tolerance in the suite holds either way). Exported, so the `theseus` processes
-# tests start inherit it. `JAX_DISABLE_MOST_OPTIMIZATIONS=0` runs the suite as users
-# compile (nox -s "tests(oldest)" does); the benchmarks never pass through here.
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
+ROOT = Path(__file__).resolve().parent
+ACCELERATOR_SET = ROOT / "tests" / "accelerator"
+ALLOW_CPU = "THESEUS_ACCELERATOR_ALLOW_CPU"
+# The line that said why the accelerator set was left out (set only then).
+_LEFT_OUT = pytest.StashKey[str]()
+
+
+def _pin_to_virtual_cpus() -> None:
+    """The default suite's platform: four virtual CPU devices, fast compiles.
+
+    Runs in `pytest_configure`, before any test module imports JAX. Compile for the
+    tests' tiny programs, not for speed: JAX's own switch (LLVM at -O0, XLA's expensive
+    passes off) halves the CPU time of each compilation, which is most of the suite's
+    time; the programs, their shardings and IEEE float semantics are unchanged (every
+    tolerance in the suite holds either way). Exported, so the `theseus` processes tests
+    start inherit it. `JAX_DISABLE_MOST_OPTIMIZATIONS=0` runs the suite as users compile
+    (nox -s "tests(oldest)" does); the benchmarks never pass through here.
+    """
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+        ).strip()
+    os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 
 _OPTIONAL = {
     "torch": "torch",
@@ -94,9 +116,62 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run only the tests marked slurm, on a private SLURM cluster (Debian's slurm-wlm)",
     )
+    parser.addoption(
+        "--accelerator",
+        action="store_true",
+        default=False,
+        help="run only the accelerator set (tests/accelerator/) on this machine's TPU or GPU, "
+        f"in one process; without one it is left out with one line ({ALLOW_CPU}=1: on the CPU)",
+    )
+
+
+def _on_accelerator(config: pytest.Config) -> bool:
+    return bool(config.getoption("--accelerator", default=False))
+
+
+def _accelerator_line() -> tuple[str, bool]:
+    """One line on what the accelerator set runs on, and whether it runs at all."""
+    import jax
+
+    try:
+        devices = jax.devices()
+    except RuntimeError as error:  # JAX_PLATFORMS names a backend that cannot start
+        return (
+            f"accelerator set left out: JAX could not start its backend "
+            f"({str(error).splitlines()[0]}); pytest --accelerator runs it on a TPU or GPU",
+            False,
+        )
+    platform = devices[0].platform
+    seen = f"{len(devices)} {platform} device(s) ({devices[0].device_kind})"
+    if platform != "cpu":
+        return f"accelerator set on {seen}", True
+    if os.environ.get(ALLOW_CPU) == "1":
+        return f"accelerator set on {seen}: {ALLOW_CPU}=1", True
+    return (
+        f"accelerator set left out: JAX sees no TPU or GPU here, only {seen}; run "
+        f"pytest --accelerator on a machine with one ({ALLOW_CPU}=1 runs it on the CPU)",
+        False,
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Without --accelerator, never enter tests/accelerator/; with it, enter nothing else."""
+    inside = collection_path == ACCELERATOR_SET or ACCELERATOR_SET in collection_path.parents
+    if not _on_accelerator(config):
+        return True if inside else None
+    return None if inside or collection_path in ACCELERATOR_SET.parents else True
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if _on_accelerator(config):
+        workers = getattr(config.option, "numprocesses", None)
+        if workers not in (None, 0) or hasattr(config, "workerinput"):
+            raise pytest.UsageError(
+                f"pytest --accelerator runs in one process, but -n {workers} asks for "
+                "pytest-xdist workers; one program holds a TPU at a time: drop -n"
+            )
+    else:
+        _pin_to_virtual_cpus()
     # pytest-xdist hands out whole files (--dist loadfile) and by default the files with
     # the most tests first, which leaves the few-but-long ones (crash trials, two-host
     # runs, the demo) for the end, when one worker runs them while the other waits. Keep
@@ -112,19 +187,45 @@ def pytest_configure(config: pytest.Config) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The accelerator set left out for want of an accelerator is a pass (CI stays green)."""
+    if _LEFT_OUT in session.config.stash and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _CACHE_FOLDER is not None:
         shutil.rmtree(_CACHE_FOLDER, ignore_errors=True)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave out the slurm tests, or all others under --slurm; skip tests marked with an
-    optional extra whose package is absent."""
-    on_slurm = config.getoption("--slurm", default=False)
-    left = [item for item in items if bool(item.get_closest_marker("slurm")) != on_slurm]
+def _keep(
+    config: pytest.Config, items: list[pytest.Item], wanted: Callable[[pytest.Item], bool]
+) -> None:
+    """Keep the items for which `wanted(item)` holds; report the others deselected."""
+    left = [item for item in items if not wanted(item)]
     if left:
         config.hook.pytest_deselected(items=left)
-        items[:] = [item for item in items if bool(item.get_closest_marker("slurm")) == on_slurm]
+        items[:] = [item for item in items if wanted(item)]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the slurm tests, or all others under --slurm; the accelerator set, or all
+    others under --accelerator (and the set too where there is no accelerator, with one
+    line); skip tests marked with an optional extra whose package is absent."""
+    on_slurm = config.getoption("--slurm", default=False)
+    _keep(config, items, lambda item: bool(item.get_closest_marker("slurm")) == on_slurm)
+    on_accelerator = _on_accelerator(config)
+    _keep(
+        config, items, lambda item: bool(item.get_closest_marker("accelerator")) == on_accelerator
+    )
+    if on_accelerator and items:
+        line, runs = _accelerator_line()
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line)
+        if not runs:
+            config.stash[_LEFT_OUT] = line
+            _keep(config, items, lambda item: False)
     for item in items:
         for marker, module in _OPTIONAL.items():
             if item.get_closest_marker(marker) and importlib.util.find_spec(module) is None:

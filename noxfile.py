@@ -151,8 +151,12 @@ def tests(session: nox.Session, jax: str, optimized: bool) -> None:
 
 
 def _accelerator(session: nox.Session, extra: str, platform: str) -> None:
-    """Install `jax[extra]`, check that JAX sees `platform`, train and analyze on it, then
-    run the default suite (which pins itself to virtual CPU devices) beside that JAX."""
+    """Install `jax[extra]`, check that JAX sees `platform`, train and analyze on it, run
+    the accelerator set on it (`pytest --accelerator`, one process), then the default
+    suite (which pins itself to virtual CPU devices) beside that JAX.
+
+    A TPU host without network has no nox: there, `tools/tpu/install.sh` installs what
+    `tools/tpu/pack.py` packed and `python3 -m pytest --accelerator` runs the set."""
     session.install(*_editable_packages(), f"jax[{extra}]", *SUITE_DEPS)
     probe = (
         "import jax, sys\n"
@@ -169,18 +173,20 @@ def _accelerator(session: nox.Session, extra: str, platform: str) -> None:
     root = Path(session.create_tmp()) / "accelerator-demo"
     shutil.rmtree(root, ignore_errors=True)
     session.run("theseus", "demo", str(root), "--steps", "40", env={"JAX_PLATFORMS": platform})
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--accelerator",
+                env={"JAX_PLATFORMS": platform})  # fmt: skip
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session
 def gpu(session: nox.Session) -> None:
-    """On an NVIDIA GPU machine: jax[cuda12], a check that JAX sees the GPU, the suite."""
+    """On an NVIDIA GPU machine: jax[cuda12], a GPU check, the demo, the accelerator set, the suite."""
     _accelerator(session, "cuda12", "gpu")
 
 
 @nox.session
 def tpu(session: nox.Session) -> None:
-    """On a Cloud TPU VM: jax[tpu], a check that JAX sees the TPU, the suite."""
+    """On a Cloud TPU VM: jax[tpu], a TPU check, the demo, the accelerator set, the suite."""
     _accelerator(session, "tpu", "tpu")
 
 
