@@ -97,6 +97,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="architecture/attention of the trainer's model",
     )
+    p.add_argument("--loss-chunk", type=int, default=0, help="training/loss_chunk (0: the default)")
     p.add_argument(
         "--hand-attention",
         choices=["same", "reference", "splash", "flash", "cudnn"],
@@ -191,6 +192,8 @@ def _layout(args: argparse.Namespace) -> dict[str, Any]:
         settings["training/remat"] = args.remat
     if getattr(args, "attention", "auto") != "auto":
         settings["architecture/attention"] = args.attention
+    if getattr(args, "loss_chunk", 0):
+        settings["training/loss_chunk"] = args.loss_chunk
     return settings
 
 

@@ -175,7 +175,7 @@ class SelfAttention(nn.Module, Component):
         if cache is None:
             q, k, v = self.project(x)
             drop = None
-            if not deterministic and self.config.dropout > 0:
+            if self.config.dropout > 0 and not deterministic:  # rate first: may be traced
                 drop = partial(self.attn_dropout, deterministic=False)
             out = attend(q, k, v, implementation=implementation, dropout=drop)
         else:
