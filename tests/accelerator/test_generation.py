@@ -74,9 +74,7 @@ def test_cached_logits_and_greedy_tokens_equal_the_recompute(trained: tuple[Path
             for row, ids in enumerate(sequences):
                 ids.append(int(token[row]))
             if n + 1 < NEW:
-                last, caches = generation._step(
-                    model, params, caches, token, jnp.int32(width + n), jnp.asarray(start)
-                )
+                last, caches = generation._step(model, params, caches, token)
         cached = generation.generate(model, params, prompts, NEW, temperature=0)
         assert cached == [ids[len(p) :] for ids, p in zip(sequences, prompts, strict=True)]
 
