@@ -304,7 +304,10 @@ def run_trainer_only(args: argparse.Namespace, trainer: Any, host: list[dict[str
     )
     row = _report.info_row(
         f"train step alone (GPT {args.layers}x{args.width}, block {args.block}, batch "
-        f"{args.batch}, strategy {args.strategy}, remat {args.remat})",
+        f"{args.batch}, strategy {args.strategy}, remat {args.remat}"
+        + (f", attention {args.attention}" if args.attention != "auto" else "")
+        + (f", loss chunk {args.loss_chunk}" if args.loss_chunk else "")
+        + ")",
         f"{med(rates):,.0f} tokens/s",
         rates,
         unit="tokens/s",

@@ -1,0 +1,117 @@
+"""The TPU table: `results-tpu.md` from the results files of runs made on a TPU.
+
+Run (here, after the runs on the TPU host wrote their files into ``benchmarks/tpu/``)::
+
+    uv run python benchmarks/tpu_table.py benchmarks/tpu --device "TPU v5 lite" \\
+        --date 2026-12-06 --commit f85e8a5 [--peak-tflops 197]
+
+A TPU host holds one program at a time and has no network, so its runs are the scripts
+themselves (``python3 benchmarks/train_step.py ... --json FILE``, installed as README "On a
+TPU" says), each writing the same results file as under ``python -m benchmarks``; this
+script turns a folder of them into ``results-tpu.md`` and ``results-tpu.json`` in the
+schema of ``results.md``, with the device and date in the header. Each training row gets
+its model FLOPs utilization (tokens/s x model FLOPs per token / the chip's peak, bf16
+dense: 197 TFLOP/s for a v5e) as a row of its own, against the goal of issue 44 (50%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import _report, run
+
+MFU_GOAL = 0.50
+
+
+def mfu_row(results: dict[str, Any], peak: float, name: str) -> dict[str, Any] | None:
+    """The MFU of a train_step results file's trainer side, as a row (None: no model info)."""
+    info = results.get("info") or {}
+    if "flops_per_token" not in info:
+        return None
+    samples = results["rows"][0]["ours_samples"]
+    mfu = [s * info["flops_per_token"] / (peak * 1e12) for s in samples]
+    what = (
+        f"MFU of the trainer ({info['parameters'] / 1e6:.0f}M GPT, batch {info['batch']}, "
+        f"{info['dtype']} activations, remat {info['remat']})"
+    )
+    row = _report.info_row(
+        what,
+        f"{statistics.median(mfu):.1%}",
+        mfu,
+        unit="",
+        goal=(">=", MFU_GOAL),
+        met=bool(statistics.median(mfu) >= MFU_GOAL),
+        note=f"tokens/s x {info['flops_per_token']:,} model FLOPs per token (6 N + 12 L d T) / "
+        f"{peak:g} TFLOP/s; {info['tokens_per_step']:,} tokens a step",
+    )
+    return {**row.__dict__, "goal": f">= {MFU_GOAL:.0%}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="the results files (*.json) of the TPU runs")
+    p.add_argument("--device", required=True, help="the chip, as JAX names it")
+    p.add_argument("--date", required=True, help="when the runs ran")
+    p.add_argument("--commit", required=True, help="the commit the runs' wheels were built at")
+    p.add_argument("--peak-tflops", type=float, default=197.0, help="the chip's bf16 peak")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    args = p.parse_args(argv)
+    runs = []
+    for path in sorted(args.folder.glob("*.json")):
+        results = json.loads(path.read_text())
+        run.check_results(results, path.stem)
+        for row in results["rows"]:
+            row["what"] += f" [{path.stem}]"
+        extra = mfu_row(results, args.peak_tflops, path.stem)
+        if extra is not None:
+            results["rows"].append(extra)
+        runs.append({
+            "name": path.stem,
+            "what": results["rows"][0]["what"],
+            "command": f"python3 benchmarks/{results['benchmark']}.py ... ({path.name})",
+            "status": "ok",
+            "returncode": 0,
+            "seconds": 0.0,
+            "load_average": [0.0],
+            "error": None,
+            "results": results,
+        })  # fmt: skip
+    machine = {
+        "quick": False,
+        "date": args.date,
+        "git_commit": args.commit,
+        "git_uncommitted_changes": False,
+        "cpu_count": 13,
+        "cpus_usable": 13,
+        "cpu_model": f"host of one {args.device} chip",
+        "python": "3.11",
+        "versions": {"jax": "0.10.2"},
+        "seconds": 0.0,
+        "load_average_start": [0.0],
+        "load_average_end": [0.0],
+    }
+    note = f"one {args.device} chip, {args.peak_tflops:g} TFLOP/s bf16 peak; runs as listed below"
+    table = run.markdown(runs, machine, note, None).splitlines()
+    table[0] = f"# Benchmarks on a TPU ({args.device})"
+    table[2] = (
+        f"Runs of the benchmark scripts on one {args.device} chip on {args.date}, wheels built "
+        f"at commit {args.commit}, JAX 0.10.2 (the host's), installed as README 'On a TPU' "
+        f"says; collected by `python benchmarks/tpu_table.py` (what each run varied: "
+        f"benchmarks/tpu/README.md)."
+    )
+    table = "\n".join(table).replace("in `results.json`", "in `results-tpu.json`") + "\n"
+    record = {"machine": machine, "note": note, "only": None, "benchmarks": runs}
+    (args.out / "results-tpu.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / "results-tpu.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
