@@ -31,6 +31,7 @@ import dataclasses
 import json
 import operator
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,20 @@ def write(
     scratch = target.with_name(target.name + ".partial")
     scratch.write_text(json.dumps(data, indent=1) + "\n")
     scratch.replace(target)  # the runner never reads half a file
+
+
+def exit_status(rows: Sequence[Row], *, checks: Sequence[tuple[bool, str]] = ()) -> int:
+    """0 when every row's goal is met and every check holds; else 1, after one line per
+    miss on stderr (a goal missed, a check failed): a benchmark never exits 1 unexplained.
+
+    Args:
+        rows: the results' rows; a row whose `met` is False is a miss.
+        checks: `(held, what)` pairs, e.g. `(same, "the two sides' parameters differ")`.
+    """
+    said = [
+        f"goal missed: {row.what}: {row.ours} (goal {row.goal})" for row in rows if row.met is False
+    ]
+    said += [f"check failed: {what}" for held, what in checks if not held]
+    for line in said:
+        print(line, file=sys.stderr, flush=True)
+    return 1 if said else 0

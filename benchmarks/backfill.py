@@ -219,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             f"(goal >= {GOAL:g}, {'met' if row.met else 'NOT met'}); overlap {overlap}"
         )
         _report.write(args.json, "backfill", args.quick, [row])
-        return 0 if row.met and same else 1
+        return _report.exit_status(
+            [row], checks=[(same, "--over and --resume wrote different values")]
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     _report.write(args.json, "hf_import", args.quick, rows)
-    return 0 if all(r.met for r in rows) else 1
+    return _report.exit_status(rows)
 
 
 if __name__ == "__main__":

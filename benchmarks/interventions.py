@@ -199,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     _report.write(args.json, "interventions", args.quick, rows)
-    ok = all(row.met is not False for row in rows)
-    return 0 if ok else 1
+    return _report.exit_status(rows)
 
 
 def agreement(root: str, steps: int, real_cls: type, linear_cls: type) -> tuple[Any, Any]:

@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = training_rows(args.rounds, args.steps)
     rows += tandem_rows(args.rounds, 8 if args.quick else 40)
     _report.write(args.json, "sae", args.quick, rows)
-    return 0 if all(row.met is not False for row in rows) else 1
+    return _report.exit_status(rows)
 
 
 if __name__ == "__main__":

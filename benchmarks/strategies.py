@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         ok = report(devices, lines[-1], rows, args) and ok
     _report.write(args.json, "strategies", args.quick, rows)
-    return 0 if ok else 1
+    return _report.exit_status([], checks=[(ok, "a strategy's check failed (above)")])
 
 
 def _name(layout: tuple[str, int]) -> str:

@@ -247,7 +247,9 @@ def run(args: argparse.Namespace, root: str) -> int:
         _report.write(
             args.json, "train_step", args.quick, [row(rates, calls, args, agreement)], info
         )
-    return 0 if agreed else 1
+    return _report.exit_status(
+        [], checks=[(agreed, "the trainer and the hand loop trained to different parameters")]
+    )
 
 
 def run_info(args: argparse.Namespace, n_params: int, flops: int, tokens: int) -> dict[str, Any]:
