@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from theseus.registry import import_module_or_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +77,7 @@ def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a pytest of its own: the default suite's budget
 def test_without_an_accelerator_the_set_is_one_line_and_passes() -> None:
     done = _pytest("--accelerator")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -175,6 +175,7 @@ def _model(attention: str, kv_heads: int = 2) -> GPT:
     )
 
 
+@pytest.mark.slow  # the kernel interpreted through a whole model's backward (~8 s)
 def test_a_model_on_the_kernel_trains_as_on_the_reference(interpret: None) -> None:
     """Loss and every parameter's gradient of a GQA rotary GPT: splash within 1e-4 of the
     reference; `weights()` (what analyses read) is the reference's on either."""

@@ -61,7 +61,13 @@ def _imported(root: Path, job: type, run: str) -> tuple[dict[str, np.ndarray], n
 
 @pytest.mark.parametrize(
     "variant",
-    [{}, {"prefix": "transformer.", "tokenizer_json": False, "vocab_size": 320}],
+    [  # the second in the slow set (the default suite's budget)
+        {},
+        pytest.param(
+            {"prefix": "transformer.", "tokenizer_json": False, "vocab_size": 320},
+            marks=pytest.mark.slow,
+        ),
+    ],
     ids=["safetensors-tokenizer-json", "prefixed-vocab-merges-padded"],
 )
 def test_import_gpt2_and_import_hf_give_the_same_model(tmp_path: Path, variant: dict) -> None:

@@ -236,7 +236,9 @@ def _step_memory(chunk: int, step: str, accumulate: int = 1) -> int:
 
 
 @pytest.mark.parametrize(
-    ("step", "accumulate"), [("train", 1), ("train", 2), ("val", 1)], ids=["train", "micro", "val"]
+    ("step", "accumulate"),
+    [("train", 1), pytest.param("train", 2, marks=pytest.mark.slow), ("val", 1)],
+    ids=["train", "micro", "val"],  # micro-batches: the slow set (the default suite's budget)
 )
 def test_the_compiled_steps_hold_no_float32_logits(step: str, accumulate: int) -> None:
     """The steps drop the model's logits, so XLA removes them; the loss holds one chunk.
