@@ -33,7 +33,7 @@ from typing import Any
 
 import click
 
-from theseus.cli import EXISTING_ROOT, cluster_options, common_options
+from theseus.cli import cluster_options, common_options, root_argument
 from theseus.job import is_primary, process_count
 
 __all__ = ["FEWSHOT_SEED", "eval_command", "evaluate_node", "metric_values"]
@@ -346,7 +346,7 @@ def evaluate_node(
 
 
 @click.command("eval")
-@click.argument("root", type=EXISTING_ROOT)
+@root_argument(create=False)
 @click.argument("target")
 @click.option("--tasks", required=True, help="Comma-separated lm-eval task names.")
 @click.option(
