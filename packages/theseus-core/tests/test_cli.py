@@ -174,7 +174,10 @@ def test_run_fresh_resume_and_branch(tmp_path: Path) -> None:
     assert f"lineage {end.nonce} is p.g.train~{end.nonce}" in short
     beyond = fail("run", "train", str(config), str(root), "--resume", f"{lineage}~99",
                   "--import", JOBS_FILE)  # fmt: skip
-    assert f"The store has no node {lineage}~99: the 7 nodes of lineage {lineage} run from seq 0 to 6" in beyond
+    assert (
+        f"The store has no node {lineage}~99: the 7 nodes of lineage {lineage} run from seq 0 to 6"
+        in beyond
+    )
     assert f"`theseus-store lineage {store.root} {lineage}` lists them" in beyond
     assert store.query().nonce(end.nonce).latest().first().seq == 6  # type: ignore[union-attr]
     # the run's name alone: its one lineage, from its last checkpoint

@@ -102,17 +102,22 @@ def _restored(q: Quick, node: Node, cls: type[BasicJob]) -> BasicJob:
     return q.create()
 
 
-def require_store(root: str | os.PathLike[str]) -> None:
-    """Refuse a ROOT that holds no store (before `quick` would make an empty one there).
+def require_store(root: str | os.PathLike[str]) -> Path:
+    """The Theseus root of a ROOT that holds a store (refused before `quick` would make an
+    empty one there).
 
     Args:
         root: a Theseus root, its store folder or a `postgresql://` URL (`locate`).
 
+    Returns:
+        The Theseus root (the folder that holds `store/`, `data/`, `checkpoints/`).
+
     Raises:
-        ConfigError: no store is there (one line, from `theseus.store.locate`).
+        ConfigError: no store is there, or a store of its own (one line, from
+            `theseus.store.locate`).
     """
     try:
-        locate(root, create=False).theseus_root()
+        return locate(root, create=False).theseus_root()
     except StoreError as err:
         raise ConfigError(str(err)) from None
 
