@@ -199,7 +199,7 @@ def test_a_copy_from_nowhere_says_what_to_pass_and_makes_nothing(
 
 def _big_source(folder: Path) -> dict[str, float]:
     """A store whose copy takes a while: one node with many values, written in one call."""
-    values = {f"v/{i:06d}": i / 7 for i in range(60_000)}
+    values = {f"v/{i:06d}": i / 7 for i in range(150_000)}
     with Store(folder) as store:
         node = Node.new("big")
         store.log(node, values)
@@ -220,7 +220,8 @@ def test_ctrl_c_during_a_copy_is_one_line_and_a_second_run_finishes_it(tmp_path:
     copying = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert copying.stdout is not None
     first = copying.stdout.readline()  # "copying A into B": the copy has begun
-    assert first.startswith("copying"), first
+    nodes = copying.stdout.readline()  # its first stage is done; the values take a while
+    assert first.startswith("copying") and nodes.startswith("  nodes: 1 (1 added)"), first
     copying.send_signal(signal.SIGINT)
     out, err = copying.communicate(timeout=120)
     assert copying.returncode == 130, (out, err)
