@@ -48,7 +48,7 @@ def data_group() -> None:
 @data_group.command(
     "prepare", context_settings={"ignore_unknown_options": True, "allow_extra_args": True}
 )
-@click.argument("dataset")
+@click.argument("dataset", metavar="DATASET [ROOT]")
 @click.option(
     "--root",
     "root_option",
