@@ -220,3 +220,17 @@ def test_submit_resume_on_a_root_without_a_store_says_what_to_do(
     (srun,) = [line for line in script.output.splitlines() if line.startswith("srun ")]
     assert f" {tmp_path / 'proj'} " in srun  # the run gets the root, never the store folder
     assert stores_under(tmp_path) == [tmp_path / "proj" / "store"]
+
+
+def test_quick_and_jobspec_take_the_store_folder_as_the_commands_do(tmp_path: Path) -> None:
+    from theseus.job import JobSpec, store_root
+    from theseus.quick import quick
+
+    root = tmp_path / "root"
+    Store(root / "store").close()
+    for spelled in (root, root / "store", f"{root}/store/", tmp_path / "root" / "store" / ".."):
+        assert os.path.realpath(JobSpec("r", root=spelled).root) == str(root.resolve())
+        assert os.path.realpath(store_root(spelled)) == str((root / "store").resolve())
+        with quick(spelled) as q:
+            assert os.path.realpath(q.store.root) == str((root / "store").resolve())
+    assert stores_under(tmp_path) == [root / "store"]
