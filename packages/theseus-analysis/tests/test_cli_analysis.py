@@ -154,3 +154,21 @@ def test_theseus_run_over_analyzes_every_checkpoint_of_a_lineage(tmp_path: Path,
         if code == 1:
             assert len(result.output.strip().splitlines()) == 1, result.output
     assert _artifacts(root) == before
+
+
+@pytest.mark.parametrize("verb", ["demo", "eval"])
+def test_the_plugin_verbs_take_root_as_every_verb_does(verb: str, tmp_path: Path) -> None:
+    import click
+
+    from theseus.cli import ROOT_HELP, RootPath
+
+    command = main.get_command(click.Context(main), verb)
+    assert command is not None
+    [root] = [p for p in command.params if p.name == "root"]
+    assert isinstance(root.type, RootPath)  # the one conversion theseus-core's verbs use
+    shown = " ".join(CliRunner().invoke(main, [verb, "--help"]).output.split())
+    assert " ".join(ROOT_HELP.split()) in shown
+    if verb == "eval":  # a root without a store: one line, and nothing made
+        done = CliRunner().invoke(main, ["eval", str(tmp_path / "none"), "x", "--tasks", "t"])
+        assert done.exit_code == 1 and "does not exist" in done.output, done.output
+        assert done.output.count("\n") == 1 and not (tmp_path / "none").exists()

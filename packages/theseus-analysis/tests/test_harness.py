@@ -157,7 +157,7 @@ def test_bad_model_arguments_are_one_line(trained, tmp_path: Path) -> None:
         ({}, "needs a node"),
         ({"trainer": trainer, "batch_size": "x"}, "batch_size must be a positive integer"),
         ({"trainer": trainer, "pretrained": "gpt2"}, "take root, target"),
-        ({"root": str(tmp_path / "none"), "target": "x"}, "holds no store"),
+        ({"root": str(tmp_path / "none"), "target": "x"}, "none does not exist"),
     ):
         with pytest.raises(EvaluationError, match=message) as info:
             TheseusLM(**kwargs)

@@ -174,7 +174,11 @@ def test_run_fresh_resume_and_branch(tmp_path: Path) -> None:
     assert f"lineage {end.nonce} is p.g.train~{end.nonce}" in short
     beyond = fail("run", "train", str(config), str(root), "--resume", f"{lineage}~99",
                   "--import", JOBS_FILE)  # fmt: skip
-    assert f"{lineage} has no node 99: its nodes are 0 to 6" in beyond
+    assert (
+        f"The store has no node {lineage}~99: the 7 nodes of lineage {lineage} run from seq 0 to 6"
+        in beyond
+    )
+    assert f"`theseus-store lineage {store.root} {lineage}` lists them" in beyond
     assert store.query().nonce(end.nonce).latest().first().seq == 6  # type: ignore[union-attr]
     # the run's name alone: its one lineage, from its last checkpoint
     alone = ok("run", "train", str(config), str(root), "--resume", "train", "--import", JOBS_FILE)
@@ -346,7 +350,7 @@ def test_help_lists_each_command_in_full_and_points_at_theseus_store() -> None:
         "run Run the job CONFIG.yaml names (its top-level `job:` key) as run RUN under ROOT."
         in (described)
     )
-    assert "`theseus-store runs ROOT/store`" in described and "theseus-store --help" in described
+    assert "`theseus-store runs ROOT`" in described and "theseus-store --help" in described
 
 
 def test_a_real_subprocess_runs_the_console_script(tmp_path: Path) -> None:

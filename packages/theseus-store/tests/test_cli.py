@@ -148,13 +148,19 @@ def test_errors_exit_2_with_message(
     empty = tmp_path / "empty"
     assert main(["runs", str(empty)]) == 2
     err = capsys.readouterr().err
-    assert f"{empty} is not a theseus-store root" in err and "the command line never creates" in err
+    assert f"{empty} does not exist. Pass a Theseus root folder, its store folder" in err
     assert "create=True" not in err  # a command-line error speaks of the command line
     assert not empty.exists()  # the command line never creates a store
     afile = tmp_path / "config.yaml"
     afile.write_text("job: x\n")
     assert main(["show", str(afile), mid.serialize()]) == 2
-    assert f"{afile} is a file, not a store folder" in capsys.readouterr().err
+    assert f"{afile} is a file, not a store folder or a Theseus root" in capsys.readouterr().err
+    empty.mkdir()
+    assert main(["runs", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert f"{empty} holds no store (no theseus-store.json in it or in {empty / 'store'})" in err
+    assert "this command does not create a store" in err and "create=True" not in err
+    assert sorted(empty.iterdir()) == []  # nothing was made in it
 
 
 def test_fsck_reports_and_repairs(
@@ -233,10 +239,13 @@ def test_long_lineages_are_cut_unless_asked(
     assert sum(line.startswith("  general.default.long~") for line in out.splitlines()) == 30
 
 
-def test_a_theseus_root_points_at_its_store(
+def test_a_theseus_root_reads_as_its_store(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    Store(tmp_path / "store").close()
+    with Store(tmp_path / "store") as store:
+        store.touch(Node.new("r"))
     (tmp_path / "data").mkdir()
-    assert main(["runs", str(tmp_path)]) == 2
-    assert f"It has a store in {tmp_path / 'store'}: pass that folder." in capsys.readouterr().err
+    assert main(["runs", str(tmp_path)]) == 0
+    by_root = capsys.readouterr().out
+    assert main(["runs", str(tmp_path / "store")]) == 0
+    assert capsys.readouterr().out == by_root and "general.default.r~" in by_root

@@ -104,7 +104,9 @@ def test_a_destination_with_other_nodes_is_refused_unless_merged(
     assert merged == _snapshot(tmp_path / "a" / "store")
 
 
-def test_an_interrupted_copy_is_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupted_copy_is_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _source(tmp_path / "a" / "store")
     real = copy_module._copy_checkpoints
 
@@ -112,8 +114,10 @@ def test_an_interrupted_copy_is_resumed(tmp_path: Path, monkeypatch: pytest.Monk
         raise KeyboardInterrupt
 
     monkeypatch.setattr(copy_module, "_copy_checkpoints", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        main(["copy", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert main(["copy", str(tmp_path / "a"), str(tmp_path / "b")]) == 130
+    [said] = capsys.readouterr().err.splitlines()  # one line, no traceback
+    assert said.startswith("theseus-store: copy interrupted (Ctrl-C) after the stage 'artifacts")
+    assert "Run the same command again to finish it" in said
     monkeypatch.setattr(copy_module, "_copy_checkpoints", real)
     assert main(["copy", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert _snapshot(tmp_path / "b" / "store") == _snapshot(tmp_path / "a" / "store")

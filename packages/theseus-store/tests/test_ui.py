@@ -323,7 +323,7 @@ def test_unreadable_stores_are_errors_at_open(tmp_path: Path) -> None:
         open_readonly(tmp_path / "missing")
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("x")
-    with pytest.raises(NotAStoreError, match="not a theseus-store root"):
+    with pytest.raises(NotAStoreError, match="holds no store"):
         open_readonly(tmp_path / "plain")
     newer = tmp_path / "newer"
     Store(newer).close()

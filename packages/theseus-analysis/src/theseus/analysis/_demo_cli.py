@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from theseus.cli import ROOT, cluster_options, common_options
+from theseus.cli import cluster_options, common_options, root_argument
 from theseus.store import Store, is_database_url
 
 DEMO_SETTINGS = {
@@ -68,7 +68,7 @@ def _evaluate(root: Path, lineage: str) -> dict[str, dict[str, float]] | None:
 
 
 @click.command("demo")
-@click.argument("root", default="theseus-demo", type=ROOT)
+@root_argument(default="theseus-demo")
 @click.option(
     "--steps",
     type=click.IntRange(1, 2**31 - 1),  # the step counter is 32-bit (training/_rules.MAX_STEPS)

@@ -33,7 +33,7 @@ from typing import Any
 
 import click
 
-from theseus.cli import EXISTING_ROOT, cluster_options, common_options
+from theseus.cli import cluster_options, common_options, root_argument
 from theseus.job import is_primary, process_count
 
 __all__ = ["FEWSHOT_SEED", "eval_command", "evaluate_node", "metric_values"]
@@ -273,9 +273,10 @@ def evaluate_node(
 
     say = echo if is_primary() else (lambda line: None)
     _quiet()
+    root = stored(root)  # the Theseus root (its data/ holds the synthetic language)
     manager = task_manager(root, include_path, tasks)
     check_tasks(manager, tasks, include_path)
-    with Store(store_root(stored(root))) as store:  # what to do, before a model is opened
+    with Store(store_root(root)) as store:  # what to do, before a model is opened
         nodes = (
             from_host_zero(lambda: _lineage_checkpoints(store, target))
             if over
@@ -295,7 +296,7 @@ def evaluate_node(
                 plan.append((node, todo))
     if not plan:
         return {}
-    with quick(Path(root)) as q:
+    with quick(root) as q:
         trainer: Any = open_trainer(q, plan[0][0].serialize())
         store = q.store
         model = TheseusLM(trainer=trainer, batch_size=batch_size)
@@ -346,7 +347,7 @@ def evaluate_node(
 
 
 @click.command("eval")
-@click.argument("root", type=EXISTING_ROOT)
+@root_argument(create=False)
 @click.argument("target")
 @click.option("--tasks", required=True, help="Comma-separated lm-eval task names.")
 @click.option(

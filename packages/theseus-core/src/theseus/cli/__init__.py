@@ -3,7 +3,7 @@
 from theseus.cli import _data, _sample, _submit, _verbs
 from theseus.cli._app import ENTRY_POINT_GROUP, PluginError, TheseusGroup, common_options, main
 from theseus.cli._cluster import cluster_options
-from theseus.cli._root import EXISTING_ROOT, ROOT, RootPath
+from theseus.cli._root import EXISTING_ROOT, ROOT, ROOT_HELP, RootPath, root_argument
 from theseus.cli._sample import open_trainer, require_store, target_node
 
 del _data, _sample, _submit, _verbs  # imported for their verbs
@@ -12,6 +12,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "EXISTING_ROOT",
     "ROOT",
+    "ROOT_HELP",
     "PluginError",
     "RootPath",
     "TheseusGroup",
@@ -20,5 +21,6 @@ __all__ = [
     "main",
     "open_trainer",
     "require_store",
+    "root_argument",
     "target_node",
 ]

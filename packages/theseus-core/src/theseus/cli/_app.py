@@ -155,8 +155,10 @@ class TheseusGroup(click.Group):
         with formatter.section("The store"):
             formatter.write_text(
                 "Each root's lineages, values, checkpoints and artifacts are read with "
-                "theseus-store: `theseus-store runs ROOT/store`, then `show`, `get`, "
-                "`lineage` and `fsck` (see `theseus-store --help`)."
+                "theseus-store: `theseus-store runs ROOT`, then `show`, `get`, "
+                "`lineage` and `fsck` (see `theseus-store --help`). Every command takes ROOT "
+                "as the root folder, its store folder (ROOT/store) or a "
+                "postgresql://USER@HOST:PORT/DB?files=DIR URL."
             )
 
     def invoke(self, ctx: click.Context) -> Any:

@@ -1,4 +1,4 @@
-"""The ``data`` verbs: ``theseus data prepare DATASET --root ROOT [--OPTION VALUE ...]``."""
+"""The ``data`` verbs: ``theseus data prepare DATASET ROOT [--OPTION VALUE ...]`` (or ``--root ROOT``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, cast
 import click
 
 from theseus.cli._app import common_options, main
+from theseus.cli._root import ROOT, with_root_help
 from theseus.config import ConfigError
 from theseus.registry import DATASETS, PreparableDataset
 
@@ -47,24 +48,45 @@ def data_group() -> None:
 @data_group.command(
     "prepare", context_settings={"ignore_unknown_options": True, "allow_extra_args": True}
 )
-@click.argument("dataset")
+@click.argument("dataset", metavar="DATASET [ROOT]")
 @click.option(
     "--root",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The root folder the prepared files go under.",
+    "root_option",
+    default=None,
+    metavar="ROOT",
+    type=ROOT,
+    help="The root the prepared files go under (ROOT/data), as ROOT after DATASET does.",
 )
 @common_options
 @click.pass_context
-def prepare_command(ctx: click.Context, dataset: str, root: Path) -> None:
-    """Prepare DATASET under ROOT; other --options go to the dataset's prepare()."""
+@with_root_help
+def prepare_command(ctx: click.Context, dataset: str, root_option: Path | None) -> None:
+    """Prepare DATASET under ROOT; other --options go to the dataset's prepare().
+
+    ROOT comes right after DATASET (theseus data prepare DATASET ROOT [--OPTION VALUE ...])
+    or as --root ROOT; the files go to ROOT/data/.
+    """
+    args = list(ctx.args)
+    given = args.pop(0) if args and not args[0].startswith("--") else None
+    if given is not None and root_option is not None:
+        raise ConfigError(
+            f"ROOT is given twice, as --root {root_option} and as {given!r}; pass one (dataset "
+            "options are written --name VALUE or --flag)."
+        )
+    if given is None and root_option is None:
+        raise ConfigError(
+            f"No ROOT: write theseus data prepare {dataset} ROOT [--OPTION VALUE ...] (or "
+            "--root ROOT), ROOT the Theseus root whose data/ gets the files."
+        )
+    root = ROOT.convert(given, None, ctx) if given is not None else root_option
+    assert root is not None
     cls = DATASETS[dataset]  # an unknown name lists the registered datasets
     if not callable(getattr(cls, "prepare", None)):
         raise ConfigError(
             f"Dataset {dataset!r} ({cls.__qualname__}) has no prepare(root, **options) "
             "classmethod, so it cannot be prepared from the command line."
         )
-    options = parse_options(list(ctx.args))
+    options = parse_options(args)
     preparable = cast(PreparableDataset, cls)
     folder = preparable.prepare(root, **options)
     header = Path(folder) / "header.json" if isinstance(folder, str | Path) else None

@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 import click
 
 from theseus.cli._app import common_options, main
-from theseus.cli._root import EXISTING_ROOT
+from theseus.cli._root import root_argument
 from theseus.cli._verbs import _base_node, _job_class
 from theseus.config import ConfigError, load
-from theseus.job import BasicJob, from_host_zero, store_root
+from theseus.job import BasicJob, from_host_zero
 from theseus.quick import Quick, quick
 from theseus.registry import UnknownNameError
-from theseus.store import MARKER, Node, Store
+from theseus.store import Node, Store, StoreError, locate
 
 DEFAULT_NEW_TOKENS = 64
 
@@ -81,7 +82,7 @@ def job_class(store: Store, node: Node, name: str) -> type[BasicJob]:
 def _recorded(q: Quick, target: str) -> tuple[Node, dict[str, Any], type[BasicJob]]:
     """TARGET's node (a lineage or run: its latest checkpoint), its saved configuration
     and the job class that wrote it, read from the store (host zero's answer)."""
-    node = from_host_zero(lambda: _base_node(q.store, target))
+    node = from_host_zero(lambda: target_node(q.store, target))
     saved = from_host_zero(lambda: q.store.job_config(node))
     values = load(saved) if saved else {}
     job_name = values.get("job")
@@ -101,23 +102,63 @@ def _restored(q: Quick, node: Node, cls: type[BasicJob]) -> BasicJob:
     return q.create()
 
 
-def require_store(root: str | os.PathLike[str]) -> None:
-    """Refuse a ROOT that holds no store (before `quick` would make an empty one there).
+def require_store(root: str | os.PathLike[str]) -> Path:
+    """The Theseus root of a ROOT that holds a store (refused before `quick` would make an
+    empty one there).
+
+    Args:
+        root: a Theseus root, its store folder or a `postgresql://` URL (`locate`).
+
+    Returns:
+        The Theseus root (the folder that holds `store/`, `data/`, `checkpoints/`).
 
     Raises:
-        ConfigError: the store's marker file is missing under `root`.
+        ConfigError: no store is there, or a store of its own (one line, from
+            `theseus.store.locate`).
     """
-    if not (store_root(root) / MARKER).is_file():
-        raise ConfigError(
-            f"{root} holds no store ({store_root(root) / MARKER} is missing); pass the ROOT "
-            "a training run or an import wrote (`theseus run ... ROOT`)."
-        )
+    try:
+        return locate(root, create=False).theseus_root()
+    except StoreError as err:
+        raise ConfigError(str(err)) from None
 
 
 def target_node(store: Store, target: str) -> Node:
-    """The node TARGET names: a node as written; a lineage (`name~nonce`) or a run's name
-    with one lineage: its latest checkpoint (its last node when it has none)."""
-    return _base_node(store, target)
+    """The checkpointed node TARGET names: a node as written; a lineage (`name~nonce`) or a
+    run's name with one lineage: its latest checkpoint.
+
+    Raises:
+        UnknownNodeError: TARGET is not in the store (the message says how to list nodes).
+        ConfigError: the node holds no checkpoint, so no weights to read (the message
+            names the checkpoints of its lineage and how to list them).
+    """
+    node = _base_node(store, target)
+    if store.checkpoints(node):
+        return node
+    lineage = f"{node.name}~{node.nonce}"
+    saved = sorted(
+        {
+            c.node.seq
+            for c in store.query().nonce(node.nonce).checkpoints()
+            if c.node.name == node.name
+        }
+    )
+    listing = (
+        f"`theseus-store lineage {shlex.quote(str(store.root))} {node.serialize()}` lists its "
+        "nodes and their checkpoints"
+    )
+    if not saved:
+        raise ConfigError(
+            f"{node} holds no checkpoint, and no node of its lineage {lineage} does, so there "
+            f"are no weights to read; pass a node that holds a checkpoint ({listing})."
+        )
+    earlier = [seq for seq in saved if seq < node.seq]
+    shown = ", ".join(map(str, saved[:8])) + (", ..." if len(saved) > 8 else "")
+    closest = f"{lineage}~{earlier[-1]} (the closest before it), " if earlier else ""
+    raise ConfigError(
+        f"{node} holds no checkpoint, so there are no weights to read; its lineage's "
+        f"checkpoints are at seq {shown}. Pass {closest}{lineage} (its latest), or another "
+        f"checkpointed node ({listing})."
+    )
 
 
 def open_trainer(q: Quick, target: str) -> BasicJob:
@@ -181,7 +222,7 @@ def _room(prompt: str, values: dict[str, Any], root: Path, max_new_tokens: int |
 
 
 @main.command("sample")
-@click.argument("root", type=EXISTING_ROOT)
+@root_argument(create=False)
 @click.argument("target")
 @click.argument("prompt")
 @click.option(

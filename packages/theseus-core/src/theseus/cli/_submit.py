@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from theseus.cli._app import IMPORTS, common_options, main
-from theseus.cli._root import ROOT
+from theseus.cli._root import root_argument
 from theseus.cli._verbs import _job_class, _job_file
 from theseus.config import parse_overrides
 from theseus.job import store_root
@@ -30,7 +30,7 @@ from theseus.job._slurm import (
     load_profiles,
     profiles_file,
 )
-from theseus.store import Node, Store
+from theseus.store import MARKER, Node, Store, locate
 
 __all__ = ["submit_command"]
 
@@ -49,7 +49,7 @@ def _positive(ctx: click.Context, param: click.Parameter, value: int | None) -> 
     metavar="CONFIG.yaml",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
 )
-@click.argument("root", metavar="ROOT", type=ROOT)
+@root_argument()
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option(
     "--slurm", is_flag=True, help="Submit to SLURM with sbatch (the one scheduler for now)."
@@ -280,6 +280,12 @@ def _new_folder(parent: Path, run: str) -> Path:
 
 def _lineage_to_resume(root: Path, text: str, drawn: Node) -> Node:
     """The last node of the lineage ``--resume`` names, which must be RUN's (one line if not)."""
+    if not locate(root, create=True).exists:
+        raise SubmitError(
+            f"--resume {text} goes on with a lineage of ROOT, and {root} holds no store yet "
+            f"({store_root(root) / MARKER} is missing). Pass the ROOT that holds the lineage "
+            "(`theseus-store runs ROOT` lists them), or leave out --resume to start a new one."
+        )
     with Store(store_root(root), readonly=True) as store:
         node = store.resolve(text)
         last = store.lineage_end(node.name, node.nonce)

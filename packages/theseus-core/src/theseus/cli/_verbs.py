@@ -11,7 +11,7 @@ import click
 
 from theseus.cli._app import common_options, main
 from theseus.cli._cluster import cluster_options
-from theseus.cli._root import ROOT
+from theseus.cli._root import root_argument
 from theseus.cli._suite import REVISIONS_HELP, suite_import
 from theseus.config import ConfigError, dump, load, parse_overrides
 from theseus.job import BasicJob, CheckpointWalker, from_host_zero, is_primary
@@ -144,7 +144,7 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
 @click.argument(
     "config_file", metavar="CONFIG.yaml", type=click.Path(dir_okay=False, path_type=Path)
 )
-@click.argument("root", metavar="ROOT", type=ROOT)
+@root_argument()
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--project", default=None, help="Project name (default: general).")
 @click.option("--group", default=None, help="Group name (default: default).")
@@ -155,7 +155,7 @@ def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> N
     metavar="NODE",
     help=(
         "Continue this node: `name~nonce~seq` (as `theseus-store show` prints it), a "
-        "lineage `name~nonce` (as `theseus-store runs ROOT/store` prints it) or a run name "
+        "lineage `name~nonce` (as `theseus-store runs ROOT` prints it) or a run name "
         "with one lineage, for its last checkpoint. Training goes on only from its "
         "lineage's last checkpoint (else use --branch); an analysis takes any node."
     ),
@@ -369,7 +369,7 @@ def import_group() -> None:
 
 @import_group.command("gpt2")
 @click.argument("src", type=click.Path(path_type=Path))
-@click.argument("root", type=ROOT)
+@root_argument()
 @click.option("--run", "run_name", default="gpt2", show_default=True, help="The run's name.")
 @click.option("--project", default=None, help="The project (default: general).")
 @click.option("--group", default=None, help="The group (default: default).")
@@ -439,7 +439,7 @@ def _print_next_steps(
 
 @import_group.command("hf")
 @click.argument("src", type=click.Path(path_type=Path))
-@click.argument("root", type=ROOT)
+@root_argument()
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--run", "run_name", default="hf", show_default=True, help="The run's name.")
 @click.option("--project", default=None, help="The project (default: general).")

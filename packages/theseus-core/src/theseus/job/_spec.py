@@ -19,8 +19,9 @@ def store_root(root: str | os.PathLike[str]) -> Path:
 
     A root holds everything of its runs: ``store/`` (the lineage database),
     ``data/`` (prepared datasets), ``analyses/`` (the files analyses write) and
-    ``checkpoints/``. A root given as ``postgresql://USER@HOST:PORT/DB?files=DIR`` is
-    the folder DIR, whose store keeps its rows in that database (``bind_root``).
+    ``checkpoints/``. A root given as its store folder (``ROOT/store``) is ROOT, and one
+    given as ``postgresql://USER@HOST:PORT/DB?files=DIR`` is the folder DIR, whose store
+    keeps its rows in that database (``theseus.store.bind_root``).
     """
     return bind_root(root) / STORE_DIR
 
@@ -31,7 +32,8 @@ class JobSpec:
 
     Args:
         name: the run name (the last part of the node name ``project.group.run``).
-        root: the root folder (store, checkpoints, prepared data, results).
+        root: the root folder (store, checkpoints, prepared data, results), its store
+            folder, or a ``postgresql://`` URL (``theseus.store.bind_root``).
         project: the project name; ``None`` means ``general``.
         group: the group name; ``None`` means ``default``.
 

@@ -32,7 +32,8 @@ class Quick:
     ``q.close()``. The order of :meth:`build` and :meth:`find` does not matter.
 
     Args:
-        root: the root folder (created if absent); its store is ``ROOT/store``.
+        root: the root folder (created if absent); its store is ``ROOT/store``. Its
+            store folder or a ``postgresql://`` URL name the same root (``bind_root``).
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:

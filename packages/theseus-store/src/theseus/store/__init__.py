@@ -23,7 +23,6 @@ Example:
     [{'name': 'notes', 'content': b'hello'}]
 """
 
-from theseus.store._binding import bind_root
 from theseus.store._browse import LineageGrowth, WrittenNode
 from theseus.store._errors import (
     AmbiguousNodeError,
@@ -55,6 +54,7 @@ from theseus.store._fsck import FsckReport
 from theseus.store._netfs import NetworkFilesystemWarning
 from theseus.store._node import Node
 from theseus.store._paths import canonical_path
+from theseus.store._place import Location, bind_root, locate
 from theseus.store._postgres import is_database_url
 from theseus.store._query import Query
 from theseus.store._reading import StoreReader
@@ -77,6 +77,7 @@ __all__ = [
     "FsckReport",
     "InvalidNodeError",
     "LineageGrowth",
+    "Location",
     "MissingBlobError",
     "NetworkFilesystemWarning",
     "Node",
@@ -97,6 +98,7 @@ __all__ = [
     "bind_root",
     "canonical_path",
     "is_database_url",
+    "locate",
     "named_checkpoints",
     "open_lineage_folder",
     "registered_checkpoints",

@@ -15,7 +15,6 @@ files folder it was made with. So:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 from theseus.store._errors import NotAStoreError
 from theseus.store._postgres import DatabaseURL, PgConnection, PostgresDatabase, create_schema
 
-__all__ = ["STORE_FOLDER", "bind_database", "bind_root", "bound_url", "check_binding"]
+__all__ = ["STORE_FOLDER", "bind_database", "bound_url", "check_binding"]
 
 #: The store's folder under a Theseus root, and under a PostgreSQL store's files folder.
 STORE_FOLDER = "store"
@@ -85,27 +84,3 @@ def bind_database(db: PostgresDatabase, folder: Path) -> str:
             "database for a second store."
         )
     return store_id
-
-
-def bind_root(root: str | os.PathLike[str], *, create: bool = True) -> Path:
-    """The folder of a Theseus root given as a folder or as a ``postgresql://`` URL.
-
-    A URL is recognised before any path is made of it: its store is opened (made, and
-    bound to the URL's files folder, if ``create``), and the files folder is returned;
-    from there on the folder alone names the store (its marker names the database).
-    A folder is returned as given.
-
-    Raises:
-        StoreError: a malformed URL or a server that does not answer (one line each).
-        NotAStoreError: the files folder holds another store, or (``create=False``) none.
-    """
-    from theseus.store._postgres import DatabaseURL, is_database_url
-    from theseus.store._store import Store
-
-    if not is_database_url(root):
-        return Path(root)
-    url = DatabaseURL.parse(str(root))
-    assert url.files is not None  # parse() insists on it
-    with Store(str(root), create=create):
-        pass
-    return url.files

@@ -67,10 +67,12 @@ def resolve(store: Store, text: str) -> Node:
         return last
     if not any(node.seq == seq for node in nodes):
         first = min(nodes, key=lambda node: node.seq)
+        lineage = f"{name}~{nonce}"
         raise UnknownNodeError(
-            f"The lineage {name}~{nonce} has no node {seq}: its nodes are "
-            f"{first.seq} to {last.seq}. Pass {name}~{nonce}~SEQ with SEQ in that range, "
-            f"or {name}~{nonce} for its last node."
+            f"The store has no node {lineage}~{seq}: the {_count(len(nodes), 'node')} of "
+            f"lineage {lineage} run from seq {first.seq} to {last.seq}. Pass one of them as "
+            f"{lineage}~SEQ, or {lineage} for its last node; `theseus-store lineage "
+            f"{shlex.quote(str(store.root))} {lineage}` lists them with their checkpoints."
         )
     return Node(name, nonce, seq)
 

@@ -9,10 +9,14 @@ Commands::
     theseus-store fsck ROOT [--repair]          check blobs and checkpoint folders; clear leftovers
     theseus-store ui ROOT [--host H] [--port P] [--open]
                                                 a read-only web browser of the store (extra [ui])
+    theseus-store copy SRC DST [--merge]        copy a whole store (SQLite or PostgreSQL)
 
+ROOT is a Theseus root, its store folder (``ROOT/store``) or a PostgreSQL store's
+``postgresql://USER@HOST:PORT/DB?files=DIR`` (``theseus.store.locate`` decides which).
 NODE is a serialized node (``project.group.run~nonce~seq``, as ``runs`` and
 ``show`` print it), or ``project.group.run~nonce`` for the last node of that lineage.
-Exit status: 0 on success, 1 when ``fsck`` finds problems, 2 on an error.
+Exit status: 0 on success, 1 when ``fsck`` finds problems, 2 on an error, 130 when
+``copy`` is interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -20,18 +24,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from theseus.store._binding import STORE_FOLDER, bind_root
 from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
 from theseus.store._node import Node
-from theseus.store._opening import inner_hint
-from theseus.store._postgres import is_database_url
+from theseus.store._place import FORMS, Location, locate
 from theseus.store._scheduler import scheduler_state
-from theseus.store._store import MARKER, Store
+from theseus.store._store import Store
 
 __all__ = ["main"]
 
@@ -135,13 +138,38 @@ def _get(store: Store, args: argparse.Namespace) -> int:
             f"-o {artifact.filename} (or redirect: > {artifact.filename})."
         )
     if not to_stdout:
-        with open(args.output, "wb") as handle:
-            handle.write(content)
+        _write_file(Path(args.output), content, artifact.filename)
     else:
         sys.stdout.flush()
         sys.stdout.buffer.write(content)
         sys.stdout.buffer.flush()
     return 0
+
+
+def _write_file(path: Path, content: bytes, filename: str) -> None:
+    """Write ``content`` to ``path`` (``get -o``); a path that cannot be written is one line.
+
+    Raises:
+        StoreError: the folder is missing or a file, the path is a folder, or the write
+            failed (naming the path and the reason).
+    """
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        raise StoreError(
+            f"Cannot write {path}: the folder {folder} {what}. Create the folder first "
+            f"(mkdir -p {shlex.quote(str(folder))}), or pass -o a file in an existing folder."
+        )
+    if path.is_dir():
+        raise StoreError(
+            f"Cannot write {path}: it is a folder. Pass -o a file's path, e.g. "
+            f"-o {shlex.quote(str(path / filename))}."
+        )
+    try:
+        with open(path, "wb") as handle:
+            handle.write(content)
+    except OSError as err:
+        raise StoreError(f"Cannot write {path}: {err.strerror or err}.") from err
 
 
 def _stretches(ancestors: list[Node]) -> list[list[Node]]:
@@ -249,18 +277,17 @@ def _parser() -> argparse.ArgumentParser:
         "copy",
         help="copy a whole store into another (SQLite or PostgreSQL): rows, blobs, checkpoints",
     )
-    copy.add_argument("src", help="the store to copy: a store folder, a Theseus root, or a URL")
+    copy.add_argument("src", help=f"the store to copy: {FORMS}")
     copy.add_argument(
         "dst",
-        help="where to: postgresql://USER@HOST:PORT/DB?files=DIR, or a folder (a Theseus "
-        "root: its store goes to DST/store)",
+        help=f"where to: {FORMS}; a new folder becomes a Theseus root (its store goes to "
+        "DST/store), a new folder named store the store folder of the root above it",
     )
     copy.add_argument(
         "--merge", action="store_true", help="add to a destination that holds other nodes"
     )
-    for command in (runs, show, get, lineage, fsck):
-        command.add_argument("root", help="the store's root folder")
-    ui.add_argument("root", help="a Theseus root (its store is ROOT/store) or a store folder")
+    for command in (runs, show, get, lineage, fsck, ui):
+        command.add_argument("root", metavar="ROOT", help=FORMS)
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=8765, help="port (default 8765)")
     ui.add_argument("--open", action="store_true", help="open the page in a web browser")
@@ -296,39 +323,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments (default: ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 success, 1 fsck found problems, 2 error.
+        The exit status: 0 success, 1 fsck found problems, 2 error, 130 copy interrupted.
     """
     args = _parser().parse_args(argv)
     if args.command == "copy":
         return _copy(args)
-    if is_database_url(args.root):  # a PostgreSQL store: its files folder's store
-        try:
-            args.root = str(bind_root(args.root, create=False) / STORE_FOLDER)
-        except StoreError as err:
-            print(f"theseus-store: error: {err}", file=sys.stderr)
-            return 2
-    if args.command == "ui":
-        return _ui(args)
-    root = Path(args.root)
-    if root.is_file():
-        print(
-            f"theseus-store: error: {root} is a file, not a store folder. Pass the folder "
-            f"that holds {MARKER} (a Theseus root keeps it in ROOT/store).",
-            file=sys.stderr,
-        )
-        return 2
-    if not (root / MARKER).exists():
-        hint = inner_hint(root).strip() or (
-            "Pass the folder of an existing store (a Theseus root keeps it in ROOT/store); "
-            "the command line never creates one."
-        )
-        print(
-            f"theseus-store: error: {root} is not a theseus-store root (no {MARKER}). {hint}",
-            file=sys.stderr,
-        )
-        return 2
     try:
-        with Store(args.root, create=False) as store:
+        where = locate(args.root)  # never creates: a missing store is one line
+    except StoreError as err:
+        print(f"theseus-store: error: {err}", file=sys.stderr)
+        return 2
+    if args.command == "ui":
+        return _ui(args, where)
+    try:
+        with Store(where.opens, create=False) as store:
             return int(args.fn(store, args))
     except (StoreError, InvalidNodeError) as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
@@ -342,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _ui(args: argparse.Namespace) -> int:
+def _ui(args: argparse.Namespace, where: Location) -> int:
     """``theseus-store ui``: imports the extra only here, so the other verbs never need it."""
     try:
         from theseus.store.ui import open_readonly, serve
@@ -354,8 +362,8 @@ def _ui(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        open_readonly(args.root).close()  # a store it cannot read: one line, before serving
-        serve(args.root, host=args.host, port=args.port, open_=args.open)
+        open_readonly(where.opens).close()  # a store it cannot read: one line, before serving
+        serve(where.opens, host=args.host, port=args.port, open_=args.open)
     except (StoreError, InvalidNodeError, OSError) as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
         return 2
@@ -364,32 +372,60 @@ def _ui(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
-def _store_folder(arg: str) -> str:
-    """A copy's end as ``Store`` opens it: a URL; a store folder; a root's ``store/``."""
-    if is_database_url(arg):
-        return arg
-    path = Path(arg)
-    if (path / MARKER).exists() or path.name == STORE_FOLDER:
-        return str(path)
-    return str(path / STORE_FOLDER)
-
-
 def _copy(args: argparse.Namespace) -> int:
+    """``theseus-store copy SRC DST``; Ctrl-C is one line that says where the copy stands."""
     from theseus.store._copy import copy_store
 
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        print("  " + line, flush=True)
+
     try:
+        source, target = locate(args.src), locate(args.dst, create=True)
         with (
-            Store(_store_folder(args.src), create=False, readonly=True) as src,
-            Store(_store_folder(args.dst)) as dst,
+            Store(source.opens, create=False, readonly=True) as src,
+            Store(target.opens) as dst,
         ):
-            print(f"copying {src.database} into {dst.database} (files in {dst.root.parent})")
-            copy_store(src, dst, merge=args.merge, say=lambda line: print("  " + line))
+            print(
+                f"copying {src.database} into {dst.database} (files in {dst.root.parent})",
+                flush=True,
+            )
+            said.append("started")
+            copy_store(src, dst, merge=args.merge, say=say)
     except StoreError as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"theseus-store: {_interrupted(args, said)}", file=sys.stderr)
+        return 130
     print("copied and verified; running it again adds nothing")
     return 0
+
+
+def _interrupted(args: argparse.Namespace, said: list[str]) -> str:
+    """The one line for a copy stopped by Ctrl-C: what it had done, and how to finish.
+
+    Each batch of rows is one transaction, and a row is written after the blob or the
+    checkpoint folder it names (a folder under a temporary name until whole), so an
+    interrupted copy holds whole rows; the source is opened read-only.
+    """
+    if not said:
+        return f"copy interrupted (Ctrl-C) before any row was copied; {args.src} is untouched."
+    if said[-1].startswith("checkpoints:"):  # every stage done; stopped while verifying
+        return (
+            f"copy interrupted (Ctrl-C) while verifying: {args.dst} holds the whole copy, not "
+            f"yet verified ({args.src} is untouched). Run the same command again to verify it "
+            "(it adds nothing)."
+        )
+    done = f"after the stage '{said[-1]}'" if len(said) > 1 else "in its first stage (nodes)"
+    return (
+        f"copy interrupted (Ctrl-C) {done}: {args.dst} holds part of the copy (whole rows, "
+        f"each with its bytes; {args.src} is untouched). Run the same command again to "
+        "finish it: it adds only what is missing, then verifies the whole."
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,15 +58,15 @@ def _positive(name: str, value: Any, default: int) -> int:
 
 
 def stored(root: str | Path) -> Path:
-    """`root` as a path, once it is known to hold a store (else `EvaluationError`)."""
+    """The Theseus root `root` names (its folder, its store folder or a URL), once it is
+    known to hold a store (else `EvaluationError`)."""
     from theseus.cli import require_store
     from theseus.config import ConfigError
 
     try:
-        require_store(root)
+        return require_store(root)
     except ConfigError as error:
         raise EvaluationError(str(error)) from None
-    return Path(root)
 
 
 def _import(module: str) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from theseus.store._errors import StoreError
-from theseus.store._store import MARKER, Store
+from theseus.store._place import locate
+from theseus.store._store import Store
 
 __all__ = ["LOOPBACK", "ServeError", "listen", "open_readonly", "running", "serve", "store_folder"]
 
@@ -23,32 +24,13 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def store_folder(root: str | os.PathLike[str]) -> Path:
-    """The store folder ROOT names: ROOT itself if it holds the marker, else ROOT/store.
+    """The store folder ROOT names: a Theseus root's ``ROOT/store``, a store folder itself,
+    or a ``postgresql://`` URL's (``theseus.store.locate``).
 
     Raises:
-        NotAStoreError: neither holds a store (the message says what was found).
+        NotAStoreError: no store is there (the message says what was found).
     """
-    from theseus.store._errors import NotAStoreError
-
-    path = Path(root)
-    if (path / MARKER).is_file():
-        return path
-    if (path / "store" / MARKER).is_file():
-        return path / "store"
-    if not path.exists():
-        raise NotAStoreError(
-            f"{path} does not exist. Pass a Theseus root (its store is ROOT/store) or a "
-            "store folder (the one that holds theseus-store.json)."
-        )
-    if path.is_file():
-        raise NotAStoreError(
-            f"{path} is a file, not a store folder. Pass the folder that holds {MARKER} "
-            "(a Theseus root keeps it in ROOT/store)."
-        )
-    raise NotAStoreError(
-        f"{path} is not a theseus-store root (no {MARKER} in it or in {path / 'store'}). "
-        "Pass a Theseus root or a store folder; the browser never creates one."
-    )
+    return locate(root).store
 
 
 def open_readonly(root: str | os.PathLike[str]) -> Store:
@@ -57,7 +39,7 @@ def open_readonly(root: str | os.PathLike[str]) -> Store:
     Raises:
         StoreError: a missing folder, not a store, a damaged or newer store.
     """
-    store = Store(store_folder(root), readonly=True)
+    store = Store(locate(root).opens, readonly=True)
     try:
         store.runs()  # reads the schema now: a damaged database fails here, not per page
     except BaseException:
