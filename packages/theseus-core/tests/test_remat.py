@@ -38,6 +38,11 @@ jobs = import_module_or_file(str(HERE / "trainer_jobs.py"))
 
 RTOL = 1e-6  # float32, same operations recomputed (module docstring)
 STRATEGY_RTOL = 1e-5  # other reduction orders (test_strategies.py)
+# FSDP with the heads split over two devices (row-parallel c_proj) and remat, against dp:
+# other reduction orders again, four AdamW steps later. On this project's CI machine
+# (Intel Xeon, 2 cores) blocks_1/attn/c_proj/kernel differs by 2.3e-5 of its norm with
+# the code of f16d084 as with today's (2.5e-5); XLA's CPU reductions split by the CPU.
+FSDP_TP_RTOL = 5e-5
 SMALL = {"n_layers": 2, "n_embd": 16, "n_head": 2, "block_size": 8, "dropout": 0.1}
 
 
@@ -254,7 +259,7 @@ def test_fsdp_with_remat_trains_as_dp_and_checkpoints_restore_across_settings(
             other = other[key.key]
         diff = np.linalg.norm(np.ravel(np.asarray(other) - np.asarray(leaf)))
         scale = max(float(np.linalg.norm(np.ravel(np.asarray(leaf)))), 1e-30)
-        assert diff / scale <= STRATEGY_RTOL, jax.tree_util.keystr(path)
+        assert diff / scale <= FSDP_TP_RTOL, jax.tree_util.keystr(path)
     # A checkpoint saved with remat=none restores with block, and one saved with block
     # restores with none: the same tree, every value as saved.
     for run, remat, saved in (("dp", "block", want), ("fsdp", "none", got)):

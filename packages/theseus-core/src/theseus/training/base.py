@@ -243,8 +243,7 @@ class BaseTrainer(BasicJob):
             _, loss, meta = cls.forward(state, params, micro, key=micro_key)
             return loss, meta
 
-        # Under the mesh (as `trace`): a fused attention kernel runs per device (shard_map).
-        with jax.sharding.use_abstract_mesh(sharding.mesh.abstract_mesh), sharding.rules():
+        with _steps.step_context(sharding):
             loss, meta, grads = _steps.gradients(
                 loss_fn, state.params, batch, key, accumulate_steps
             )
@@ -257,7 +256,7 @@ class BaseTrainer(BasicJob):
         cls, state: Any, batch: dict[str, Any], *, sharding: ParameterShardingContext
     ) -> tuple[jax.Array, jax.Array, dict[str, Any]]:
         """Loss summed over counted targets, how many were counted, and metadata."""
-        with jax.sharding.use_abstract_mesh(sharding.mesh.abstract_mesh), sharding.rules():
+        with _steps.step_context(sharding):
             _, loss, meta = cls.forward(state, state.params, batch, deterministic=True)
         count = _steps.counted_targets(batch)
         return loss * count, count, meta
