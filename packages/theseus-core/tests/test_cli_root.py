@@ -140,7 +140,8 @@ def test_data_prepare_with_a_url_makes_no_postgresql_folder(
     url = f"postgresql://me@127.0.0.1:1/db?files={files}"  # nothing listens on port 1
     for args in (("--root", url), (url,)):
         said = one_line(invoke("data", "prepare", "tests-root-tiny", *args))
-        assert "127.0.0.1" in said
+        # the server refused, or (theseus-core installed alone) no psycopg to ask it with
+        assert "127.0.0.1" in said or "needs psycopg 3" in said
     assert tiny_dataset == []  # refused before the dataset was prepared anywhere
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith("postgres")]
     assert all(files in p.parents or p == files for p in tmp_path.rglob("*"))
