@@ -209,7 +209,7 @@ def test_the_default_is_auto_and_bit_identical_to_the_reference_on_a_cpu() -> No
     auto, plain = _model("auto"), _model("reference")
     assert auto.attention.attention == "auto"
     x = jnp.asarray(np.random.default_rng(5).integers(0, 64, (BATCH, SEQ)), jnp.int32)
-    params = plain.init(jax.random.key(1), x)["params"]
-    got = auto.apply({"params": params}, x)[0]
-    want = plain.apply({"params": params}, x)[0]
+    params = jax.jit(plain.init)(jax.random.key(1), x)["params"]
+    got = jax.jit(auto.apply)({"params": params}, x)[0]
+    want = jax.jit(plain.apply)({"params": params}, x)[0]
     np.testing.assert_array_equal(got, want)
