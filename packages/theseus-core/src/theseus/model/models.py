@@ -76,6 +76,14 @@ def _embedding(cfg: ModelConfig, rows: int, std: float, axis: str) -> nn.Embed:
     )
 
 
+def _parts_read_config(module: Any) -> None:
+    """`attention` and `mlp_config` name the configuration those parts read: the module's
+    `config` unless given (earlier versions passed three)."""
+    for part in ("attention", "mlp_config"):
+        if getattr(module, part) is None:
+            object.__setattr__(module, part, module.config)
+
+
 def _attend(
     attn: SelfAttention, x: jax.Array, deterministic: bool, cache: KVCache | None
 ) -> tuple[jax.Array, KVCache | None]:
@@ -102,12 +110,7 @@ class Block(nn.Module, Component):
     mlp_config: ModelConfig | None = None
 
     def __post_init__(self) -> None:
-        # `attention` and `mlp_config` name the configuration those parts read: `config`
-        # unless given (earlier versions passed three).
-        if self.attention is None:
-            object.__setattr__(self, "attention", self.config)
-        if self.mlp_config is None:
-            object.__setattr__(self, "mlp_config", self.config)
+        _parts_read_config(self)
         super().__post_init__()
 
     @classmethod
@@ -178,12 +181,7 @@ class GPT(nn.Module, Component):
     mlp_config: ModelConfig | None = None
 
     def __post_init__(self) -> None:
-        # `attention` and `mlp_config` name the configuration those parts read: `config`
-        # unless given (earlier versions passed three).
-        if self.attention is None:
-            object.__setattr__(self, "attention", self.config)
-        if self.mlp_config is None:
-            object.__setattr__(self, "mlp_config", self.config)
+        _parts_read_config(self)
         super().__post_init__()
 
     @classmethod
