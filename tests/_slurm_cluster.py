@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import re
 import shutil
@@ -408,7 +409,17 @@ class SlurmCluster:
         return [r for r in records if job_id is None or r.get("JobId") == str(job_id)]
 
     def start_now(self, job_id: int) -> None:
-        """Let a pending job (a requeued one waits cred_expire + 1 s) start at once."""
+        """Let a pending job (a requeued one waits cred_expire + 1 s) start as soon as it may.
+
+        When a run ends, slurmd revokes the job's credential, and it refuses a launch whose
+        credential was made in the same whole second as the revocation (``ctime <= revoked``
+        in slurmd's cred_context.c): the launch fails and the job is held. So this first waits
+        for the job to be back in the queue (the revocation came before that) and for the
+        clock's next second, then moves its start time to now.
+        """
+        self.wait(job_id, "PENDING", timeout=30)
+        back = time.time()
+        time.sleep(max(0.0, math.floor(back) + 1.05 - time.time()))
         self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
     def cancel_all(self) -> None:

@@ -204,7 +204,17 @@ def test_requeue_reruns_the_batch_script_with_slurm_restart_count(
     slurm_cluster.run("scontrol", "requeue", str(job))
     slurm_cluster.wait(job, "PENDING", timeout=10)
     slurm_cluster.start_now(job)
-    _until(lambda: "restart=2" in _read(log), 10, "the rerun after start_now")
+    try:
+        _until(lambda: "restart=2" in _read(log), 10, "the rerun after start_now")
+    except pytest.fail.Exception:
+        shown = slurm_cluster.job(job) or {}
+        logs = slurm_cluster.logs
+        tails = {n: _read(logs / f"{n}.log").splitlines()[-15:] for n in ("slurmctld", "slurmd")}
+        raise AssertionError(
+            f"no rerun 10 s after start_now: JobState={shown.get('JobState')} "
+            f"Reason={shown.get('Reason')} StartTime={shown.get('StartTime')}\n"
+            + "\n".join(f"{n}: {line}" for n, lines in tails.items() for line in lines)
+        ) from None
     hurried = time.monotonic() - began
     assert hurried < 4.0, hurried
     print(f"requeue: rerun after {delay:.1f} s; with start_now after {hurried:.1f} s")
