@@ -119,6 +119,45 @@ def test_the_value_and_gradients_equal_the_plain_loss(tied: bool, chunk: int, dt
     )
 
 
+def _vocab_products(jaxpr: Any, vocab: int) -> int:
+    """How many dot_generals in `jaxpr` (and its sub-jaxprs: scan bodies) touch a `vocab` axis."""
+    found = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            shapes = [v.aval.shape for v in (*eqn.invars, *eqn.outvars)]
+            found += any(vocab in shape for shape in shapes)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, "eqns"):
+                    found += _vocab_products(sub, vocab)
+    return found
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_the_backward_recomputes_no_logits(tied: bool) -> None:
+    # The products with the unembedding are the logits, the gradient w.r.t. h and the one
+    # w.r.t. the unembedding: three in all for the value and both gradients, as many as
+    # the plain loss's autodiff makes (a backward that recomputed the chunk's logits
+    # would make four).
+    case = _inputs(tied)
+    h, matrix = jnp.asarray(case["h"]), jnp.asarray(case["matrix"])
+    targets = jnp.asarray(case["targets"])
+
+    def loss(h: jax.Array, matrix: jax.Array) -> jax.Array:
+        return chunked_cross_entropy(h, matrix, targets, tied=tied, dtype=jnp.float32, chunk=16)[0]
+
+    def plain(h: jax.Array, matrix: jax.Array) -> jax.Array:
+        return _plain(h, matrix, case["targets"], np.ones_like(case["mask"]), tied, jnp.float32)
+
+    grad = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(h, matrix).jaxpr
+    plain_grad = jax.make_jaxpr(jax.value_and_grad(plain, argnums=(0, 1)))(h, matrix).jaxpr
+    value = jax.make_jaxpr(loss)(h, matrix).jaxpr
+    assert _vocab_products(plain_grad, VOCAB) == 3
+    assert _vocab_products(grad, VOCAB) == 3
+    assert _vocab_products(value, VOCAB) == 1  # the value alone makes only the logits
+
+
 def test_no_counted_target_gives_zero_and_a_zero_count() -> None:
     case = _inputs(True)
     h, matrix = jnp.asarray(case["h"]), jnp.asarray(case["matrix"])
@@ -275,3 +314,29 @@ def test_the_train_step_is_traced_once() -> None:
         losses.append(float(loss))
     assert len(traces) == 1 and step._cache_size() == 1
     assert losses[-1] < losses[0]  # it trained
+
+
+def test_rows_split_over_four_devices_give_the_one_device_loss_and_gradients() -> None:
+    # Data parallelism: h's and the targets' rows sharded over a 4-device mesh, the
+    # unembedding replicated. The same products per row; only the order of the sums over
+    # rows and chunks may differ: float32 tolerances (value 1e-6, gradients 1e-5).
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count=4)")
+    rng = np.random.default_rng(3)
+    h = jnp.asarray(rng.normal(size=(8, 13, WIDTH)), jnp.float32)
+    matrix = jnp.asarray(rng.normal(size=(VOCAB, WIDTH)) * 0.3, jnp.float32)
+    targets = jnp.asarray(rng.integers(-1, VOCAB, (8, 13)), jnp.int32)
+
+    def loss(h: jax.Array, matrix: jax.Array) -> jax.Array:
+        return chunked_cross_entropy(h, matrix, targets, tied=True, dtype=jnp.float32, chunk=24)[0]
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    want, (want_dh, want_dm) = step(h, matrix)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("batch",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    got, (got_dh, got_dm) = step(jax.device_put(h, rows), jax.device_put(matrix, whole))
+    assert got_dh.sharding.is_equivalent_to(rows, 3)
+    assert _relative(got, want) <= 1e-6
+    assert _relative(got_dh, want_dh) <= 1e-5
+    assert _relative(got_dm, want_dm) <= 1e-5

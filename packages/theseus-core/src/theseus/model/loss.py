@@ -4,12 +4,18 @@
 unembedding matrix and returns what `cross_entropy(logits, targets, mask)` of
 `theseus.model.models` returns for `logits = h @ unembedding`: the mean over counted
 targets and their count. When the tokens exceed one chunk, the positions are cut into
-chunks of every row and `per` positions; `lax.scan` runs over the chunks, and each
-chunk's body is under `jax.checkpoint`, so the forward keeps only the chunk's inputs
-(slices of `h`) and the backward recomputes the chunk's logits. At most one chunk's
-logits `[batch, per, vocab]` (and their gradient) exist at a time; rows stay whole, so
-under data parallelism each device holds its rows' share of a chunk. A batch that fits
-in one chunk takes the plain computation, operation for operation `cross_entropy`'s.
+chunks of every row and `per` positions and `lax.scan` runs over the chunks. Under
+differentiation (a `jax.custom_vjp`) each chunk's pass makes its logits once and at once
+their gradient, `softmax - one_hot`, and its two products: the gradient with respect to
+the chunk's `h` (kept, `[batch, per, n_embd]`) and with respect to the unembedding
+(summed over chunks in float32); the backward only scales what the forward kept by the
+loss's cotangent. So the backward recomputes no logits: three products with the
+unembedding in all, as the plain loss's autodiff makes. Without differentiation (the
+validation step) the scan makes only the logits. At most one chunk's logits
+`[batch, per, vocab]` (and their gradient) exist at a time; rows stay whole, so under
+data parallelism each device holds its rows' share of a chunk. A batch that fits in one
+chunk takes the plain computation, operation for operation `cross_entropy`'s. Forward-
+mode differentiation (`jax.jvp`) of a chunked loss is not supported (a custom_vjp).
 
 `GPT.__call__` computes its loss here, from `ln_f`'s output and the unembedding weights
 (not from the logits it returns): a caller that drops the logits (the trainer's
@@ -31,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
@@ -176,13 +183,108 @@ def chunked_cross_entropy(
         total = _total(unembed(h, unembedding, tied=tied, dtype=dtype), labels, valid)
         return total / jnp.maximum(count, 1), count
 
-    def chunk_total(matrix: jax.Array, xs: tuple[jax.Array, ...]) -> jax.Array:
-        h_chunk, labels_chunk, valid_chunk = xs  # [batch, per, n_embd], [batch, per] x 2
-        logits = unembed(h_chunk, matrix, tied=tied, dtype=dtype)
-        return _total(logits, labels_chunk, valid_chunk)
-
-    recomputed = jax.checkpoint(chunk_total, prevent_cse=False)  # keeps only its inputs
     chunks = -(-length // per)
+    total = _fused_total(h, unembedding, labels, valid, tied, dtype, chunks, per)
+    return total / jnp.maximum(count, 1), count
+
+
+def _logits_and_grad(
+    h: jax.Array,
+    unembedding: jax.Array,
+    labels: jax.Array,
+    valid: jax.Array,
+    tied: bool,
+    dtype: Any,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One chunk: its summed loss, and the gradients of that sum with respect to the chunk's
+    `h [batch, per, n_embd]` (in `h`'s dtype) and to the unembedding (float32).
+
+    The logits' gradient is `softmax - one_hot(label)` where counted (0 elsewhere), cast to
+    the logits' dtype as autodiff's cast would; both products then take it as one operand.
+    """
+    h_cast, matrix = promote_dtype(h, unembedding, dtype=dtype)
+    logits = unembed(h_cast, matrix, tied=tied, dtype=None)  # [batch, per, vocab]
+    wide = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(wide, axis=-1)
+    picked = jnp.take_along_axis(wide, labels[..., None], axis=-1)[..., 0]
+    total = jnp.where(valid, lse - picked, 0.0).sum()
+    probs = jnp.exp(wide - lse[..., None])
+    one_hot = jax.nn.one_hot(labels, wide.shape[-1], dtype=jnp.float32)
+    d_logits = (jnp.where(valid[..., None], probs - one_hot, 0.0)).astype(logits.dtype)
+    if tied:  # logits = h @ E.T: dh = d @ E, dE = d.T @ h
+        d_h = jnp.dot(d_logits, matrix)
+        d_matrix = jnp.einsum("bpv,bpc->vc", d_logits, h_cast, preferred_element_type=jnp.float32)
+    else:  # logits = h @ K: dh = d @ K.T, dK = h.T @ d
+        d_h = jnp.dot(d_logits, matrix.T)
+        d_matrix = jnp.einsum("bpc,bpv->cv", h_cast, d_logits, preferred_element_type=jnp.float32)
+    return total, d_h.astype(h.dtype), d_matrix
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _fused_total(
+    h: jax.Array,
+    unembedding: jax.Array,
+    labels: jax.Array,
+    valid: jax.Array,
+    tied: bool,
+    dtype: Any,
+    chunks: int,
+    per: int,
+) -> jax.Array:
+    """The summed loss over `chunks` chunks of `per` positions (a scan; no gradient kept)."""
     xs = tuple(_chunked(x, chunks, per) for x in (h, labels, valid))
-    _, totals = jax.lax.scan(lambda carry, x: (carry, recomputed(unembedding, x)), None, xs)
-    return totals.sum() / jnp.maximum(count, 1), count
+
+    def body(carry: jax.Array, x: tuple[jax.Array, ...]) -> tuple[jax.Array, None]:
+        h_chunk, labels_chunk, valid_chunk = x
+        logits = unembed(h_chunk, unembedding, tied=tied, dtype=dtype)
+        return carry + _total(logits, labels_chunk, valid_chunk), None
+
+    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
+    return total
+
+
+def _fused_forward(
+    h: jax.Array,
+    unembedding: jax.Array,
+    labels: jax.Array,
+    valid: jax.Array,
+    tied: bool,
+    dtype: Any,
+    chunks: int,
+    per: int,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """The summed loss and, chunk by chunk, its gradients: each chunk's logits are made once
+    and dropped (nothing is recomputed in the backward, which only scales)."""
+    xs = tuple(_chunked(x, chunks, per) for x in (h, labels, valid))
+    width = unembedding.shape
+
+    def body(
+        carry: tuple[jax.Array, jax.Array], x: tuple[jax.Array, ...]
+    ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+        total, d_matrix = carry
+        h_chunk, labels_chunk, valid_chunk = x
+        chunk_total, d_h, d_chunk = _logits_and_grad(
+            h_chunk, unembedding, labels_chunk, valid_chunk, tied, dtype
+        )
+        return (total + chunk_total, d_matrix + d_chunk), d_h
+
+    start = (jnp.zeros((), jnp.float32), jnp.zeros(width, jnp.float32))
+    (total, d_matrix), d_hs = jax.lax.scan(body, start, xs)  # d_hs [chunks, batch, per, n_embd]
+    d_h = jnp.moveaxis(d_hs, 0, 1).reshape(h.shape[0], chunks * per, h.shape[-1])
+    return total, (d_h[:, : h.shape[1]], d_matrix.astype(unembedding.dtype))
+
+
+def _fused_backward(
+    tied: bool,
+    dtype: Any,
+    chunks: int,
+    per: int,
+    saved: tuple[jax.Array, jax.Array],
+    g: jax.Array,
+) -> tuple[jax.Array, jax.Array, None, None]:
+    """The saved gradients times the cotangent of the summed loss."""
+    d_h, d_matrix = saved
+    return (g * d_h).astype(d_h.dtype), (g * d_matrix).astype(d_matrix.dtype), None, None
+
+
+_fused_total.defvjp(_fused_forward, _fused_backward)
