@@ -7,6 +7,7 @@ on CPU, logits within 1e-5 of their scale (max |difference| <= 1e-5 max |logit|)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import shutil
 from pathlib import Path
@@ -197,16 +198,21 @@ def test_one_compiled_step_serves_every_token_and_every_prompt_of_a_bucket(
 ) -> None:
     model, params = model_and_params
     generation._prefill.clear_cache()  # earlier tests compiled batches of every shape
-    generation._step.clear_cache()
+    generation._decoder.cache_clear()
+    greedy = functools.partial(generation._decoder, model, True, None, False)
     generate(model, params, [[1, 2, 3], [4, 5]], 5, temperature=0)  # batch 2, bucket 8
-    prefills, steps = generation._prefill._cache_size(), generation._step._cache_size()
+    prefills = generation._prefill._cache_size()
+    assert greedy()._cache_size() == 1
     generate(model, params, [[7, 7, 7, 7, 7, 7], [9]], 20, temperature=0)  # same bucket
+    assert greedy()._cache_size() == 1  # no recompilation per prompt or token
     generate(model, params, [[5, 6], [1, 2, 3, 4]], 3, temperature=0.7, top_k=4)
+    generate(model, params, [[5], [1, 2, 3, 4]], 7, temperature=1.3, top_k=4)
     assert generation._prefill._cache_size() == prefills  # no recompilation per prompt
-    assert generation._step._cache_size() == steps  # nor per token
+    assert generation._decoder(model, False, 4, False)._cache_size() == 1  # top-k: its own
     generate(model, params, [list(range(1, 12)), [2]], 3, temperature=0)  # bucket 16
     assert generation._prefill._cache_size() == prefills + 1
-    assert generation._step._cache_size() == steps  # the step does not depend on the bucket
+    assert greedy()._cache_size() == 1  # the step does not depend on the bucket
+    assert generation._decoder.cache_info().currsize == 2
 
 
 def test_ids_beyond_the_tokenizers_vocabulary_are_never_drawn(model_and_params) -> None:

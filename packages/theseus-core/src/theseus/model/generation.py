@@ -8,9 +8,11 @@ only to slots `start[b] .. s`, so each row computes exactly what it would alone 
 
 Compilation: the prefill is compiled once per (batch, prompt bucket), the prompt
 length rounded up to a power of two (at least 8, at most what the context leaves);
-the decode step once per batch size, over a cache of `block_size` slots, and reused
-for every token of every prompt. The caches are donated to the step, so decoding
-updates them in place.
+the decode step, which also picks the next token, once per batch size and sampling
+mode (greedy, top-k, nucleus), over a cache of `block_size` slots, and reused for every
+token of every prompt. The caches are donated to the step, so decoding updates them in
+place, and the new tokens stay on the device until the end (unless `on_token` streams
+them), so the host never waits for a step.
 
 Sampling: temperature 0 is greedy (argmax). Otherwise the logits are divided by the
 temperature, cut to the `top_k` largest and to the smallest set whose probability
@@ -86,6 +88,36 @@ def _prefill(model: Any, params: Any, tokens: jax.Array, start: jax.Array, slots
 def _step(model: Any, params: Any, cache: Any, token: jax.Array) -> Any:
     logits, cache = model.apply({"params": params}, token[:, None], cache=cache)
     return logits[:, 0], cache
+
+
+@functools.lru_cache(maxsize=32)
+def _decoder(model: Any, greedy: bool, top_k: int | None, nucleus: bool) -> Any:
+    """The compiled decode step for `model` and a sampling mode: `_step`, then `_pick`.
+
+    `step(params, cache, token, keys, n, temperature, top_p, allowed)` returns the next
+    token (`[batch]` int32, drawn as token `n`), the cache (donated) and `n + 1`, so a
+    loop passes arrays only: nothing is hashed or sent from the host per token.
+    """
+
+    @functools.partial(jax.jit, donate_argnums=1)
+    def step(
+        params: Any,
+        cache: Any,
+        token: jax.Array,
+        keys: jax.Array,
+        n: jax.Array,
+        temperature: jax.Array,
+        top_p: jax.Array,
+        allowed: jax.Array,
+    ) -> tuple[jax.Array, Any, jax.Array]:
+        logits, cache = _step(model, params, cache, token)
+        picked = _pick(
+            logits, keys, n, temperature, top_p, allowed,
+            greedy=greedy, top_k=top_k, nucleus=nucleus,
+        )  # fmt: skip
+        return picked, cache, n + 1
+
+    return step
 
 
 @functools.partial(jax.jit, static_argnames=("greedy", "top_k", "nucleus"))
@@ -242,13 +274,16 @@ def generate(
         top_k=None if top_k is None else min(top_k, cfg.vocab_size, vocab or cfg.vocab_size),
         nucleus=top_p is not None and top_p < 1,
     )
-    new: list[np.ndarray] = []
-    for n in range(max_new_tokens):
-        token = pick(logits, keys, jnp.int32(n))
-        host = np.asarray(token)
-        new.append(host)
+    mode = tuple(pick.keywords[name] for name in ("greedy", "top_k", "nucleus"))
+    sampling = tuple(pick.keywords[name] for name in ("temperature", "top_p", "allowed"))
+    decode = _decoder(model, *mode)  # positional: one cache entry a mode
+    token, n = pick(logits, keys, jnp.int32(0)), jnp.int32(1)
+    new: list[jax.Array] = []
+    for produced in range(1, max_new_tokens + 1):
+        new.append(token)
         if on_token is not None:
-            on_token(host)
-        if n + 1 < max_new_tokens:
-            logits, caches = _step(model, params, caches, token)
-    return np.stack(new, axis=1).tolist()
+            on_token(np.asarray(token))
+        if produced < max_new_tokens:
+            # The tokens stay on the device (no wait for the host) unless they stream.
+            token, caches, n = decode(params, caches, token, keys, n, *sampling)
+    return np.asarray(jnp.stack(new, axis=1)).tolist()
