@@ -8,7 +8,7 @@ writes OUT (default `.whl-tpu/` at the repository's root, git-ignored):
 - a wheel of every other package they need at run time, at `uv.lock`'s version for the
   host (Python 3.11 on x86_64 Linux): the lock's closure of theseus-core[gpt2] and
   theseus-analysis[inspect,eval], and what the accelerator set needs beyond the host's
-  pytest (`TESTS`), less what the host has (`HOST`: its JAX, with jaxlib, libtpu,
+  pytest and the benchmarks need (`TESTS`), less what the host has (`HOST`: its JAX, with jaxlib, libtpu,
   numpy, scipy, ml-dtypes, opt-einsum), what its own package index gives (`INDEX`) and
   what only those need (pip brings it from the index with them). A package published
   only as source is built into a wheel here (it must be pure Python);
@@ -42,8 +42,9 @@ HOST = ("jax", "jaxlib", "libtpu", "numpy", "scipy", "ml-dtypes", "opt-einsum")
 #: What the host's own package index gives (compiled, large): taken from there.
 INDEX = ("flax", "optax", "orbax-checkpoint", "tensorstore", "pandas", "pyarrow", "pyyaml",
          "matplotlib", "safetensors", "tokenizers", "scikit-learn")  # fmt: skip
-#: The accelerator set's test dependencies the host's python3 may lack (it has pytest).
-TESTS = ("pytest-timeout",)
+#: The accelerator set's test dependencies the host's python3 may lack (it has pytest),
+#: and what benchmarks/ imports beyond the runtime closure (recorder.py: equinox).
+TESTS = ("pytest-timeout", "equinox", "jaxtyping", "wadler-lindig")
 #: The runtime closure: these packages of the workspace with these extras.
 EXTRAS = ("gpt2", "inspect", "eval")
 EXPORT = ("--package", "theseus-core", "--package", "theseus-analysis",
