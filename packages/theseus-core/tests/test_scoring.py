@@ -121,6 +121,37 @@ def test_one_program_per_length_bucket(model_and_params, monkeypatch) -> None:
     assert scoring._score._cache_size() <= len(buckets)  # a second task compiles nothing
 
 
+def test_choices_that_share_their_tokens_share_a_row_and_score_as_alone(
+    model_and_params, monkeypatch
+) -> None:
+    # A multiple-choice question of one-token answers: the pairs read the same tokens and
+    # share one row. With 11 answers (more than SHARED = 8) the group takes two rows. Also
+    # continuations of different lengths ending at the same position ([5, 6] | [7] after
+    # [1, 2, 3, 4] + [5]), and a choice equal to the row's own next token.
+    model, params = model_and_params
+    question = [3, 9, 2, 7, 7, 1]
+    pairs = [(question, [answer]) for answer in range(11)]
+    pairs += [([1, 2, 3, 4], [5, 6]), ([1, 2, 3, 4, 5], [7]), ([1, 2, 3], [4, 5, 7])]
+    pairs += [([8, 8], [2])]  # alone
+    rows = []
+    real = scoring._score
+
+    def counted(model, params, tokens, last, choices):  # type: ignore[no-untyped-def]
+        rows.append(int((np.asarray(last) > 0).sum()))
+        return real(model, params, tokens, last, choices)
+
+    monkeypatch.setattr(scoring, "_score", counted)
+    got = loglikelihoods(model, params, pairs, batch_size=4)
+    for pair, (total, greedy) in zip(pairs, got, strict=True):
+        want_total, want_greedy = _reference(model, params, *pair)
+        assert _close(total, want_total), (pair, total, want_total)
+        assert greedy == want_greedy, pair
+    # rows that read tokens: 2 for the 11 answers, 1 for the three pairs reading
+    # [1, 2, 3, 4, 5], 1 for [8, 8]: 4 rows in one batch of 4, where 15 pairs were given
+    assert sum(rows) == 4 and len(rows) == 1
+    assert sum(greedy for _, greedy in got[:11]) == 1  # exactly one answer is the argmax
+
+
 def test_rolling_windows_predict_every_token_once() -> None:
     # worked by hand from the definition: window 4, prefix 99, tokens 0..9
     assert rolling_windows(range(10), 99, 4) == [

@@ -8,7 +8,12 @@ harnesses do), so every continuation token is predicted from the tokens just bef
 it. `rolling_windows` splits a document longer than the window into such pairs, each
 token predicted once (a document's loglikelihood is the sum of its windows').
 
-Compilation: pairs are sorted by length and packed into batches of `batch_size` rows,
+Pairs that read the same tokens (the context and all but the continuation's last
+token), such as the one-token answers of a multiple-choice question, share one row of
+one forward: the row gives the log-probability of its own next tokens and of up to
+`SHARED` candidates for the token after it.
+
+Compilation: rows are sorted by length and packed into batches of `batch_size` rows,
 right-padded to the length rounded up to a power of two (at least `MIN_BUCKET`, at
 most `block_size`), so a task compiles one program per length bucket, not one per
 request.
@@ -37,19 +42,34 @@ class ScoringError(TheseusError, ValueError):
     """Pairs or settings that cannot be scored."""
 
 
+#: the most continuations that share one row (pairs whose tokens differ only in the last
+#: continuation token: the choices of a multiple-choice question of one-token answers);
+#: a larger group takes more rows
+SHARED = 8
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _score(
-    model: Any, params: Any, tokens: jax.Array, targets: jax.Array, weights: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Per row of `[batch, width]` ids: the summed log-probability of `targets` where
-    `weights` is 1, and whether each of those targets is the argmax."""
+    model: Any, params: Any, tokens: jax.Array, last: jax.Array, choices: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """One forward of `tokens [batch, width]`; per row:
+
+    - `[batch, width]` the log-probability, at each position `j`, of the row's next
+      token `tokens[j + 1]`, and whether it is the argmax there;
+    - `[batch, SHARED]` at position `last`, the log-probability of each of `choices`
+      (the candidates for the token after the row's last), and whether it is the argmax.
+    """
     logits, _ = model.apply({"params": params}, tokens)
-    logits = logits.astype(jnp.float32)
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    logprobs = picked - jax.nn.logsumexp(logits, axis=-1)
-    total = jnp.sum(jnp.where(weights > 0, logprobs, 0.0), axis=-1)
-    hits = (jnp.argmax(logits, axis=-1) == targets) | (weights == 0)
-    return total, jnp.all(hits, axis=-1)
+    wide = logits.astype(jnp.float32)
+    norm = jax.nn.logsumexp(wide, axis=-1)  # [batch, width]
+    following = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)  # the last: unused
+    picked = jnp.take_along_axis(wide, following[..., None], axis=-1)[..., 0] - norm
+    hits = jnp.argmax(wide, axis=-1) == following
+    rows = jnp.arange(tokens.shape[0])
+    at_last = wide[rows, last]  # [batch, vocab]
+    chosen = jnp.take_along_axis(at_last, choices, axis=-1) - norm[rows, last][:, None]
+    best = jnp.argmax(at_last, axis=-1)[:, None] == choices
+    return picked, hits, chosen, best
 
 
 #: the narrowest bucket: short rows cost little padded, and every program compiled costs
@@ -121,11 +141,20 @@ def loglikelihoods(
     block = int(model.config.block_size)
     windows = [_window(context, continuation, block) for context, continuation in pairs]
     lengths = [len(continuation) for _, continuation in pairs]
-    order = sorted(range(len(windows)), key=lambda i: -len(windows[i]))  # longest first
-    results: list[tuple[float, bool]] = [(0.0, False)] * len(windows)
-    for first in range(0, len(order), batch_size):
-        rows = order[first : first + batch_size]
-        longest = max(len(windows[i]) - 1 for i in rows)
+    # Pairs that read the same tokens share one row: only their last target differs.
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, window in enumerate(windows):
+        groups.setdefault(tuple(window[:-1]), []).append(index)
+    shared = [
+        (read, members[first : first + SHARED])
+        for read, members in groups.items()
+        for first in range(0, len(members), SHARED)
+    ]
+    shared.sort(key=lambda row: -len(row[0]))  # longest first
+    pending = []
+    for first in range(0, len(shared), batch_size):
+        batch = shared[first : first + batch_size]
+        longest = len(batch[0][0])
         if width is not None and not longest <= width <= block:
             raise ScoringError(
                 f"width {width} must hold the longest pair ({longest} positions) and fit the "
@@ -133,18 +162,24 @@ def loglikelihoods(
             )
         padded = width if width is not None else _bucket(longest, block)
         tokens = np.zeros((batch_size, padded), np.int32)
-        targets = np.zeros((batch_size, padded), np.int32)
-        weights = np.zeros((batch_size, padded), np.float32)
-        for row, index in enumerate(rows):
-            window, scored = windows[index], lengths[index]
-            n = len(window) - 1
-            tokens[row, :n], targets[row, :n] = window[:-1], window[1:]
-            weights[row, n - scored : n] = 1.0
-        total, greedy = jax.device_get(
-            _score(model, params, *_placed(params, tokens, targets, weights))
-        )
-        for row, index in enumerate(rows):
-            results[index] = (float(total[row]), bool(greedy[row]))
+        last = np.zeros(batch_size, np.int32)
+        choices = np.zeros((batch_size, SHARED), np.int32)
+        for row, (read, members) in enumerate(batch):
+            tokens[row, : len(read)] = read
+            last[row] = len(read) - 1
+            choices[row, : len(members)] = [windows[i][-1] for i in members]
+        # Dispatched without waiting: the host packs the next batch while this one runs.
+        pending.append((batch, _score(model, params, *_placed(params, tokens, last, choices))))
+    results: list[tuple[float, bool]] = [(0.0, False)] * len(windows)
+    for batch, outputs in pending:
+        picked, hits, chosen, best = jax.device_get(outputs)
+        for row, (read, members) in enumerate(batch):
+            n = len(read)
+            for slot, index in enumerate(members):
+                start = n - lengths[index]  # the first position whose target is scored
+                total = float(np.sum(picked[row, start : n - 1], dtype=np.float64))
+                greedy = bool(hits[row, start : n - 1].all()) and bool(best[row, slot])
+                results[index] = (total + float(chosen[row, slot]), greedy)
     return results
 
 
