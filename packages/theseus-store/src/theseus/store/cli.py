@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
+from theseus.store._fsck import unfinished_copy
 from theseus.store._node import Node
 from theseus.store._place import FORMS, Location, locate
 from theseus.store._scheduler import scheduler_state
@@ -337,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _ui(args, where)
     try:
         with Store(where.opens, create=False) as store:
+            if args.command != "fsck":  # fsck reports it among its problems
+                _warn_if_unfinished(store)
             return int(args.fn(store, args))
     except (StoreError, InvalidNodeError) as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
@@ -348,6 +351,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
         return 2
+
+
+def _warn_if_unfinished(store: Store) -> None:
+    """One line on stderr where the store is a copy that was stopped before it finished."""
+    from theseus.store._copy import unfinished
+
+    source = unfinished(store)
+    if source is not None:
+        print(f"theseus-store: warning: {unfinished_copy(store, source)}", file=sys.stderr)
 
 
 def _ui(args: argparse.Namespace, where: Location) -> int:
@@ -409,21 +421,23 @@ def _interrupted(args: argparse.Namespace, said: list[str]) -> str:
 
     Each batch of rows is one transaction, and a row is written after the blob or the
     checkpoint folder it names (a folder under a temporary name until whole), so an
-    interrupted copy holds whole rows; the source is opened read-only.
+    interrupted copy holds whole rows; the destination is marked an unfinished copy until
+    a run verifies it (``fsck`` and ``runs`` say so); the source is opened read-only.
     """
     if not said:
         return f"copy interrupted (Ctrl-C) before any row was copied; {args.src} is untouched."
-    if said[-1].startswith("checkpoints:"):  # every stage done; stopped while verifying
+    unfinished = "marked an unfinished copy until then (fsck and runs say so)"
+    if said[-1].startswith("verifying"):  # every stage done; stopped while verifying
         return (
             f"copy interrupted (Ctrl-C) while verifying: {args.dst} holds the whole copy, not "
-            f"yet verified ({args.src} is untouched). Run the same command again to verify it "
-            "(it adds nothing)."
+            f"yet verified, {unfinished}; {args.src} is untouched. Run the same command "
+            "again to verify it (it adds nothing)."
         )
     done = f"after the stage '{said[-1]}'" if len(said) > 1 else "in its first stage (nodes)"
     return (
         f"copy interrupted (Ctrl-C) {done}: {args.dst} holds part of the copy (whole rows, "
-        f"each with its bytes; {args.src} is untouched). Run the same command again to "
-        "finish it: it adds only what is missing, then verifies the whole."
+        f"each with its bytes), {unfinished}; {args.src} is untouched. Run the same command "
+        "again to finish it: it adds only what is missing, then verifies the whole."
     )
 
 
