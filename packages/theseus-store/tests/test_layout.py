@@ -70,7 +70,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(module)
         for imported in sorted(graph[module]):
             if state.get(imported) == 1:
-                return path[path.index(imported) :] + [imported]
+                return [*path[path.index(imported) :], imported]
             if imported not in state and (found := visit(imported)) is not None:
                 return found
         path.pop()
@@ -114,8 +114,7 @@ def _outside_backends() -> dict[str, str]:
     return {
         str(path.relative_to(PACKAGE)): path.read_text()
         for path in sorted(PACKAGE.rglob("*.py"))
-        if not str(path.relative_to(PACKAGE)).startswith(BACKENDS)
-        and path.name != "_backend.py"
+        if not str(path.relative_to(PACKAGE)).startswith(BACKENDS) and path.name != "_backend.py"
     }
 
 
