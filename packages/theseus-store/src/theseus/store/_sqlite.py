@@ -288,7 +288,8 @@ class SqliteDatabase(AbstractDatabase[SqliteConnection]):
         self.shown = str(self.path)
 
     def _connect(self) -> SqliteConnection:
-        return connect(self.path, self.readonly)
+        with translate(self.path):  # a folder that cannot be written is one line
+            return connect(self.path, self.readonly)
 
     def _begin(self, conn: SqliteConnection, write: bool) -> None:
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")

@@ -108,7 +108,6 @@ class Store(StoreReader):
         self.dialect = self._db.dialect
         #: Whether this object created the store (a new root, or an empty folder).
         self.created = False
-        self.identity = self.database
         if entry is None and not create:
             raise NotAStoreError(
                 f"{self.root} is not a theseus-store root (no {MARKER}).{inner_hint(self.root)} "
