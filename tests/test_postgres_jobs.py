@@ -1,4 +1,5 @@
-"""`quick(URL)` and `theseus run --over` on a PostgreSQL store, against the same on a folder.
+"""`quick(URL)` and `theseus run --over` on a PostgreSQL store, against the same on a folder;
+`theseus sample` on a SQLite root's copy into PostgreSQL, against the same on the root.
 
 A tiny GPT is trained through ``quick("postgresql://...?files=DIR")`` and, beside it,
 through ``quick(FOLDER)`` with the same configuration; an analysis then walks every
@@ -27,6 +28,7 @@ from theseus.data.datasets import Synthetic  # noqa: E402
 from theseus.quick import quick  # noqa: E402
 from theseus.registry import import_module_or_file  # noqa: E402
 from theseus.store import Node, Store  # noqa: E402
+from theseus.store.cli import main as store_main  # noqa: E402
 
 pytestmark = [pytest.mark.postgres]
 
@@ -103,3 +105,31 @@ def test_quick_and_over_on_a_postgresql_root_match_a_folder_root(
         assert (latest.version, latest.content) == (2, got[STEPS - 1][1]["stats"][1])
     assert not (files / "store" / "store.sqlite").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["files", "folder", "stats.yaml"]
+
+
+def test_a_roots_copy_into_postgresql_samples_as_the_root_does(
+    server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer with tandem analyses (which find their site in a batch of the prepared
+    data when a node is set up, sampling included) on a folder root; `theseus-store copy`
+    into PostgreSQL; `theseus sample` on the copy, greedy, against the same on the root."""
+    monkeypatch.chdir(tmp_path)
+    folder, files = tmp_path / "folder", tmp_path / "files"
+    Synthetic.prepare(folder, tokens=40_000, val_tokens=6_000)
+    with quick(folder) as q:
+        q.build(jobs.GPTWithAnalysis, "trained")
+        jobs.tiny(q.config, steps=2, **{"logging/checkpoint_interval": 1})
+        assert q.config["training/analyze"]  # the views are made wherever the node is set up
+        q.create()()
+    url = f"{server.url(server.create_database())}?files={files}"
+    assert store_main(["copy", str(folder), url]) == 0
+    runner = CliRunner()
+    said = {}
+    for root in (str(folder), url):
+        sampled = runner.invoke(main, ["sample", root, "trained", "abc", "--max-new-tokens", "6",
+                                       "--temperature", "0", "--import", JOBS_FILE])  # fmt: skip
+        assert sampled.exit_code == 0, sampled.output
+        said[root] = sampled.stdout
+    assert said[url] == said[str(folder)] and said[url].startswith("abc")
+    header = (folder / "data" / "synthetic" / "header.json").read_bytes()
+    assert (files / "data" / "synthetic" / "header.json").read_bytes() == header

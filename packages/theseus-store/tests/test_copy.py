@@ -159,3 +159,118 @@ def test_the_copy_refuses_a_store_into_itself(tmp_path: Path) -> None:
         pytest.raises(StoreError, match="same store"),
     ):
         copy_module.copy_store(src, dst)
+
+
+def test_an_interrupted_copy_is_marked_unfinished_until_a_run_finishes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _source(tmp_path / "a" / "store")
+    real = copy_module._copy_checkpoints
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(copy_module, "_copy_checkpoints", interrupted)
+    assert main(["copy", str(tmp_path / "a"), str(tmp_path / "b")]) == 130
+    [said] = capsys.readouterr().err.splitlines()
+    assert "marked an unfinished copy until then" in said
+    # what the part holds looks like a store: every reader is told it is not whole
+    assert main(["fsck", str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert f"is an unfinished copy of {tmp_path / 'a'}" in out
+    assert f"Run `theseus-store copy {tmp_path / 'a'} {tmp_path / 'b'}` again" in out
+    assert main(["runs", str(tmp_path / "b")]) == 0
+    [warned] = capsys.readouterr().err.splitlines()
+    assert warned.startswith("theseus-store: warning: ") and "unfinished copy" in warned
+    monkeypatch.setattr(copy_module, "_copy_checkpoints", real)
+    assert main(["copy", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    assert main(["fsck", str(tmp_path / "b")]) == 0
+    assert main(["runs", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def _root_folders(root: Path) -> None:
+    """What `theseus data prepare` and `theseus import` leave beside a store: a prepared
+    dataset (its header written last), a tokenizer, and a preparation's temporary file."""
+    dataset = root / "data" / "synthetic"
+    dataset.mkdir(parents=True)
+    (dataset / "train.bin").write_bytes(bytes(range(256)) * 64)
+    (dataset / "val.bin").write_bytes(b"\x01\x02" * 100)
+    (dataset / "header.json").write_text('{"format": 1, "tokenizer": "tok"}')
+    (root / "data" / ".synthetic.tmp-1").write_bytes(b"half")
+    (root / "tokenizers" / "tok").mkdir(parents=True)
+    (root / "tokenizers" / "tok" / "tokenizer.json").write_text('{"model": "bpe"}')
+
+
+def test_a_copy_between_roots_brings_their_data_and_tokenizers_and_keeps_the_destinations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _source(tmp_path / "a" / "store")
+    _root_folders(tmp_path / "a")
+    own = tmp_path / "b" / "tokenizers" / "tok" / "tokenizer.json"
+    own.parent.mkdir(parents=True)
+    own.write_text('{"model": "the destination\'s own"}')
+    assert main(["copy", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "data and tokenizers: 1 folder brought; kept the destination's own tokenizers/tok" in out
+    assert _files(tmp_path / "b" / "data") == {
+        k: v for k, v in _files(tmp_path / "a" / "data").items() if not k.startswith(".")
+    }
+    assert own.read_text() == '{"model": "the destination\'s own"}'
+    assert main(["copy", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert "data and tokenizers: 0 folders brought" in capsys.readouterr().out
+
+
+def test_a_dataset_a_copy_was_interrupted_in_is_absent_not_torn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _source(tmp_path / "a" / "store")
+    _root_folders(tmp_path / "a")
+    real = copy_module._link_or_copy
+    calls: list[str] = []
+
+    def stopped_after_one(source: str, target: str) -> None:
+        if "/data/" in source:  # a dataset's file (checkpoint folders come before)
+            if calls:
+                raise KeyboardInterrupt
+            calls.append(source)
+        real(source, target)
+
+    monkeypatch.setattr(copy_module, "_link_or_copy", stopped_after_one)
+    assert main(["copy", str(tmp_path / "a"), str(tmp_path / "b")]) == 130
+    assert "after the stage 'checkpoints" in capsys.readouterr().err
+    # one file of the dataset was copied: the dataset is not there (no header, no folder)
+    assert len(calls) == 1 and not (tmp_path / "b" / "data" / "synthetic").exists()
+    assert main(["fsck", str(tmp_path / "b")]) == 1
+    monkeypatch.setattr(copy_module, "_link_or_copy", real)
+    assert main(["copy", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert _files(tmp_path / "b" / "data") == {
+        k: v for k, v in _files(tmp_path / "a" / "data").items() if not k.startswith(".")
+    }
+    assert _files(tmp_path / "b" / "tokenizers") == _files(tmp_path / "a" / "tokenizers")
+
+
+@pytest.mark.postgres
+def test_ctrl_c_into_postgresql_says_where_it_stands_without_the_password(
+    pg_url: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _source(tmp_path / "a" / "store")
+    _root_folders(tmp_path / "a")
+    url = pg_url(tmp_path / "pg").replace("@", ":hidden-pw@", 1)  # trust ignores it
+    real = copy_module._copy_checkpoints
+    monkeypatch.setattr(
+        copy_module, "_copy_checkpoints", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    assert main(["copy", str(tmp_path / "a"), url]) == 130
+    [said] = capsys.readouterr().err.splitlines()
+    assert "hidden-pw" not in said and f"?files={tmp_path / 'pg'} holds part of the copy" in said
+    assert main(["fsck", str(tmp_path / "pg")]) == 1  # the folder alone names the store
+    assert "is an unfinished copy of" in capsys.readouterr().out
+    monkeypatch.setattr(copy_module, "_copy_checkpoints", real)
+    assert main(["copy", str(tmp_path / "a"), url]) == 0
+    assert _snapshot(tmp_path / "pg" / "store") == _snapshot(tmp_path / "a" / "store")
+    assert _files(tmp_path / "pg" / "data") == {
+        k: v for k, v in _files(tmp_path / "a" / "data").items() if not k.startswith(".")
+    }
+    assert main(["fsck", str(tmp_path / "pg")]) == 0

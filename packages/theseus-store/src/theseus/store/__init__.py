@@ -1,7 +1,8 @@
 """theseus-store: the lineage, values, checkpoints and artifacts of every run.
 
 One SQLite database (WAL mode) plus a content-addressed blob folder under a
-root, standard library only.
+root, standard library only; or, with the ``postgres`` extra, the rows in a PostgreSQL
+database and the files in a folder every host sees.
 
 Besides the writers and readers of nodes, ``Store`` offers the reads the store
 browser (``theseus.store.ui``) is built on, each one snapshot and no SQL for the
@@ -55,7 +56,7 @@ from theseus.store._netfs import NetworkFilesystemWarning
 from theseus.store._node import Node
 from theseus.store._paths import canonical_path
 from theseus.store._place import Location, bind_root, locate
-from theseus.store._postgres import is_database_url
+from theseus.store._postgres._url import is_database_url
 from theseus.store._query import Query
 from theseus.store._reading import StoreReader
 from theseus.store._records import Artifact, Checkpoint, Scalar

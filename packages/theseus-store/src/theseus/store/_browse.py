@@ -17,11 +17,10 @@ were written since a mark.
 from __future__ import annotations
 
 import math
-import sqlite3
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from theseus.store._dialect import SQLITE, dialect
+from theseus.store._dialect import Connection, dialect
 from theseus.store._errors import QueryError
 from theseus.store._node import Node
 from theseus.store._records import Scalar, decode_value
@@ -86,27 +85,23 @@ class LineageGrowth(NamedTuple):
     last_id: int
 
 
-def data_version(conn: sqlite3.Connection) -> int:
-    """A number that changes whenever another connection commits (SQLite's ``data_version``)."""
+def data_version(conn: Connection) -> int:
+    """A number that changes whenever another connection commits (the dialect's ``data_version``)."""
     return int(conn.execute(dialect(conn).data_version).fetchone()[0])
 
 
-def write_mark(conn: sqlite3.Connection) -> float | None:
+def write_mark(conn: Connection) -> float | None:
     """The newest write mark of any node (-inf: no node), or None: the store keeps no marks.
 
     None for a store made before the ``nodes_written`` index, which only a writer adds.
     """
-    if dialect(conn) is SQLITE:  # PostgreSQL stores were made with the index
-        indexed = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'nodes_written'"
-        ).fetchone()
-        if indexed is None:
-            return None
+    if not dialect(conn).has_index(conn, "nodes_written"):
+        return None
     (top,) = conn.execute("SELECT MAX(written) FROM nodes").fetchone()
     return float(top) if top is not None else -math.inf
 
 
-def written_since(conn: sqlite3.Connection, since: float) -> list[WrittenNode]:
+def written_since(conn: Connection, since: float) -> list[WrittenNode]:
     """The nodes whose write mark is ``since`` or later (needs :func:`write_mark` not None)."""
     hint = dialect(conn).indexed_by("nodes_written")
     rows = conn.execute(
@@ -132,7 +127,7 @@ def written_since(conn: sqlite3.Connection, since: float) -> list[WrittenNode]:
     ]
 
 
-def lineage_growth(conn: sqlite3.Connection, after: int) -> list[LineageGrowth]:
+def lineage_growth(conn: Connection, after: int) -> list[LineageGrowth]:
     """Per lineage, its nodes whose id is past ``after`` (0: every node)."""
     return [
         LineageGrowth(name, nonce, int(n), int(last), float(started), int(first), int(top))
@@ -144,7 +139,7 @@ def lineage_growth(conn: sqlite3.Connection, after: int) -> list[LineageGrowth]:
     ]
 
 
-def holding_totals(conn: sqlite3.Connection) -> dict[str, tuple[int, int]]:
+def holding_totals(conn: Connection) -> dict[str, tuple[int, int]]:
     """``(rows, highest id)`` of each table in :data:`HOLDINGS` (a fall says a row was deleted)."""
     totals = {}
     for table in HOLDINGS:
@@ -154,7 +149,7 @@ def holding_totals(conn: sqlite3.Connection) -> dict[str, tuple[int, int]]:
 
 
 def holdings_by_lineage(
-    conn: sqlite3.Connection, table: str, after: int
+    conn: Connection, table: str, after: int
 ) -> tuple[int, int, dict[tuple[str, str], int]]:
     """``(rows, highest id, per lineage its rows past id after)`` of ``table`` (one of
     :data:`HOLDINGS`), all from one snapshot."""
@@ -172,7 +167,7 @@ def holdings_by_lineage(
     return int(rows), int(top), added
 
 
-def last_statuses(conn: sqlite3.Connection) -> dict[tuple[str, str], tuple[int, Scalar]]:
+def last_statuses(conn: Connection) -> dict[tuple[str, str], tuple[int, Scalar]]:
     """Per lineage, ``(seq, value)`` of its last ``job/status``."""
     d = dialect(conn)
     columns = d.last_columns("n.name, n.nonce", "n.name, n.nonce, v.value, v.kind", "n.seq")
@@ -185,14 +180,14 @@ def last_statuses(conn: sqlite3.Connection) -> dict[tuple[str, str], tuple[int, 
     }
 
 
-def status_values(conn: sqlite3.Connection) -> list[str]:
+def status_values(conn: Connection) -> list[str]:
     """Every ``job/status`` value the store holds, sorted."""
     return sorted(
         str(r[0]) for r in conn.execute("SELECT DISTINCT value FROM vals WHERE key = 'job/status'")
     )
 
 
-def numeric_keys(conn: sqlite3.Connection) -> list[str]:
+def numeric_keys(conn: Connection) -> list[str]:
     """Every value key with a numeric value somewhere, sorted.
 
     Steps from key to key through the ``vals_key`` index (one probe each) and asks each
@@ -210,7 +205,7 @@ def numeric_keys(conn: sqlite3.Connection) -> list[str]:
     return sorted(str(r[0]) for r in rows)
 
 
-def held_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> list[str]:
+def held_keys(conn: Connection, keys: Sequence[str]) -> list[str]:
     """The ``keys`` some node holds a value of, in the order given (one index probe each)."""
     return [
         k for k in keys if conn.execute("SELECT 1 FROM vals WHERE key = ? LIMIT 1", (k,)).fetchone()
@@ -218,7 +213,7 @@ def held_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> list[str]:
 
 
 def last_value(
-    conn: sqlite3.Connection, name: str, nonce: str, key: str, since: int = 0
+    conn: Connection, name: str, nonce: str, key: str, since: int = 0
 ) -> tuple[int, Scalar] | None:
     """``(seq, value)`` of ``key`` at the lineage's last node from seq ``since`` on that has it."""
     row = conn.execute(
@@ -230,7 +225,7 @@ def last_value(
 
 
 def branch_point(
-    conn: sqlite3.Connection, name: str, nonce: str, since: int = 0
+    conn: Connection, name: str, nonce: str, since: int = 0
 ) -> tuple[int, Node] | None:
     """``(seq, parent)`` where the lineage left another one, or None for a fresh lineage.
 
@@ -245,7 +240,7 @@ def branch_point(
     return None if row is None else (int(row[0]), Node(row[1], row[2], int(row[3])))
 
 
-def lineage_end(conn: sqlite3.Connection, name: str, nonce: str) -> int | None:
+def lineage_end(conn: Connection, name: str, nonce: str) -> int | None:
     """The lineage's last seq, or None: the store has no such lineage."""
     (last,) = conn.execute(
         "SELECT MAX(seq) FROM nodes WHERE name = ? AND nonce = ?", (name, nonce)
@@ -253,7 +248,7 @@ def lineage_end(conn: sqlite3.Connection, name: str, nonce: str) -> int | None:
     return None if last is None else int(last)
 
 
-def chain(conn: sqlite3.Connection, name: str, nonce: str) -> list[tuple[str, str, int]]:
+def chain(conn: Connection, name: str, nonce: str) -> list[tuple[str, str, int]]:
     """The stretches a lineage stitches: ``(name, nonce, last seq taken)``, oldest first.
 
     A branch continues its parent's lineage from the node it left: the parent's nodes
@@ -274,7 +269,7 @@ def chain(conn: sqlite3.Connection, name: str, nonce: str) -> list[tuple[str, st
 
 
 def numeric_series(
-    conn: sqlite3.Connection, name: str, nonce: str, key: str, first: int, last: int
+    conn: Connection, name: str, nonce: str, key: str, first: int, last: int
 ) -> list[tuple[int, float]]:
     """``(seq, value)`` of the lineage's finite numeric values of ``key`` from seq ``first``
     to ``last``, in seq order."""
@@ -288,7 +283,7 @@ def numeric_series(
     return [(seq, float(value)) for seq, value in rows if isfinite(value)]
 
 
-def numeric_values(conn: sqlite3.Connection, key: str, ids: Sequence[int]) -> dict[int, float]:
+def numeric_values(conn: Connection, key: str, ids: Sequence[int]) -> dict[int, float]:
     """node id -> the finite numeric value of ``key`` at it, for the nodes ``ids`` that have one."""
     values: dict[int, float] = {}
     listed = list(ids)
@@ -304,7 +299,7 @@ def numeric_values(conn: sqlite3.Connection, key: str, ids: Sequence[int]) -> di
     return values
 
 
-def job_in_lineage(conn: sqlite3.Connection, node: Node) -> tuple[str, str] | None:
+def job_in_lineage(conn: Connection, node: Node) -> tuple[str, str] | None:
     """``(job, config)`` of the latest job record at or before ``node`` in its own lineage."""
     (jobs,) = conn.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()
     # CROSS JOIN keeps the jobs table outermost (SQLite never reorders it): the cheaper
@@ -319,7 +314,7 @@ def job_in_lineage(conn: sqlite3.Connection, node: Node) -> tuple[str, str] | No
     return None if row is None else (str(row[0]), str(row[1]))
 
 
-def lineage_outline(conn: sqlite3.Connection, name: str, nonce: str) -> dict[str, Any]:
+def lineage_outline(conn: Connection, name: str, nonce: str) -> dict[str, Any]:
     """One lineage's shape: what the browser's tree draws of it.
 
     Returns:
@@ -355,9 +350,7 @@ def lineage_outline(conn: sqlite3.Connection, name: str, nonce: str) -> dict[str
     }
 
 
-def artifact_frames(
-    conn: sqlite3.Connection, name: str, nonce: str, artifact: str
-) -> list[dict[str, Any]]:
+def artifact_frames(conn: Connection, name: str, nonce: str, artifact: str) -> list[dict[str, Any]]:
     """Every node along the stitched lineage (:func:`chain`) that holds ``artifact``, oldest first.
 
     Each frame: ``node`` (serialized), ``seq``, ``versions`` (``[(version, filename)]``,
@@ -395,7 +388,7 @@ def artifact_frames(
     return frames
 
 
-def artifact_names(conn: sqlite3.Connection, name: str, nonce: str) -> list[str]:
+def artifact_names(conn: Connection, name: str, nonce: str) -> list[str]:
     """The artifact names anywhere along the stitched lineage (:func:`chain`), sorted."""
     found: set[str] = set()
     for part_name, part_nonce, upto in chain(conn, name, nonce):

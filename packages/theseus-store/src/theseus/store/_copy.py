@@ -6,15 +6,22 @@ PostgreSQL, or between two roots. Rows are matched by what they are, not by thei
 artifact by node, name and version, a job record by node, job, configuration and time, a
 checkpoint by node, step and path), so each stage adds only what the destination lacks:
 a copy that was interrupted is resumed by running it again, and running it on a finished
-copy adds nothing. The destination records the source (``meta`` key ``copy/source``):
-a destination that holds nodes is refused unless it is a copy of this very source, or
-``merge`` is asked for.
+copy adds nothing. The destination records the source (``meta`` key ``copy/source``: the
+source's identity, so any name of the same store resumes the copy): a destination that
+holds nodes is refused unless it is a copy of this very source, or ``merge`` is asked
+for. While the copy is under way the destination also holds ``copy/unfinished`` (removed
+once :func:`verify` passed): a copy stopped half-way is never taken for a whole one, and
+``theseus-store fsck`` and ``runs`` say so.
 
 Artifact bytes are read through the source's ``load`` (verified against their hash) and
 written where the destination keeps them (inline up to its ``inline_max``, else its
 blob folder). A checkpoint row relative to the source's root or store folder names a
 folder the copy brings along to the same place under the destination (hard links where
-both are on one filesystem, else copies); an absolute row is kept as it is.
+both are on one filesystem, else copies); an absolute row is kept as it is. Between two
+Theseus roots, what the runs read besides the store comes along too
+(``_root.ROOT_FOLDERS``: the prepared datasets and tokenizers, so that sampling, resuming
+and analysing the copy find them), each dataset or tokenizer folder whole or not at all;
+one the destination already holds with other contents is its own and is kept.
 
 At the end :func:`verify` compares the two: the destination holds every node, edge,
 value, artifact (its bytes hashing to its digest), job record and checkpoint row of the
@@ -32,9 +39,11 @@ from typing import Any
 
 from theseus.store._errors import StoreError
 from theseus.store._records import decode_value, encode_value
+from theseus.store._root import ROOT_FOLDERS
+from theseus.store._schema import COPY_UNFINISHED
 from theseus.store._store import Store
 
-__all__ = ["CopyReport", "copy_store", "verify"]
+__all__ = ["CopyReport", "copy_store", "unfinished", "verify"]
 
 _CHUNK = 2000
 
@@ -47,8 +56,20 @@ class CopyReport:
     checked: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def _source_name(src: Store) -> str:
+def _older_source_name(src: Store) -> str:
+    """How an earlier version recorded the source (the spelling of its database)."""
     return f"{src.database} (store {src.root})"
+
+
+def _named(store: Store) -> str:
+    """The store as a command names it: its Theseus root, else its folder."""
+    return str(store.folders.theseus_root or store.root)
+
+
+def unfinished(store: Store) -> str | None:
+    """The source of a copy into ``store`` that has not finished (None: no such copy)."""
+    rows = store.read_one("SELECT value FROM meta WHERE key = ?", (COPY_UNFINISHED,))
+    return str(rows[0][0]) if rows else None
 
 
 def _rows(store: Store, sql: str) -> list[tuple[Any, ...]]:
@@ -61,22 +82,25 @@ def _check_destination(src: Store, dst: Store, merge: bool) -> None:
         row = conn.execute("SELECT value FROM meta WHERE key = 'copy/source'").fetchone()
         return held, None if row is None else str(row[0])
 
-    if src.root == dst.root and src.database == dst.database:
+    if src.identity == dst.identity:
         raise StoreError(f"copy: the source and the destination are the same store ({src.root}).")
     held, source = dst.read(state)
-    if held and not merge and source != _source_name(src):
+    if held and not merge and source not in (src.identity, _older_source_name(src)):
         raise StoreError(
             f"copy: the destination {dst.database} already holds nodes"
             + (f" (a copy of {source})" if source else "")
             + ". Copy into a new or empty store, or pass --merge to add this store's rows to it."
         )
-    dst.write(
-        lambda conn: conn.execute(
-            "INSERT INTO meta(key, value) VALUES ('copy/source', ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (_source_name(src),),
-        )
-    )
+
+    def begin(conn: Any) -> None:
+        for key, value in (("copy/source", src.identity), (COPY_UNFINISHED, _named(src))):
+            conn.execute(
+                "INSERT INTO meta(key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    dst.write(begin)
 
 
 def _node_ids(store: Store) -> dict[tuple[str, str, int], int]:
@@ -106,9 +130,7 @@ def _link_or_copy(source: str, target: str) -> None:
 def _bring_folder(source: Path, target: Path) -> bool:
     """Bring the checkpoint folder ``source`` to ``target`` (False: already there, same sizes)."""
     if target.exists():
-        theirs = {p.relative_to(source): p.stat().st_size for p in source.rglob("*") if p.is_file()}
-        mine = {p.relative_to(target): p.stat().st_size for p in target.rglob("*") if p.is_file()}
-        if theirs == mine:
+        if _sizes(source) == _sizes(target):
             return False
         shutil.rmtree(target)  # an interrupted copy's partial folder
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -204,9 +226,48 @@ def copy_store(
         f"checkpoints: {report.added['checkpoints']} rows added, "
         f"{report.added['checkpoint folders']} folders brought"
     )
+    brought, kept = _bring_root_folders(src, dst)
+    report.added["root folders"] = brought
+    if brought or kept:
+        say(
+            f"{' and '.join(ROOT_FOLDERS)}: {brought} folder{'s' if brought != 1 else ''} brought"
+            + (f"; kept the destination's own {', '.join(kept)}" if kept else "")
+        )
+    say("verifying the copy against the source")
     report.checked = verify(src, dst, exact=not merge)
+    dst.write(lambda conn: conn.execute("DELETE FROM meta WHERE key = ?", (COPY_UNFINISHED,)))
     say("verified: " + ", ".join(f"{n} {k}" for k, n in report.checked.items()))
     return report
+
+
+def _bring_root_folders(src: Store, dst: Store) -> tuple[int, list[str]]:
+    """Bring each entry of the source root's ``ROOT_FOLDERS`` the destination root lacks.
+
+    Returns:
+        How many entries were brought, and the destination's own entries that differ
+        from the source's (kept as they are), as ``data/NAME``.
+    """
+    theirs, mine = src.folders.theseus_root, dst.folders.theseus_root
+    if theirs is None or mine is None or theirs.resolve() == mine.resolve():
+        return 0, []
+    brought, kept = 0, []
+    for name in ROOT_FOLDERS:
+        if not (theirs / name).is_dir():
+            continue
+        for entry in sorted((theirs / name).iterdir()):
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue  # a preparation's temporary file, or what no run reads
+            target = mine / name / entry.name
+            if target.exists():
+                if _sizes(entry) != _sizes(target):
+                    kept.append(f"{name}/{entry.name}")
+                continue
+            brought += _bring_folder(entry, target)
+    return brought, kept
+
+
+def _sizes(folder: Path) -> dict[Path, int]:
+    return {p.relative_to(folder): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
 
 
 def _copy_bytes(src: Store, dst: Store) -> int:

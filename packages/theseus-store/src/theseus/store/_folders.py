@@ -41,15 +41,15 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
+from theseus.store._dialect import Connection
 from theseus.store._errors import StoreError
 from theseus.store._lineage import checkpoint_layouts
 from theseus.store._paths import canonical_path
-
-if TYPE_CHECKING:
-    from theseus.store._store import Store
+from theseus.store._root import RootFolders
 
 try:
     import fcntl
@@ -70,6 +70,23 @@ __all__ = [
     "set_aside",
     "strays",
 ]
+
+T = TypeVar("T")
+
+
+class RootStore(Protocol):
+    """What the checkpoint folders ask of a store (``Store`` is one): its folder, the paths
+    its rows name, and the owner of its root's folders."""
+
+    root: Path
+    folders: RootFolders
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(conn)`` in one read snapshot."""
+
+    def checkpoint_path(self, path: str, relative: int) -> Path:
+        """The checkpoint path a row's stored ``(path, relative)`` names."""
+
 
 SET_ASIDE = "unregistered"
 WRITER_LOCK = ".writer.lock"
@@ -195,13 +212,13 @@ class FolderLock:
             os.close(fd)
 
 
-def registered_checkpoints(store: Store) -> set[Path]:
+def registered_checkpoints(store: RootStore) -> set[Path]:
     """Every checkpoint path the store lists, canonical (:func:`canonical_path`)."""
     rows = store.read(checkpoint_layouts)
     return {canonical_path(store.checkpoint_path(row[0], row[1])) for row in rows}
 
 
-def named_checkpoints(store: Store) -> set[Path]:
+def named_checkpoints(store: RootStore) -> set[Path]:
     """What ``--repair`` and a resuming trainer must never set aside, canonical.
 
     Every registered checkpoint path (:func:`registered_checkpoints`), and, for a
@@ -220,7 +237,7 @@ def named_checkpoints(store: Store) -> set[Path]:
     return named
 
 
-def open_lineage_folder(store: Store, folder: Path) -> list[Path]:
+def open_lineage_folder(store: RootStore, folder: Path) -> list[Path]:
     """Take ``folder`` to write a lineage's checkpoints: claim it, set its strays aside.
 
     The trainer calls this with the folder's writer lock held, before its first
@@ -317,7 +334,7 @@ def set_aside(entries: list[Path]) -> list[Path]:
     return moved
 
 
-def checkpoint_folders(store: Store) -> list[Path]:
+def checkpoint_folders(store: RootStore) -> list[Path]:
     """The checkpoint folders of this root that fsck looks into, canonical and sorted.
 
     The lineage folders of the root's checkpoint tree that are its own

@@ -40,13 +40,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sqlite3
+import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
-from theseus.store._dialect import dialect
+from theseus.store._blobs import BlobFolder
+from theseus.store._dialect import Connection, dialect
 from theseus.store._folders import (
     FolderLock,
+    RootStore,
     checkpoint_folders,
     incomplete,
     named_checkpoints,
@@ -55,11 +58,23 @@ from theseus.store._folders import (
 )
 from theseus.store._lineage import checkpoint_layouts
 from theseus.store._paths import canonical_path
+from theseus.store._schema import COPY_UNFINISHED
 
-if TYPE_CHECKING:
-    from theseus.store._store import Store
+__all__ = ["CheckedStore", "FsckReport", "fsck", "unfinished_copy"]
 
-__all__ = ["FsckReport", "fsck"]
+T = TypeVar("T")
+
+
+class CheckedStore(RootStore, Protocol):
+    """What the check asks of a store besides its folders (``Store`` is one)."""
+
+    database: str
+    blobs: BlobFolder
+    inline_max: int
+
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(conn)`` in one write transaction."""
+
 
 _DANGLING = (
     ("vals", "node"),
@@ -150,7 +165,17 @@ class FsckReport:
         return "\n".join(lines)
 
 
-def fsck(store: Store, repair: bool = False) -> FsckReport:
+def unfinished_copy(store: CheckedStore, source: str) -> str:
+    """The line for a store that an interrupted ``theseus-store copy`` from ``source`` left."""
+    here = shlex.quote(str(store.folders.theseus_root or store.root))
+    return (
+        f"{store.database} is an unfinished copy of {source}: it may lack rows, bytes or "
+        f"folders of the source. Run `theseus-store copy {shlex.quote(source)} {here}` again "
+        "to finish and verify it."
+    )
+
+
+def fsck(store: CheckedStore, repair: bool = False) -> FsckReport:
     """Check ``store`` and optionally remove leftovers.
 
     Args:
@@ -165,12 +190,12 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
     """
     report = FsckReport(store.root)
 
-    def inspect(conn: sqlite3.Connection) -> dict[str, int]:
+    def inspect(conn: Connection) -> dict[str, int]:
         d = dialect(conn)
-        if d.integrity_check is not None:
-            rows = [r[0] for r in conn.execute(d.integrity_check)]
-            if rows != ["ok"]:
-                report.problems += [f"{store.database}: SQLite integrity check: {r}" for r in rows]
+        report.problems += [f"{store.database}: {p}" for p in d.integrity_problems(conn)]
+        copying = conn.execute("SELECT value FROM meta WHERE key = ?", (COPY_UNFINISHED,))
+        for (source,) in copying.fetchall():
+            report.problems.append(unfinished_copy(store, str(source)))
         for table, column in _DANGLING:
             (count,) = conn.execute(
                 f"SELECT COUNT(*) FROM {table} t WHERE NOT EXISTS "
@@ -216,7 +241,7 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
         if trouble is not None:
             report.problems.append(trouble)
 
-    def leftovers(conn: sqlite3.Connection | None) -> None:
+    def leftovers(conn: Connection | None) -> None:
         refs = (
             referenced
             if conn is None
@@ -239,7 +264,7 @@ def fsck(store: Store, repair: bool = False) -> FsckReport:
     return report
 
 
-def _registered_rows(store: Store) -> list[tuple[Path, str, int]]:
+def _registered_rows(store: CheckedStore) -> list[tuple[Path, str, int]]:
     """``(canonical path, node as name~nonce~seq, step)`` of every checkpoint row."""
     return [
         (canonical_path(store.checkpoint_path(path, relative)), f"{name}~{nonce}~{seq}", step)
@@ -247,7 +272,7 @@ def _registered_rows(store: Store) -> list[tuple[Path, str, int]]:
     ]
 
 
-def _checkpoint_leftovers(store: Store, report: FsckReport, repair: bool) -> None:
+def _checkpoint_leftovers(store: CheckedStore, report: FsckReport, repair: bool) -> None:
     for path, node, step in sorted(set(_registered_rows(store))):
         report.checkpoints += 1
         if not store.folders.inside(path):

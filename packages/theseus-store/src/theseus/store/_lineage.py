@@ -7,10 +7,9 @@ it) and speak in Nodes and plain rows.
 from __future__ import annotations
 
 import difflib
-import sqlite3
 from typing import Any
 
-from theseus.store._dialect import Dialect
+from theseus.store._dialect import Connection, Dialect
 from theseus.store._errors import InvalidNodeError, UnknownNodeError
 from theseus.store._node import Node
 from theseus.store._records import Scalar, decode_value
@@ -32,7 +31,7 @@ __all__ = [
 ]
 
 
-def node_id(conn: sqlite3.Connection, node: Node, now: float) -> int:
+def node_id(conn: Connection, node: Node, now: float) -> int:
     """Return ``node``'s row id, creating it (and its parent and edge) if needed.
 
     Marks the node as written at ``now``. Must run inside a write transaction.
@@ -66,7 +65,7 @@ def node_id(conn: sqlite3.Connection, node: Node, now: float) -> int:
     return int(nid)
 
 
-def reparent(conn: sqlite3.Connection, child: Node, parent: Node | None) -> bool:
+def reparent(conn: Connection, child: Node, parent: Node | None) -> bool:
     """Make ``parent`` ``child``'s parent within their lineage; return whether it changed.
 
     ``child``'s edges to nodes of its own lineage are replaced by the one edge to
@@ -105,7 +104,7 @@ def reparent(conn: sqlite3.Connection, child: Node, parent: Node | None) -> bool
     return True
 
 
-def _reaches(conn: sqlite3.Connection, start: int, target: int) -> bool:
+def _reaches(conn: Connection, start: int, target: int) -> bool:
     """Return whether ``target`` is ``start`` or one of its descendants."""
     if start == target:
         return True
@@ -117,7 +116,7 @@ def _reaches(conn: sqlite3.Connection, start: int, target: int) -> bool:
     return row is not None
 
 
-def lookup(conn: sqlite3.Connection, node: Node) -> int:
+def lookup(conn: Connection, node: Node) -> int:
     """Return ``node``'s row id.
 
     Raises:
@@ -160,7 +159,7 @@ def current_artifacts(d: Dialect) -> str:
     )
 
 
-def artifact_history(conn: sqlite3.Connection, node: Node, name: str) -> list[tuple[Any, ...]]:
+def artifact_history(conn: Connection, node: Node, name: str) -> list[tuple[Any, ...]]:
     """Return every version of one artifact, oldest first (same columns as above)."""
     nid = lookup(conn, node)
     return conn.execute(
@@ -170,14 +169,14 @@ def artifact_history(conn: sqlite3.Connection, node: Node, name: str) -> list[tu
     ).fetchall()
 
 
-def folded_values(conn: sqlite3.Connection, node: Node) -> dict[str, Scalar]:
+def folded_values(conn: Connection, node: Node) -> dict[str, Scalar]:
     """Return the node's values as one mapping."""
     nid = lookup(conn, node)
     rows = conn.execute("SELECT key, value, kind FROM vals WHERE node = ? ORDER BY key", (nid,))
     return {key: decode_value(value, kind) for key, value, kind in rows}
 
 
-def checkpoint_rows(conn: sqlite3.Connection, node: Node) -> list[tuple[Any, ...]]:
+def checkpoint_rows(conn: Connection, node: Node) -> list[tuple[Any, ...]]:
     """Return ``(path, relative, step, meta, created)`` of each checkpoint, oldest first."""
     nid = lookup(conn, node)
     return conn.execute(
@@ -186,7 +185,7 @@ def checkpoint_rows(conn: sqlite3.Connection, node: Node) -> list[tuple[Any, ...
     ).fetchall()
 
 
-def neighbours(conn: sqlite3.Connection, node: Node, up: bool) -> list[Node]:
+def neighbours(conn: Connection, node: Node, up: bool) -> list[Node]:
     """Return the parents (``up``) or the children of ``node``, in creation order."""
     nid = lookup(conn, node)
     mine, other = ("child", "parent") if up else ("parent", "child")
@@ -198,7 +197,7 @@ def neighbours(conn: sqlite3.Connection, node: Node, up: bool) -> list[Node]:
     return [Node(*row) for row in rows]
 
 
-def ancestors(conn: sqlite3.Connection, node: Node) -> list[Node]:
+def ancestors(conn: Connection, node: Node) -> list[Node]:
     """Return every node reachable through parent edges, nearest first."""
     nid = lookup(conn, node)
     rows = conn.execute(
@@ -211,7 +210,7 @@ def ancestors(conn: sqlite3.Connection, node: Node) -> list[Node]:
     return [Node(name, nonce, seq) for name, nonce, seq, _ in rows]
 
 
-def job_record(conn: sqlite3.Connection, node: Node) -> tuple[str, str] | None:
+def job_record(conn: Connection, node: Node) -> tuple[str, str] | None:
     """Return ``(job, config)`` in effect at ``node``, or None.
 
     The closest record at or before ``node.seq`` in its lineage wins (the latest
@@ -240,7 +239,7 @@ def job_record(conn: sqlite3.Connection, node: Node) -> tuple[str, str] | None:
     return None
 
 
-def run_summaries(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def run_summaries(conn: Connection) -> list[dict[str, Any]]:
     """Return one row per lineage: name, nonce, nodes, last seq, checkpoints, artifacts, last write.
 
     Three grouped reads (the nodes, then the checkpoints and the artifacts per lineage),
@@ -274,7 +273,7 @@ def run_summaries(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     ]
 
 
-def lineages(conn: sqlite3.Connection) -> list[tuple[str, str, str, str]]:
+def lineages(conn: Connection) -> list[tuple[str, str, str, str]]:
     """``(project, group, run, nonce)`` of every lineage the store has a node of."""
     return [
         (str(p), str(g), str(r), str(n))
@@ -282,7 +281,7 @@ def lineages(conn: sqlite3.Connection) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def checkpoint_layouts(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+def checkpoint_layouts(conn: Connection) -> list[tuple[Any, ...]]:
     """Every checkpoint row with its node, in registration order:
     ``(path, relative, name, nonce, seq, project, group, run, step)``."""
     return list(

@@ -203,7 +203,7 @@ def filesystem_type(path: Path) -> str | None:
     return mountinfo_type(path) or statfs_type(path)
 
 
-def warn_if_network(db_path: Path, fstype: str | None = None) -> None:
+def warn_if_network(db_path: Path, fstype: str | None = None, stacklevel: int = 3) -> None:
     """Warn once per process and path if ``db_path`` lies on a network filesystem.
 
     Args:
@@ -211,6 +211,8 @@ def warn_if_network(db_path: Path, fstype: str | None = None) -> None:
         fstype: the filesystem type, if the caller knows it; else
             :func:`filesystem_type` finds it (looked up at call time, so a test
             may replace it).
+        stacklevel: whose line the warning names (``warnings.warn``'s; the default, the
+            caller's caller).
     """
     if os.environ.get(ENV, "").strip().lower() == "ok":
         return
@@ -229,5 +231,5 @@ def warn_if_network(db_path: Path, fstype: str | None = None) -> None:
         "PostgreSQL store (ROOT as postgresql://USER@HOST:PORT/DB?files=/shared/folder, "
         f"extra theseus-store[postgres]), or set {ENV}=ok to silence this.",
         NetworkFilesystemWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )

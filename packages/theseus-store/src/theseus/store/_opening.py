@@ -18,9 +18,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from theseus.store._db import FORMAT, FORMATS_READ
 from theseus.store._errors import CorruptStoreError, NotAStoreError
 from theseus.store._root import MARKER
+from theseus.store._schema import FORMAT, FORMATS_READ
 
 try:
     import fcntl
@@ -84,7 +84,7 @@ def read_marker(root: Path) -> int:
 
 def read_marker_entry(root: Path) -> dict[str, Any]:
     """Return ``root``'s marker: its format, and for a PostgreSQL store its ``database``
-    (the URL without a password) and the store's ``id``.
+    (a URL that reaches it, without a password) and the store's ``id``.
 
     Raises:
         CorruptStoreError: the marker is damaged or names a format this version

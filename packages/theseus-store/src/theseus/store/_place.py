@@ -38,11 +38,10 @@ import dataclasses
 import os
 from pathlib import Path
 
-from theseus.store._binding import STORE_FOLDER
 from theseus.store._errors import NotAStoreError
 from theseus.store._paths import canonical_path
-from theseus.store._postgres import DatabaseURL, is_database_url
-from theseus.store._root import MARKER
+from theseus.store._postgres._url import DatabaseURL, is_database_url
+from theseus.store._root import MARKER, STORE_FOLDER
 
 __all__ = ["FORMS", "Location", "bind_root", "locate"]
 

@@ -17,11 +17,10 @@ an old node never makes it latest.
 from __future__ import annotations
 
 import re
-import sqlite3
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
-from theseus.store._dialect import dialect
+from theseus.store._dialect import Connection, Dialect, dialect
 from theseus.store._errors import QueryError, UnknownKeyError, ValueTypeError
 from theseus.store._node import Node
 from theseus.store._records import (
@@ -33,10 +32,30 @@ from theseus.store._records import (
     encode_value,
 )
 
-if TYPE_CHECKING:
-    from theseus.store._store import Store
+__all__ = ["Query", "QuerySource"]
 
-__all__ = ["Query"]
+T = TypeVar("T")
+
+
+class QuerySource(Protocol):
+    """What a query reads through: a store's transactions, its dialect and its bytes
+    (``StoreReader`` is one)."""
+
+    dialect: Dialect
+    inline_max: int
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(conn)`` in one read snapshot."""
+
+    def read_one(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Run one SELECT statement."""
+
+    def load(self, digest: str, size: int, fetched: bytes | None = None) -> bytes:
+        """The bytes stored under ``digest``, verified."""
+
+    def checkpoint_from_row(self, node: Node, row: tuple[Any, ...]) -> Checkpoint:
+        """A checkpoint entry from its row."""
+
 
 _OPS = {"=": "=", "==": "=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _SPEC = re.compile(r"[A-Za-z0-9_*-]+")
@@ -55,7 +74,7 @@ class Query:
         store: the store to query (``store.query()`` builds one).
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: QuerySource) -> None:
         self.store = store
         self._where: list[tuple[str, tuple[Any, ...]]] = []
         self._order: list[tuple[str, tuple[Any, ...]]] = []
@@ -181,7 +200,7 @@ class Query:
         return self._add(sql.format(f"v.value {_OPS[op]} ?"), key, d.value(stored))
 
     def _comparable(self, key: str, op: str, value: Scalar, family: str) -> None:
-        def kinds(conn: sqlite3.Connection) -> list[str]:
+        def kinds(conn: Connection) -> list[str]:
             kind = dialect(conn).typeof("value")
             rows = conn.execute(f"SELECT DISTINCT {kind} FROM vals WHERE key = ?", (key,))
             return [row[0] for row in rows]
@@ -218,7 +237,7 @@ class Query:
         return self
 
     def _known(self, key: str) -> None:
-        def check(conn: sqlite3.Connection) -> list[str] | None:
+        def check(conn: Connection) -> list[str] | None:
             if conn.execute("SELECT 1 FROM vals WHERE key = ? LIMIT 1", (key,)).fetchone():
                 return None
             return [row[0] for row in conn.execute("SELECT DISTINCT key FROM vals")]
@@ -254,7 +273,7 @@ class Query:
             sql += f" LIMIT {int(limit)}"
         return sql, params
 
-    def _nodes(self, conn: sqlite3.Connection, limit: int | None = None) -> list[tuple[int, Node]]:
+    def _nodes(self, conn: Connection, limit: int | None = None) -> list[tuple[int, Node]]:
         sql, params = self._sql(_NODE_COLUMNS, limit)
         return self._rows_to_nodes(conn.execute(sql, params))
 
@@ -305,7 +324,7 @@ class Query:
             self._known(key)
         wanted = None if keys is None else set(keys)
 
-        def run(conn: sqlite3.Connection) -> list[tuple[Node, dict[str, Scalar]]]:
+        def run(conn: Connection) -> list[tuple[Node, dict[str, Scalar]]]:
             nodes = self._nodes(conn)
             values: dict[int, dict[str, Scalar]] = {nid: {} for nid, _ in nodes}
             ids = list(values)
@@ -400,7 +419,7 @@ class Query:
     def checkpoints(self) -> list[Checkpoint]:
         """Return every checkpoint entry of the matching nodes, in the order they were recorded."""
 
-        def run(conn: sqlite3.Connection) -> list[Checkpoint]:
+        def run(conn: Connection) -> list[Checkpoint]:
             found: list[tuple[int, Checkpoint]] = []
             for nid, node in self._nodes(conn):
                 rows = conn.execute(

@@ -11,7 +11,7 @@ import abc
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from theseus.store import _browse, _lineage, _resolve
 from theseus.store._blobs import BlobFolder, verified
@@ -21,9 +21,6 @@ from theseus.store._node import Node
 from theseus.store._query import Query
 from theseus.store._records import Artifact, Checkpoint, Scalar
 from theseus.store._root import RootFolders
-
-if TYPE_CHECKING:
-    from theseus.store._store import Store
 
 __all__ = ["StoreReader", "check_node"]
 
@@ -65,7 +62,7 @@ class StoreReader(abc.ABC):
 
     def query(self) -> Query:
         """Return a fresh chainable query cursor over every node."""
-        return Query(cast("Store", self))
+        return Query(self)
 
     def artifact_from_row(self, node: Node, row: tuple[Any, ...]) -> Artifact:
         """Build an Artifact from ``(name, filename, hash, size, created, version[, inline])``."""
@@ -209,14 +206,14 @@ class StoreReader(abc.ABC):
             UnknownNodeError: the store has no such run, lineage or node in it; the
                 message names what it does have.
         """
-        return _resolve.resolve(cast("Store", self), text)
+        return _resolve.resolve(self, text)
 
     def never_started(self, run: Mapping[str, Any]) -> str | None:
         """The error of a lineage whose job failed while setting up, else None.
 
         ``run`` is one of :meth:`runs`' summaries (see ``_resolve.never_started``).
         """
-        return _resolve.never_started(cast("Store", self), run)
+        return _resolve.never_started(self, run)
 
     def runs(self) -> list[dict[str, Any]]:
         """Return one summary per lineage, oldest first (what ``theseus-store runs`` prints)."""

@@ -10,18 +10,33 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from theseus.store._errors import InvalidNodeError, UnknownNodeError
 from theseus.store._node import Node
+from theseus.store._query import Query
+from theseus.store._records import Scalar
 
-if TYPE_CHECKING:
-    from theseus.store._store import Store
-
-__all__ = ["never_started", "resolve", "resolve_run"]
+__all__ = ["Named", "never_started", "resolve", "resolve_run"]
 
 
-def resolve(store: Store, text: str) -> Node:
+class Named(Protocol):
+    """What resolving a name asks of a store (``StoreReader`` is one)."""
+
+    root: Path
+
+    def query(self) -> Query:
+        """A query over every node."""
+
+    def values(self, node: Node) -> dict[str, Scalar]:
+        """``node``'s values."""
+
+    def runs(self) -> list[dict[str, Any]]:
+        """A summary of each lineage."""
+
+
+def resolve(store: Named, text: str) -> Node:
     """The node a user wrote: ``project.group.run~nonce~seq``, ``...~nonce`` for the
     last node of that lineage (the form ``theseus-store runs`` prints; the run's name
     alone may stand for ``project.group.run``), or a run alone (``run`` or
@@ -77,7 +92,7 @@ def resolve(store: Store, text: str) -> Node:
     return Node(name, nonce, seq)
 
 
-def resolve_run(store: Store, text: str) -> Node:
+def resolve_run(store: Named, text: str) -> Node:
     """The last node of the one lineage of the run ``text`` names (see :func:`resolve`)."""
     runs = store.runs()
     mine = [r for r in runs if text in (r["name"], r["name"].split(".", 2)[-1])]
@@ -104,7 +119,7 @@ def resolve_run(store: Store, text: str) -> Node:
     return Node(mine[0]["name"], mine[0]["nonce"], mine[0]["last_seq"])
 
 
-def never_started(store: Store, run: Mapping[str, Any]) -> str | None:
+def never_started(store: Named, run: Mapping[str, Any]) -> str | None:
     """The error of a lineage whose job failed while setting up, else None.
 
     `run` is one of ``Store.runs()``' summaries. theseus-core records

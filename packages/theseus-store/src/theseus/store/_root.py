@@ -44,9 +44,17 @@ from pathlib import Path
 from theseus.store._errors import StorePermissionError
 from theseus.store._paths import canonical_path
 
-__all__ = ["CLAIM", "MARKER", "Lineage", "RootFolders"]
+__all__ = ["CLAIM", "MARKER", "ROOT_FOLDERS", "STORE_FOLDER", "Lineage", "RootFolders"]
 
 MARKER = "theseus-store.json"
+#: The store's folder under a Theseus root, and under a PostgreSQL store's files folder.
+STORE_FOLDER = "store"
+#: What a Theseus root holds for its runs besides the store and the checkpoint tree, and
+#: a copy of the root brings along: the prepared datasets (``ROOT/data/<name>``, which a
+#: resumed run, an analysis and a model without ``architecture/tokenizer`` read) and the
+#: tokenizers (``ROOT/tokenizers/<name>``), each entry whole (theseus-core's
+#: ``dataset_dir`` and ``tokenizer_dir`` name the same folders).
+ROOT_FOLDERS = ("data", "tokenizers")
 CLAIM = ".theseus-root"
 #: ``(project, group, run, nonce)``: a lineage's folder below ``ROOT/checkpoints``.
 Lineage = tuple[str, str, str, str]
@@ -81,7 +89,14 @@ class RootFolders:
     @property
     def spelled_tree(self) -> Path | None:
         """``ROOT/checkpoints`` as reached from the store's folder (a symlink kept), or None."""
-        return self.store.parent / "checkpoints" if self.store.name == "store" else None
+        root = self.theseus_root
+        return None if root is None else root / "checkpoints"
+
+    @property
+    def theseus_root(self) -> Path | None:
+        """The Theseus root that holds the store folder (as reached from it), or None for a
+        store of its own."""
+        return self.store.parent if self.store.name == STORE_FOLDER else None
 
     @property
     def tree(self) -> Path | None:

@@ -8,12 +8,10 @@ node that has a state, for ``theseus-store show|lineage`` and the browser.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from theseus.store._node import Node
-
-if TYPE_CHECKING:
-    from theseus.store._store import Store
+from theseus.store._reading import StoreReader
 
 __all__ = ["SchedulerState", "scheduler_state"]
 
@@ -31,7 +29,7 @@ class SchedulerState(NamedTuple):
         return f"SLURM job {self.job}: {self.state}{again} (at seq {self.seq})"
 
 
-def scheduler_state(store: Store, name: str, nonce: str) -> SchedulerState | None:
+def scheduler_state(store: StoreReader, name: str, nonce: str) -> SchedulerState | None:
     """The lineage's scheduler job and its last recorded state, or None (not scheduled)."""
     found = store.last_value(name, nonce, "slurm/state")
     if found is None:

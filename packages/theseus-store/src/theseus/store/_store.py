@@ -1,11 +1,13 @@
 """The store: open a root, write records durably, read them back.
 
-A root holds ``theseus-store.json`` (the marker), ``store.sqlite`` (WAL mode)
-and ``blobs/``. Every write runs in one ``BEGIN IMMEDIATE`` transaction: for an
-artifact, the blob is written, fsynced and renamed into place *before* the row
-that names it is inserted, so a reader in any process never sees a row whose
-bytes are incomplete, and a crash leaves at worst an orphan temporary file or
-an unreferenced blob, never a dangling row.
+A store's folder holds ``theseus-store.json`` (the marker), ``blobs/`` and, on SQLite,
+``store.sqlite`` (WAL mode); a PostgreSQL store keeps its rows in the database its
+marker names. The store holds one ``_backend.AbstractDatabase`` (``_backends`` picks
+it) and never asks which backend it is. Every write runs in one write transaction: for
+an artifact, the blob is written, fsynced and renamed into place *before* the row that
+names it is inserted, so a reader in any process never sees a row whose bytes are
+incomplete, and a crash leaves at worst an orphan temporary file or an unreferenced
+blob, never a dangling row.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import contextlib
 import hashlib
 import json
 import os
-import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,28 +23,16 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from theseus.store import _lineage, _writes
-from theseus.store._binding import STORE_FOLDER, bind_database, bound_url, check_binding
+from theseus.store._backends import open_database, store_folder
 from theseus.store._blobs import BlobFolder
-from theseus.store._connection import Database
-from theseus.store._db import (
-    FORMAT,
-    INLINE_MAX,
-    check_header,
-    create_schema,
-    migrate,
-    retrying,
-    translate,
-)
-from theseus.store._dialect import POSTGRES, SQLITE
+from theseus.store._dialect import Connection
 from theseus.store._errors import (
     CheckpointNotFoundError,
-    CorruptStoreError,
     NotAStoreError,
     StorePermissionError,
     ValueTypeError,
 )
 from theseus.store._fsck import FsckReport, fsck
-from theseus.store._netfs import warn_if_network
 from theseus.store._node import Node
 from theseus.store._opening import (
     CREATE_LOCK,
@@ -57,7 +46,6 @@ from theseus.store._opening import (
     write_marker,
 )
 from theseus.store._paths import canonical_path
-from theseus.store._postgres import DatabaseURL, PostgresDatabase, is_database_url
 from theseus.store._reading import StoreReader, check_node
 from theseus.store._records import (
     Artifact,
@@ -68,6 +56,7 @@ from theseus.store._records import (
     encode_value,
 )
 from theseus.store._root import MARKER, RootFolders
+from theseus.store._schema import FORMAT, INLINE_MAX
 
 __all__ = ["MARKER", "Store"]
 
@@ -96,10 +85,8 @@ class Store(StoreReader):
     def __init__(
         self, root: str | os.PathLike[str], *, create: bool = True, readonly: bool = False
     ) -> None:
-        url = DatabaseURL.parse(str(root)) if is_database_url(root) else None
-        if url is not None and url.files is not None:
-            root = url.files / STORE_FOLDER
-        self.root = canonical_path(root)
+        spelled = root
+        self.root = canonical_path(store_folder(root))
         self.db_path = self.root / DATABASE
         self.blobs = BlobFolder(self.root)
         self.readonly = readonly
@@ -114,14 +101,11 @@ class Store(StoreReader):
                 f"{MARKER}, or a new or empty folder to create a store in."
             )
         entry = read_marker_entry(self.root) if marker.exists() else None
-        self.url = url or bound_url(self.root, entry)
-        check_binding(self.root, entry, url)
+        #: Where the rows are; the one object that knows its backend (``_backend``).
+        self._db = open_database(self.root, spelled, entry, readonly)
         #: Where the rows are: the SQLite file, or the PostgreSQL URL (without a password).
-        self.database = self.url.shown if self.url else str(self.db_path)
-        self.dialect = POSTGRES if self.url else SQLITE
-        self._db: Database | PostgresDatabase = (
-            PostgresDatabase(self.url, readonly) if self.url else Database(self.db_path, readonly)
-        )
+        self.database = self._db.shown
+        self.dialect = self._db.dialect
         #: Whether this object created the store (a new root, or an empty folder).
         self.created = False
         if entry is None and not create:
@@ -129,82 +113,40 @@ class Store(StoreReader):
                 f"{self.root} is not a theseus-store root (no {MARKER}).{inner_hint(self.root)} "
                 "Check the path, or open it with create=True to start a new store there."
             )
-        if self.url is None:  # SQLite is not safe on NFS, Lustre and their kind: say so
-            warn_if_network(self.db_path)
+        self._db.warn_if_unsafe()
         try:
             if entry is None:
                 self._create(marker)
-            self._open(marker)
+            self._open()
         except BaseException:
             self.close()
             raise
 
-    def _open(self, marker: Path) -> None:
+    def _open(self) -> None:
+        """Open the database the marker names: refused where it is another store's; an
+        earlier version's rows (or binding) brought up to date where this object writes."""
         marked = read_marker(self.root)
-        if isinstance(self._db, PostgresDatabase):
-            self._open_bound(read_marker_entry(self.root))
+        opened = self._db.open(self.root, read_marker_entry(self.root), self.created)
+        #: What tells this store from every other, however it was named (its database
+        #: file, or the id its PostgreSQL database holds): two names of one store share it.
+        self.identity = opened.identity
+        self.inline_max = opened.inline_max
+        if self.readonly:
             return
-        if not self.db_path.exists():
-            raise CorruptStoreError(
-                f"{marker} marks a store but its database {self.db_path} is missing. "
-                "Restore store.sqlite from a backup."
-            )
-        if not self.created:
-            # Only before this process connects: closing any other descriptor of the
-            # database file drops every POSIX lock the process holds on it, SQLite's
-            # included, and a WAL database whose locks vanish can lose commits.
-            check_header(self.db_path)
-        meta = dict(
-            self._db.read_one(
-                "SELECT key, value FROM meta WHERE key IN ('format', 'inline_max')", ()
-            )
-        )
-        self.inline_max = int(meta.get("inline_max", 0))
-        if (int(meta.get("format", 1)) < FORMAT or marked < FORMAT) and not self.readonly:
-            self._upgrade(marker)
-
-    def _open_bound(self, entry: Mapping[str, Any]) -> None:
-        """Open a PostgreSQL store: its database must hold the store the marker names."""
-        meta = dict(
-            self._db.read_one(
-                "SELECT key, value FROM meta WHERE key IN ('format', 'inline_max', 'id', 'files')",
-                (),
-            )
-        )
-        if meta.get("id") != entry.get("id"):
-            raise NotAStoreError(
-                f"The database {self.database} holds another store (id {meta.get('id')}, "
-                f"files {meta.get('files')}) than the one {self.root} was made with "
-                f"(id {entry.get('id')}). Pass the URL and files folder that belong together."
-            )
-        fmt = int(meta.get("format", FORMAT))
-        if fmt > FORMAT:
-            raise CorruptStoreError(
-                f"The database {self.database} has store format {fmt}; this theseus-store "
-                f"reads formats up to {FORMAT}. Install the theseus-store version that wrote it."
-            )
-        self.inline_max = int(meta.get("inline_max", 0))
-
-    def _upgrade(self, marker: Path) -> None:
-        """Migrate a store an earlier version wrote (see ``_db.migrate``), then its marker.
-
-        Without write access the store stays as it is and is read as it is:
-        checkpoint paths are compared canonically all the same.
-        """
-        try:
-            self._db.write(lambda conn: migrate(conn, self.folders.migrated_row))
-            write_marker(self.root)
-        except (StorePermissionError, PermissionError):
-            return
+        with contextlib.suppress(StorePermissionError, PermissionError):
+            if opened.format < FORMAT or marked < FORMAT:
+                self._db.upgrade(self.folders.migrated_row)
+            if opened.format < FORMAT or marked < FORMAT or opened.marker is not None:
+                write_marker(self.root, opened.marker)
 
     def _create(self, marker: Path) -> None:
         """Create the store unless a concurrent process did; safe from any number at once.
 
         Creators take an exclusive lock on ``ROOT/.create.lock`` and look for the
         marker again under it, so exactly one creates the schema and renames its
-        marker (written under a name of its own) into place; the rest open. On
-        PostgreSQL the schema is made under the database's own advisory lock as well,
-        and the database is bound to this folder (both record the store's id).
+        marker (written under a name of its own) into place; the rest open. The backend
+        makes its tables (on PostgreSQL under the database's own advisory lock, and bound
+        to this folder: both record the store's id) and says what the marker records.
         """
         refuse_foreign(self.root)
         try:
@@ -224,16 +166,7 @@ class Store(StoreReader):
             if marker.exists():
                 return
             refuse_foreign(self.root)
-            if isinstance(self._db, PostgresDatabase):
-                assert self.url is not None
-                store_id = bind_database(self._db, self.root)
-                write_marker(self.root, {"database": self.url.shown, "id": store_id})
-                self.created = True
-                return
-            conn = self._db.connection()
-            with translate(self.db_path):
-                retrying(self.db_path, lambda: create_schema(conn))
-            write_marker(self.root)
+            write_marker(self.root, self._db.create(self.root))
             self.created = True
 
     def discard_if_empty(self) -> bool:
@@ -251,7 +184,7 @@ class Store(StoreReader):
             self.close()
             return False
 
-        def unused(conn: sqlite3.Connection) -> bool:
+        def unused(conn: Connection) -> bool:
             (nodes,) = conn.execute("SELECT COUNT(*) FROM nodes").fetchone()
             return int(nodes) == 0
 
@@ -285,11 +218,11 @@ class Store(StoreReader):
 
     # -- transactions ----------------------------------------------------------------------
 
-    def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def write(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn(conn)`` in one write transaction (low level; used by fsck and tools)."""
         return self._db.write(fn)
 
-    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn(conn)`` in one read snapshot (low level; used by the query cursor)."""
         return self._db.read(fn)
 
@@ -405,7 +338,7 @@ class Store(StoreReader):
         data = artifact_bytes(name, filename, content)
         digest = hashlib.sha256(data).hexdigest()
 
-        def insert(conn: sqlite3.Connection) -> Artifact:
+        def insert(conn: Connection) -> Artifact:
             now = time.time()
             if len(data) <= self.inline_max:
                 _writes.insert_inline(conn, digest, data)

@@ -7,10 +7,9 @@ checks its arguments before it opens the transaction.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 
-from theseus.store._dialect import dialect
+from theseus.store._dialect import Connection, dialect
 from theseus.store._lineage import node_id
 from theseus.store._node import Node
 from theseus.store._records import Scalar
@@ -19,7 +18,7 @@ __all__ = ["insert_artifact", "insert_checkpoint", "insert_inline", "insert_job"
 
 
 def insert_values(
-    conn: sqlite3.Connection, node: Node, rows: Sequence[tuple[str, Scalar, str]], now: float
+    conn: Connection, node: Node, rows: Sequence[tuple[str, Scalar, str]], now: float
 ) -> None:
     """Set ``(key, value, kind)`` rows on ``node``; a key written again takes the new value."""
     nid = node_id(conn, node, now)
@@ -31,13 +30,13 @@ def insert_values(
     )
 
 
-def insert_inline(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
+def insert_inline(conn: Connection, digest: str, data: bytes) -> None:
     """Keep a small blob in the database's ``inline`` table (once per hash)."""
     conn.execute("INSERT OR IGNORE INTO inline(hash, content) VALUES (?, ?)", (digest, data))
 
 
 def insert_artifact(
-    conn: sqlite3.Connection,
+    conn: Connection,
     node: Node,
     name: str,
     filename: str,
@@ -60,7 +59,7 @@ def insert_artifact(
 
 
 def insert_checkpoint(
-    conn: sqlite3.Connection,
+    conn: Connection,
     node: Node,
     stored: tuple[str, int],
     step: int,
@@ -90,7 +89,7 @@ def insert_checkpoint(
     return str(kept), float(created)
 
 
-def insert_job(conn: sqlite3.Connection, node: Node, job: str, config: str, now: float) -> None:
+def insert_job(conn: Connection, node: Node, job: str, config: str, now: float) -> None:
     """Record that a run of ``job`` started at ``node`` with this configuration."""
     nid = node_id(conn, node, now)
     conn.execute(

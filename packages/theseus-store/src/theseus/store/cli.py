@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from theseus.store._errors import InvalidNodeError, StoreError, UnknownNodeError
+from theseus.store._fsck import unfinished_copy
 from theseus.store._node import Node
 from theseus.store._place import FORMS, Location, locate
+from theseus.store._postgres._url import DatabaseURL, is_database_url
 from theseus.store._scheduler import scheduler_state
 from theseus.store._store import Store
 
@@ -337,6 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _ui(args, where)
     try:
         with Store(where.opens, create=False) as store:
+            if args.command != "fsck":  # fsck reports it among its problems
+                _warn_if_unfinished(store)
             return int(args.fn(store, args))
     except (StoreError, InvalidNodeError) as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
@@ -348,6 +352,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         print(f"theseus-store: error: {err}", file=sys.stderr)
         return 2
+
+
+def _warn_if_unfinished(store: Store) -> None:
+    """One line on stderr where the store is a copy that was stopped before it finished."""
+    from theseus.store._copy import unfinished
+
+    source = unfinished(store)
+    if source is not None:
+        print(f"theseus-store: warning: {unfinished_copy(store, source)}", file=sys.stderr)
 
 
 def _ui(args: argparse.Namespace, where: Location) -> int:
@@ -404,26 +417,39 @@ def _copy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _without_password(spelled: str) -> str:
+    """A ROOT as a message shows it: a URL without its password (its files folder kept)."""
+    if not is_database_url(spelled):
+        return spelled
+    url = DatabaseURL.parse(spelled, need_files=False)
+    if url.files is None:
+        return url.shown
+    return f"{url.shown}{'&' if '?' in url.shown else '?'}files={url.files}"
+
+
 def _interrupted(args: argparse.Namespace, said: list[str]) -> str:
     """The one line for a copy stopped by Ctrl-C: what it had done, and how to finish.
 
     Each batch of rows is one transaction, and a row is written after the blob or the
     checkpoint folder it names (a folder under a temporary name until whole), so an
-    interrupted copy holds whole rows; the source is opened read-only.
+    interrupted copy holds whole rows; the destination is marked an unfinished copy until
+    a run verifies it (``fsck`` and ``runs`` say so); the source is opened read-only.
     """
+    src, dst = _without_password(args.src), _without_password(args.dst)
     if not said:
-        return f"copy interrupted (Ctrl-C) before any row was copied; {args.src} is untouched."
-    if said[-1].startswith("checkpoints:"):  # every stage done; stopped while verifying
+        return f"copy interrupted (Ctrl-C) before any row was copied; {src} is untouched."
+    unfinished = "marked an unfinished copy until then (fsck and runs say so)"
+    if said[-1].startswith("verifying"):  # every stage done; stopped while verifying
         return (
-            f"copy interrupted (Ctrl-C) while verifying: {args.dst} holds the whole copy, not "
-            f"yet verified ({args.src} is untouched). Run the same command again to verify it "
-            "(it adds nothing)."
+            f"copy interrupted (Ctrl-C) while verifying: {dst} holds the whole copy, not "
+            f"yet verified, {unfinished}; {src} is untouched. Run the same command "
+            "again to verify it (it adds nothing)."
         )
     done = f"after the stage '{said[-1]}'" if len(said) > 1 else "in its first stage (nodes)"
     return (
-        f"copy interrupted (Ctrl-C) {done}: {args.dst} holds part of the copy (whole rows, "
-        f"each with its bytes; {args.src} is untouched). Run the same command again to "
-        "finish it: it adds only what is missing, then verifies the whole."
+        f"copy interrupted (Ctrl-C) {done}: {dst} holds part of the copy (whole rows, "
+        f"each with its bytes), {unfinished}; {src} is untouched. Run the same command "
+        "again to finish it: it adds only what is missing, then verifies the whole."
     )
 
 

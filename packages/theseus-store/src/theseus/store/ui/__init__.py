@@ -5,9 +5,10 @@ Jinja2, pypdfium2); never JAX. The store is opened read-only (SQLite
 ``mode=ro``), so the browser runs beside a training run that writes it.
 """
 
-from theseus.store.ui._app import CSP, create_app
+from theseus.store.ui._application import create_app
 from theseus.store.ui._downsample import downsample
 from theseus.store.ui._serve import LOOPBACK, ServeError, open_readonly, running, serve
+from theseus.store.ui._web import CSP
 
 __all__ = [
     "CSP",

@@ -1,7 +1,7 @@
-"""The store browser's web application: pages, JSON endpoints, and the safety around them.
+"""The store browser's pages and JSON endpoints, and the safety around them.
 
-``create_app(store)`` returns a Starlette application over a store opened
-read-only. Safety, in one place:
+:class:`Browser` answers each route of the application ``_application.create_app(store)``
+makes over a store opened read-only. Safety, in one place:
 
 - artifact bytes are looked up by (node, name, version) through the store's
   API; no part of a request is ever used as a file path, and the static files
@@ -23,27 +23,22 @@ import collections
 import difflib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
 
-from theseus.store._errors import CorruptStoreError, StoreError, UnknownNodeError
+from theseus.store._errors import CorruptStoreError, UnknownNodeError
 from theseus.store._node import Node
 from theseus.store._records import Artifact
 from theseus.store._scheduler import scheduler_state
 from theseus.store._store import Store
 from theseus.store.ui import _data, _feature_page, _render
 from theseus.store.ui._web import (
-    CSP,
-    SecurityHeaders,
     choices,
     environment,
     log_scale,
@@ -55,7 +50,7 @@ from theseus.store.ui._web import (
     whole,
 )
 
-__all__ = ["CSP", "create_app"]
+__all__ = ["Browser"]
 
 # The keys whose last value the runs page shows by default.
 DEFAULT_KEYS = ("val/loss", "train/loss", "train/step")
@@ -73,11 +68,13 @@ class Browser:
         self.env = environment()
         self.static = static_table()
         self.documents = _feature_page.Documents()  # the features.json read lately, parsed
+        #: The store as every page's header names it.
+        self.shown = _shown(store)
 
     # -- helpers ---------------------------------------------------------------------------
 
     def page(self, template: str, **context: Any) -> HTMLResponse:
-        html = self.env.get_template(template).render(root=_shown(self.store), **context)
+        html = self.env.get_template(template).render(root=self.shown, **context)
         return HTMLResponse(html)
 
     def known_lineage(self, text: str | None) -> tuple[str, str]:
@@ -473,56 +470,8 @@ class Browser:
         raise HTTPException(404, f"The store has no lineage {name}~{nonce}.")
 
 
-def create_app(store: Store, allowed_hosts: list[str] | None = None) -> Starlette:
-    """The browser over ``store`` (open it with ``Store(path, readonly=True)``).
-
-    Args:
-        store: the store to show; the application never writes it.
-        allowed_hosts: the ``Host`` headers to answer (a guard against DNS
-            rebinding); None answers any.
-    """
-    browser = Browser(store)
-    env = browser.env
-
-    async def error(request: Request, exc: Exception) -> Response:
-        """The error page; under /api/ JSON ``{"error": detail}`` (a 500 for a StoreError)."""
-        code = exc.status_code if isinstance(exc, HTTPException) else 500
-        detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
-        if request.url.path.startswith("/api/"):
-            return JSONResponse({"error": detail}, status_code=code)
-        html = env.get_template("error.html").render(root=_shown(store), code=code, detail=detail)
-        return HTMLResponse(html, status_code=code)
-
-    routes = [
-        Route("/", browser.runs),
-        Route("/lineage/{lineage}", browser.lineage),
-        Route("/node/{node}", browser.node),
-        Route("/artifact", browser.artifact_page),
-        Route("/raw", browser.raw),
-        Route("/png", browser.png),
-        Route("/curves", browser.curves),
-        Route("/slider", browser.slider),
-        Route("/features", browser.features),
-        Route("/compare", browser.compare),
-        Route("/api/runs", browser.runs_json),
-        Route("/api/lineage", browser.lineage_json),
-        Route("/api/series", browser.series),
-        Route("/api/frames", browser.frames),
-        Route("/static/{name}", browser.static_file),
-        Route("/favicon.ico", lambda request: Response(status_code=204)),
-    ]
-    middleware = [Middleware(SecurityHeaders)]
-    if allowed_hosts is not None:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
-    return Starlette(
-        routes=routes,
-        middleware=middleware,
-        exception_handlers={HTTPException: error, StoreError: error},
-    )
-
-
 def _shown(store: Store) -> str:
     """The store as the header names it: its folder, and its database where that is elsewhere."""
-    if store.database == str(store.db_path):
+    if store.database.startswith(f"{store.root}{os.sep}"):  # a database file in the folder
         return str(store.root)
     return f"{store.database} (files {store.root.parent})"

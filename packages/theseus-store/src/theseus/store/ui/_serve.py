@@ -137,7 +137,7 @@ def serve(
     """
     import uvicorn
 
-    from theseus.store.ui._app import create_app
+    from theseus.store.ui._application import create_app
 
     store = open_readonly(root)
     try:
@@ -188,7 +188,7 @@ def running(root: str | os.PathLike[str], start_timeout: float = 20.0) -> Iterat
     """
     import uvicorn
 
-    from theseus.store.ui._app import create_app
+    from theseus.store.ui._application import create_app
 
     store = open_readonly(root)
     sock = socket.socket()
