@@ -74,6 +74,22 @@ class LibraryBase(AnalysisBase[C, M]):
         super()._init_engine()
         self._library: dict[str, Any] = {}  # aux, program, plan, batches: made once
 
+    def data_required(self, mode: Any) -> bool:
+        """Never at setup: the repeated tokens need no data, and the validation analyses
+        open theirs (`library/dataset` or the trainer's) when they first read it, with
+        the command that prepares it when it is missing."""
+        return False
+
+    def _prepare(self) -> Any:
+        """Discover the blocks (`select`), and the attention layers where a member reads
+        their probabilities (at setup, so the program's trace is the only later one)."""
+        selection = super()._prepare()
+        if "attentions" not in self._library:
+            reads = {r for m in self.members() for r in m.READS}
+            found = self.find(SelfAttention) if "attention" in reads else []
+            self._library["attentions"] = tuple(found)
+        return selection
+
     def inspection_batch(self) -> dict[str, Any]:
         """The repeated random tokens, placed (what discovery traces: no data is read)."""
         return self.sharding.place_batch(self.repeated_batch())
@@ -148,9 +164,7 @@ class LibraryBase(AnalysisBase[C, M]):
             members, aux = self.members(), self._aux()
             owner, sharding = type(self).__name__, self.sharding
             trace = type(self).trace  # type: ignore[attr-defined]
-            blocks = self._prepare().paths
-            reads = {r for m in members for r in m.READS}
-            attentions = tuple(self.find(SelfAttention)) if "attention" in reads else ()
+            blocks, attentions = self._prepare().paths, self._library["attentions"]
             groups = {kind: [m for m in members if m.DATA == kind] for kind in DATA_KINDS}
 
             def measured(group: Sequence[type[LibraryAnalysis[Any, Any]]], state: Any, batch: Any) -> Any:
