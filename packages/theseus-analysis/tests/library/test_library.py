@@ -148,6 +148,29 @@ def test_in_tandem_the_same_values_land_on_the_same_nodes(trained, walked, tmp_p
                 assert value == pytest.approx(values[key], abs=1e-6), key
 
 
+@pytest.mark.slow  # ~10 s: the README's two jobs, each compiled
+def test_the_readme_example_runs(trained, tmp_path, monkeypatch) -> None:
+    import re
+    import shutil
+
+    readme = Path(__file__).parents[2] / "README.md"
+    section = readme.read_text().split("## The first analyses", 1)[1].split("\n## ", 1)[0]
+    (example,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    shutil.copytree(trained, tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    with quick("results") as q:  # the README's lineage is named train-gpt
+        [node] = [c.node for c in q.store.query().spec(run="trained").checkpoints()][-1:]
+    example = example.replace('run="train-gpt"', 'run="trained"')
+    namespace: dict[str, Any] = {}
+    exec(compile(example, str(readme), "exec"), namespace)
+    assert namespace["result"].node == node
+    assert namespace["result"].values["induction"].shape == (2, 2)
+    walk = namespace["walk"]
+    assert [r.node.seq for r in walk.results] == [0, 1]
+    assert walk.results[-1].values["logit-lens"]["loss"].shape == (3,)
+    assert sorted(walk.results[-1].values) == ["induction", "logit-lens"]
+
+
 def test_results_against_numpy(trained, walked) -> None:
     root = trained
     job, nodes, result = walked
@@ -220,6 +243,30 @@ def test_the_catalogue_lists_them_with_no_import(tmp_path: Path) -> None:
     text = out.read_text()
     for key in ("analyses:", "icl:", "early: 50", "late: 500", "buckets: 4", "length: 64"):
         assert key in text, key
+
+
+@pytest.mark.slow  # ~6 s: the analysis alone compiles its own program
+def test_one_analysis_on_one_checkpoint_from_the_command_line(trained, tmp_path) -> None:
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(trained, root)
+    with Store(root / "store") as store:
+        node = max((c.node for c in store.query().spec(run="trained").checkpoints()), key=lambda n: n.seq)
+    runner = CliRunner()
+    config = tmp_path / "lens.yaml"
+    made = runner.invoke(main, ["configure", "library/logit-lens", str(config)])
+    assert made.exit_code == 0, made.output
+    ran = runner.invoke(
+        main, ["run", "lens", str(config), str(root), "--resume", node.serialize(), "library.batches=2"]
+    )
+    assert ran.exit_code == 0, ran.output
+    assert "logit-lens: wrote" in ran.output
+    with Store(root / "store") as store:
+        values = store.values(node)
+        assert values["analysis/logit-lens/status"] == "finished"
+        assert values["dynamics/logit_lens/L1/loss"] == pytest.approx(values["val/loss"], abs=1e-5)
+        assert store.get(node)["logit-lens"].filename == "logit-lens.pdf"
 
 
 def test_a_name_that_is_no_analysis_is_one_line(trained) -> None:

@@ -27,13 +27,14 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from theseus.analysis import _comet
 from theseus.analysis._base import AnalysisBase, C, M
 from theseus.analysis._engine import compile_program, to_host
 from theseus.analysis._errors import AnalysisError
 from theseus.analysis._publish import render, write_atomic
-from theseus.analysis.library._data import open_plan, repeated_tokens
+from theseus.analysis.library._data import open_plan, repeated_tokens, token_shares
 from theseus.analysis.library._recording import Recording, record
 from theseus.analysis.library._settings import InductionSettings, ValidationSettings
 from theseus.data.batches import MixturePlan
@@ -98,8 +99,10 @@ class LibraryBase(AnalysisBase[C, M]):
     def repeated_batch(self) -> dict[str, Any]:
         """This host's rows of the repeated random tokens: `x [rows, 2 * length]` (host
         arrays; `library/induction/*` settings, the length clipped to half the block and
-        the rows rounded up to a multiple of the data-parallel devices)."""
-        st = self.configure(InductionSettings)
+        the rows rounded up to a multiple of the data-parallel devices; their defaults
+        for a set that reads no repeated tokens, whose discovery traces them)."""
+        reads = any(m.DATA == "repeated" for m in self.members())
+        st = self.configure(InductionSettings) if reads else InductionSettings()
         length = min(st.length, self.block_size // 2)
         if length < 2:
             raise AnalysisError(
@@ -110,7 +113,16 @@ class LibraryBase(AnalysisBase[C, M]):
         devices = int(self.sharding.mesh.shape["batch"])
         rows = -(-st.rows // devices) * devices
         vocab = min(int(self.configuration["architecture/vocab_size"]), self.tokenizer.vocab_size)
-        whole = repeated_tokens(vocab, rows, length, st.seed)
+        if st.tokens == "data":
+            ids = np.flatnonzero(self.token_shares()[:vocab] > 0)
+            if ids.size == 0:
+                raise AnalysisError(
+                    f"{type(self).__name__}: library/induction/tokens = data, but the training "
+                    "data uses no id below the vocabulary; set library/induction/tokens=vocabulary"
+                )
+        else:
+            ids = np.arange(vocab)
+        whole = repeated_tokens(ids, rows, length, st.seed)
         geometry = self.batch_geometry()
         per = rows // geometry["n_hosts"]
         mine = slice(geometry["host"] * per, (geometry["host"] + 1) * per)
@@ -137,6 +149,15 @@ class LibraryBase(AnalysisBase[C, M]):
             )
         plan: MixturePlan = self._library["plan"]
         return plan
+
+    def token_shares(self) -> np.ndarray:
+        """Each token id's share of the training data `[architecture/vocab_size]` (the
+        validation analyses' data: `library/dataset` or the trainer's), counted once."""
+        if "shares" not in self._library:
+            vocab = int(self.configuration["architecture/vocab_size"])
+            self._library["shares"] = token_shares(self.validation_plan(), vocab)
+        shares: np.ndarray = self._library["shares"]
+        return shares
 
     def validation_batches(self) -> list[dict[str, Any]]:
         """The `library/batches` validation batches, this host's rows (the first
@@ -236,6 +257,18 @@ class LibraryBase(AnalysisBase[C, M]):
             if member.NAME != self.NAME:
                 self._publish_member(member, by_name[member.NAME], node)
         return super()._publish(values, node)
+
+    def outcome(self, result: Any) -> list[str]:
+        """`theseus run`'s lines, and what else each node holds: every member's artifact
+        and values."""
+        lines = super().outcome(result)
+        others = [m.NAME for m in self.members() if m.NAME != self.NAME]
+        if others:
+            lines.append(
+                f"  each node also holds the artifacts {', '.join(others)} (PDF) and their "
+                "values dynamics/... (theseus-store show ROOT NODE; curves in theseus-store ui)"
+            )
+        return lines
 
     def _publish_member(self, member: type[LibraryAnalysis[Any, Any]], results: Any, node: Node) -> None:
         rendered = render(member.NAME, member.figure(results), member.__name__)

@@ -1,9 +1,9 @@
 """What the library's analyses read: repeated random tokens, validation batches, and how
 often each token occurs in the training data.
 
-- `repeated_tokens(vocab, rows, length, seed)`: `rows` rows of `length` random tokens
-  followed by the same tokens again, as a batch `[rows, 2 * length]` (the same at
-  every node and on every host: a function of the seed alone).
+- `repeated_tokens(ids, rows, length, seed)`: `rows` rows of `length` tokens drawn from
+  `ids` followed by the same tokens again, as a batch `[rows, 2 * length]` (the same at
+  every node and on every host: a function of the seed and the ids alone).
 - `open_plan(...)`: the batch plan of the data the validation analyses read (the
   trainer's `DATASET`, or the dataset `library/dataset` names), checked against the
   model's tokenizer.
@@ -28,15 +28,15 @@ __all__ = ["frequency_buckets", "open_plan", "repeated_tokens", "token_shares"]
 _CHUNK = 1 << 24  # tokens counted at a time (a 64 MiB int32 window of the memmap)
 
 
-def repeated_tokens(vocab: int, rows: int, length: int, seed: int) -> Batch:
-    """`rows` rows of `length` tokens drawn uniformly from `[0, vocab)`, then repeated.
+def repeated_tokens(ids: np.ndarray, rows: int, length: int, seed: int) -> Batch:
+    """`rows` rows of `length` tokens drawn uniformly from `ids`, then repeated.
 
     Returns:
         `x [rows, 2 * length]` int32, `y` the next token (`-1` at the last position),
         `padding_mask` all true. Row `r`'s token at `length + i` equals the one at `i`.
     """
     rng = np.random.default_rng([seed, 47])
-    half = rng.integers(0, vocab, size=(rows, length), dtype=np.int64).astype(np.int32)
+    half = np.asarray(ids, np.int32)[rng.integers(0, len(ids), size=(rows, length))]
     x = np.concatenate([half, half], axis=1)
     y = np.concatenate([x[:, 1:], np.full((rows, 1), -1, np.int32)], axis=1)
     return {"x": x, "y": y, "padding_mask": np.ones_like(x, dtype=bool)}

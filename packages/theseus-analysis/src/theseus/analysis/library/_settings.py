@@ -9,6 +9,7 @@ read validation data extend. `theseus configure` writes each with its default an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from theseus.config import field
 
@@ -65,6 +66,12 @@ class InductionSettings:
         default=0,
         help="the random tokens' seed (the same tokens at every node)",
         unbounded=True,
+    )
+    tokens: Literal["vocabulary", "data"] = field(
+        "library/induction/tokens",
+        default="vocabulary",
+        help="draw the random tokens from the whole vocabulary, or from the ids the "
+        "training data uses (a model trained on a few of its ids, like the demo's)",
     )
 
 

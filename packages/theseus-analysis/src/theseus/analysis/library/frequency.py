@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from theseus.analysis.library._base import LibraryAnalysis
-from theseus.analysis.library._data import frequency_buckets, token_shares
+from theseus.analysis.library._data import frequency_buckets
 from theseus.analysis.library._recording import Recording
 from theseus.analysis.library._settings import FrequencySettings
 from theseus.experiments.models.gpt import PretrainGPT
@@ -40,11 +40,13 @@ class Buckets:
         of: each token id's bucket `[vocab]` int32 (0: the most frequent).
         types: how many token types each bucket holds `[buckets]`.
         share: each bucket's share of the training tokens `[buckets]`.
+        unused: how many types the training data never uses (all in the last bucket).
     """
 
     of: np.ndarray
     types: np.ndarray
     share: np.ndarray
+    unused: int
 
 
 class LossByFrequency(LibraryAnalysis, PretrainGPT):
@@ -58,12 +60,11 @@ class LossByFrequency(LibraryAnalysis, PretrainGPT):
     def prepare(cls, job: Any) -> Buckets:
         """The buckets from the training data's token counts (read once)."""
         st = job.configure(FrequencySettings)
-        vocab = int(job.configuration["architecture/vocab_size"])
-        shares = token_shares(job.validation_plan(), vocab)
+        shares = job.token_shares()
         of = frequency_buckets(shares, st.buckets)
         types = np.bincount(of, minlength=st.buckets)
         share = np.bincount(of, weights=shares, minlength=st.buckets)
-        return Buckets(of, types, share)
+        return Buckets(of, types, share, int(np.sum(shares == 0)))
 
     @classmethod
     def measure(cls, aux: Any, recording: Recording) -> dict[str, jax.Array]:
@@ -78,11 +79,18 @@ class LossByFrequency(LibraryAnalysis, PretrainGPT):
 
     @classmethod
     def summarize(cls, aux: Any, sums: Any) -> dict[str, Any]:
-        """`loss [buckets]` (NaN for a bucket no target fell in), `count`, `types`, `share`."""
+        """`loss [buckets]` (NaN for a bucket no target fell in), `count`, `types`, `share`,
+        `unused`."""
         count = np.asarray(sums["count"], np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             loss = np.where(count > 0, np.asarray(sums["loss"], np.float64) / count, np.nan)
-        return {"loss": loss, "count": count, "types": aux.types, "share": aux.share}
+        return {
+            "loss": loss,
+            "count": count,
+            "types": aux.types,
+            "share": aux.share,
+            "unused": aux.unused,
+        }
 
     @classmethod
     def values(cls, results: Any) -> dict[str, float]:
@@ -96,7 +104,11 @@ class LossByFrequency(LibraryAnalysis, PretrainGPT):
     def figure(cls, results: Any) -> Any:
         from theseus.plot import bar
 
-        labels = [f"F{b}\n{int(t)} types" for b, t in enumerate(results["types"])]
+        types = [int(t) for t in results["types"]]
+        types[-1] -= int(results["unused"])  # the unused ones are said apart
+        labels = [f"F{b}\n{t} types" for b, t in enumerate(types)]
+        if results["unused"]:
+            labels[-1] += f"\n(+{int(results['unused'])} unused)"
         return bar(
             {"bucket": labels, "loss": np.nan_to_num(results["loss"])},
             x="bucket",
