@@ -110,6 +110,7 @@ def walked(trained: Path) -> Any:
 def test_a_walk_writes_every_analysis_on_each_checkpoint_compiled_once(trained, walked) -> None:
     root = trained
     job, nodes, result = walked
+    assert [r.node for r in result.results] == nodes
     assert [n.seq for n in nodes] == [0, 1]
     assert job.traces == 1  # one program for five analyses and two checkpoints
     assert Counted.model_traces == 2  # traced once per batch kind: repeated, validation
@@ -122,16 +123,27 @@ def test_a_walk_writes_every_analysis_on_each_checkpoint_compiled_once(trained, 
             summary = json.loads(held["first-analyses"].content)
             assert sorted(summary) == sorted(NAMES)
             values = store.values(node)
-            assert summary["induction"]["dynamics/induction/L1H1"] == values[
-                "dynamics/induction/L1H1"
-            ]
+            assert (
+                summary["induction"]["dynamics/induction/L1H1"] == values["dynamics/induction/L1H1"]
+            )
             assert summary["logit-lens"] == {
                 k: v for k, v in values.items() if k.startswith("dynamics/logit_lens/")
             }
     keys = set(values)
-    assert {f"dynamics/{k}/L{i}H{j}" for k in ("induction", "previous_token") for i in (0, 1) for j in (0, 1)} <= keys
-    assert {f"dynamics/logit_lens/{s}/{m}" for s in ("embed", "L0", "L1") for m in ("loss", "kl")} <= keys
-    assert {"dynamics/icl/score", "dynamics/loss_by_position/P16", "dynamics/loss_by_frequency/F3"} <= keys
+    assert {
+        f"dynamics/{k}/L{i}H{j}"
+        for k in ("induction", "previous_token")
+        for i in (0, 1)
+        for j in (0, 1)
+    } <= keys
+    assert {
+        f"dynamics/logit_lens/{s}/{m}" for s in ("embed", "L0", "L1") for m in ("loss", "kl")
+    } <= keys
+    assert {
+        "dynamics/icl/score",
+        "dynamics/loss_by_position/P16",
+        "dynamics/loss_by_frequency/F3",
+    } <= keys
 
 
 @pytest.mark.slow  # ~15 s: a second training, the analyses at each validation
@@ -235,7 +247,14 @@ def test_the_catalogue_lists_them_with_no_import(tmp_path: Path) -> None:
     runner = CliRunner()
     listed = runner.invoke(main, ["jobs", "library/"])
     assert listed.exit_code == 0, listed.output
-    for name in ("induction", "icl", "logit-lens", "loss-by-position", "loss-by-frequency", "first"):
+    for name in (
+        "induction",
+        "icl",
+        "logit-lens",
+        "loss-by-position",
+        "loss-by-frequency",
+        "first",
+    ):
         assert f"library/{name} " in listed.output
     out = tmp_path / "first.yaml"
     made = runner.invoke(main, ["configure", "library/first", str(out)])
@@ -252,13 +271,16 @@ def test_one_analysis_on_one_checkpoint_from_the_command_line(trained, tmp_path)
     root = tmp_path / "root"
     shutil.copytree(trained, root)
     with Store(root / "store") as store:
-        node = max((c.node for c in store.query().spec(run="trained").checkpoints()), key=lambda n: n.seq)
+        node = max(
+            (c.node for c in store.query().spec(run="trained").checkpoints()), key=lambda n: n.seq
+        )
     runner = CliRunner()
     config = tmp_path / "lens.yaml"
     made = runner.invoke(main, ["configure", "library/logit-lens", str(config)])
     assert made.exit_code == 0, made.output
     ran = runner.invoke(
-        main, ["run", "lens", str(config), str(root), "--resume", node.serialize(), "library.batches=2"]
+        main,
+        ["run", "lens", str(config), str(root), "--resume", node.serialize(), "library.batches=2"],
     )
     assert ran.exit_code == 0, ran.output
     assert "logit-lens: wrote" in ran.output
@@ -277,7 +299,10 @@ def test_a_name_that_is_no_analysis_is_one_line(trained) -> None:
         q.build(FirstAnalyses, "wrong")
         q.find().spec(run="trained").checkpoint().latest().resume()
         q.config["library/analyses"] = ["induction", "attention"]
-        with pytest.raises(AnalysisError, match=r"library/analyses names 'induction', 'attention'; expected distinct names among induction, icl"):
+        with pytest.raises(
+            AnalysisError,
+            match=r"library/analyses names 'induction', 'attention'; expected distinct names among induction, icl",
+        ):
             q.create()
 
 
@@ -285,6 +310,7 @@ def test_buckets_hold_equal_shares() -> None:
     from theseus.analysis.library._data import frequency_buckets
 
     shares = np.array([0.4, 0.0, 0.1, 0.2, 0.05, 0.25])
-    of = frequency_buckets(shares, 2)  # by share: 0.4, 0.25 (0.4 before: F0); 0.2 (0.65 before: F1) ...
+    # by share: 0.4 and 0.25 (0.4 before it) in F0, 0.2 (0.65 before) on in F1
+    of = frequency_buckets(shares, 2)
     np.testing.assert_array_equal(of, [0, 1, 1, 1, 1, 0])
     assert LossByFrequency.NAME == "loss-by-frequency"

@@ -34,10 +34,38 @@ hf = import_module_or_file(str(CORE / "hf_folder.py"))
 suites = import_module_or_file(str(CORE / "suite_folders.py"))
 ref = import_module_or_file(str(Path(__file__).with_name("library_reference.py")))
 
-WORDS = (
-    "the model reads tokens and predicts the next one while a fox jumps over a lazy dog "
-    "near the river bank where seven quiet herons wait for the morning light"
-).split()
+WORDS = [
+    "the",
+    "model",
+    "reads",
+    "tokens",
+    "and",
+    "predicts",
+    "the",
+    "next",
+    "one",
+    "while",
+    "a",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "near",
+    "the",
+    "river",
+    "bank",
+    "where",
+    "seven",
+    "quiet",
+    "herons",
+    "wait",
+    "for",
+    "the",
+    "morning",
+    "light",
+]
 
 
 def write_revision(family: str, folder: Path, seed: int) -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+
 from theseus.analysis.library import InductionHeads
 from theseus.quick import quick
 
@@ -26,6 +27,21 @@ V, N, HD, H = 128, 8, 160, 2  # vocabulary, half length, head width, heads
 D = H * HD
 TOK, POS, PREV = 0, 128, 144  # where the token, position and previous-token codes live
 Z = 150  # a head coordinate every query carries (the first position's penalty)
+
+
+SETTINGS = {
+    "architecture/n_layers": 2,
+    "architecture/n_head": H,
+    "architecture/n_embd": D,
+    "architecture/block_size": 2 * N,
+    "architecture/vocab_size": V,
+    "architecture/positions": "learned",
+    "architecture/norm": "rmsnorm",
+    "architecture/norm_eps": 1e-12,
+    "architecture/mlp_width": 8,
+    "library/induction/length": N,
+    "library/induction/rows": 8,
+}
 
 
 def planted(params: dict) -> dict:
@@ -92,20 +108,7 @@ def reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def test_planted_induction_and_previous_token_heads(tmp_path: Path) -> None:
     with quick(tmp_path) as q:
         q.build(InductionHeads, "planted")
-        settings = {
-            "architecture/n_layers": 2,
-            "architecture/n_head": H,
-            "architecture/n_embd": D,
-            "architecture/block_size": 2 * N,
-            "architecture/vocab_size": V,
-            "architecture/positions": "learned",
-            "architecture/norm": "rmsnorm",
-            "architecture/norm_eps": 1e-12,
-            "architecture/mlp_width": 8,
-            "library/induction/length": N,
-            "library/induction/rows": 8,
-        }
-        for key, value in settings.items():
+        for key, value in SETTINGS.items():
             q.config[key] = value
         job = q.create()
         job.setup()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +58,13 @@ class LibraryBase(AnalysisBase[C, M]):
 
     TARGET = Block  # the blocks' calls: the residual stream
 
+    if TYPE_CHECKING:  # provided by the trainer this analysis extends (or its view)
+        DATASET: ClassVar[Any]
+
+        @property
+        def block_size(self) -> int: ...
+        def batch_geometry(self) -> dict[str, int]: ...
+
     def members(self) -> tuple[type[LibraryAnalysis[Any, Any]], ...]:
         """The analyses this job runs in one program (their classes)."""
         raise NotImplementedError
@@ -69,7 +76,9 @@ class LibraryBase(AnalysisBase[C, M]):
 
     def analyze(self, layer: Any, inputs: Any) -> Any:
         """Not used: the library's analyses measure a recorded forward (`measure`)."""
-        raise AnalysisError(f"{type(self).__name__} measures a recorded forward; it has no analyze()")
+        raise AnalysisError(
+            f"{type(self).__name__} measures a recorded forward; it has no analyze()"
+        )
 
     def _init_engine(self) -> None:
         super()._init_engine()
@@ -138,7 +147,7 @@ class LibraryBase(AnalysisBase[C, M]):
 
                 declaration: Any = DATASETS[st.dataset]
             else:
-                owner = self.trainer if self.borrowed else self  # type: ignore[attr-defined]
+                owner: Any = self.trainer if self.borrowed else self  # type: ignore[attr-defined]
                 declaration = type(owner).DATASET
             self._library["plan"] = open_plan(
                 declaration,
@@ -167,7 +176,7 @@ class LibraryBase(AnalysisBase[C, M]):
         plan, every = self.validation_plan(), self.accumulate_steps
         batches = []
         for index in range(st.batches):
-            rows = plan.batch(index, "val", **self.batch_geometry())  # type: ignore[arg-type]
+            rows = plan.batch(index, "val", **self.batch_geometry())
             batches.append({key: value[::every] for key, value in rows.items()})
         return batches
 
@@ -186,9 +195,11 @@ class LibraryBase(AnalysisBase[C, M]):
             owner, sharding = type(self).__name__, self.sharding
             trace = type(self).trace  # type: ignore[attr-defined]
             blocks, attentions = self._prepare().paths, self._library["attentions"]
-            groups = {kind: [m for m in members if m.DATA == kind] for kind in DATA_KINDS}
+            groups = {kind: [m for m in members if kind == m.DATA] for kind in DATA_KINDS}
 
-            def measured(group: Sequence[type[LibraryAnalysis[Any, Any]]], state: Any, batch: Any) -> Any:
+            def measured(
+                group: Sequence[type[LibraryAnalysis[Any, Any]]], state: Any, batch: Any
+            ) -> Any:
                 seen = record(trace, state, batch, sharding, blocks, attentions, owner)
                 return {m.NAME: m.measure(aux[m.NAME], seen) for m in group}
 
@@ -270,7 +281,9 @@ class LibraryBase(AnalysisBase[C, M]):
             )
         return lines
 
-    def _publish_member(self, member: type[LibraryAnalysis[Any, Any]], results: Any, node: Node) -> None:
+    def _publish_member(
+        self, member: type[LibraryAnalysis[Any, Any]], results: Any, node: Node
+    ) -> None:
         rendered = render(member.NAME, member.figure(results), member.__name__)
         if rendered is None:
             return
