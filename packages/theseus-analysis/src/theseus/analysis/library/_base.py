@@ -21,6 +21,7 @@ a lineage with it runs one forward per batch kind at each node and compiles once
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -43,6 +44,8 @@ from theseus.model.models import Block
 from theseus.store import Artifact, Node
 
 __all__ = ["DATA_KINDS", "LibraryAnalysis", "LibraryBase"]
+
+log = logging.getLogger("theseus.analysis")
 
 #: What a member's `DATA` may be: the repeated random tokens, or validation batches.
 DATA_KINDS = ("repeated", "validation")
@@ -290,7 +293,10 @@ class LibraryBase(AnalysisBase[C, M]):
         filename, content = rendered
         write_atomic(self.spec.result(filename), content)
         self.store.put(node, member.NAME, filename, content)
-        _comet.publish(self.configuration, node, member.NAME, filename, content)
+        try:
+            _comet.publish(self.configuration, node, member.NAME, filename, content)
+        except Exception as exc:  # the file and the artifact are saved; Comet is a copy
+            log.warning("%s: %s not sent to Comet: %s", type(self).__name__, member.NAME, exc)
 
 
 class LibraryAnalysis(LibraryBase[C, M]):
