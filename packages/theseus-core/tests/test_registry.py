@@ -237,3 +237,35 @@ def test_resolve_job_reports_the_real_import_error(
     assert resolve_job("fine_jobs_xyz:Job").__name__ == "Job"
     for name in ("fine_jobs_xyz", "broken_jobs_xyz"):
         monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_plugin_modules_load_with_the_builtins(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A module named in the registry's entry-point group registers its jobs on the first
+    lookup; one whose import fails is one line naming the entry point."""
+    from importlib.metadata import EntryPoint
+
+    import theseus.registry as registry
+
+    (tmp_path / "plugin_jobs_for_test.py").write_text(
+        "from theseus.registry import job\n"
+        "@job('tests/registry/plugged')\n"
+        "class Plugged:\n"
+        "    '''A job a plug-in registers.'''\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = {"g": [EntryPoint("plugged", "plugin_jobs_for_test", "g")]}
+    monkeypatch.setattr(registry, "entry_points", lambda group: found.get(group, []))
+    plugged = Registry("job", builtins=(), plugins="g")
+    try:
+        assert len(plugged) == 0  # the first lookup imports the plug-in's module ...
+        assert "tests/registry/plugged" in JOBS  # ... whose decorator registers into JOBS
+    finally:
+        JOBS.unregister("tests/registry/plugged")
+        sys.modules.pop("plugin_jobs_for_test", None)
+    found["g"] = [EntryPoint("broken", "no_module_named_this_xyz", "g")]
+    with pytest.raises(
+        ImportFailedError, match=r"'g' entry point 'broken' .* names 'no_module_named_this_xyz'"
+    ):
+        len(Registry("job", builtins=(), plugins="g"))

@@ -292,8 +292,8 @@ class GPT(nn.Module, Component):
                 written.append(layer)
             cache = tuple(written)
         h = self.ln_f(h)
+        logits = self._head(h)
         tied = self.config.tie_embeddings
-        logits = self.wte.attend(h) if tied else self.lm_head(h)
         if cache is not None:
             return logits, cache
         if y is None:
@@ -314,6 +314,20 @@ class GPT(nn.Module, Component):
             chunk=self.config.loss_chunk,
         )
         return logits, loss
+
+    def unembed(self, h: jax.Array) -> jax.Array:
+        """The final norm and the unembedding: a residual stream `h [batch, seq, n_embd]`
+        -> logits `[batch, seq, vocab_size]`.
+
+        What `__call__` applies after the last block; the logit lens reads every layer's
+        residual stream through it (`model.apply(variables, h, method="unembed")`).
+        """
+        return self._head(self.ln_f(h))
+
+    def _head(self, h: jax.Array) -> jax.Array:
+        """`ln_f`'s output `[batch, seq, n_embd]` -> logits: the tied embedding's
+        transpose (`wte.attend`) or `lm_head`."""
+        return self.wte.attend(h) if self.config.tie_embeddings else self.lm_head(h)
 
     def empty_cache(
         self, batch: int, slots: int, start: jax.Array | None = None

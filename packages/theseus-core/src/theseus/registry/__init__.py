@@ -3,9 +3,11 @@
 ``@job("name")`` registers a job class, ``@analysis("name")`` an analysis (and,
 with it, a job of the same name), ``@dataset("name")`` a dataset for
 ``theseus data prepare``. Built-in entries are registered lazily, by importing
-the modules in ``BUILTIN_MODULES`` that exist, on the first lookup of a name
-that is not registered yet (or the first listing). User modules
-are loaded with :func:`import_module_or_file` (``--import`` on the command line).
+the modules in ``BUILTIN_MODULES`` that exist and, for jobs and analyses, the modules
+other installed packages name in the ``theseus.jobs`` entry-point group (theseus-analysis
+names its library of analyses there), on the first lookup of a name that is not
+registered yet (or the first listing). User modules are loaded with
+:func:`import_module_or_file` (``--import`` on the command line).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
@@ -27,6 +30,7 @@ __all__ = [
     "BUILTIN_MODULES",
     "DATASETS",
     "JOBS",
+    "JOB_ENTRY_POINTS",
     "ImportFailedError",
     "PreparableDataset",
     "Registry",
@@ -44,6 +48,9 @@ T = TypeVar("T", bound=type)
 
 # Modules whose import registers the built-in jobs and datasets (when they exist).
 BUILTIN_MODULES = ("theseus.experiments", "theseus.data.datasets")
+# The entry-point group of modules other packages register jobs and analyses in
+# (`[project.entry-points."theseus.jobs"]`; each entry's value a module to import).
+JOB_ENTRY_POINTS = "theseus.jobs"
 
 
 class PreparableDataset(Protocol):
@@ -82,6 +89,7 @@ class Registry(Mapping[str, type]):
         kind: what it holds, for messages (``"job"``).
         builtins: modules imported (when importable) before the first lookup.
         hint: the last sentence of an unknown-name error (how to fix it).
+        plugins: an entry-point group whose modules are imported with the built-ins.
     """
 
     def __init__(
@@ -90,10 +98,12 @@ class Registry(Mapping[str, type]):
         builtins: tuple[str, ...] = BUILTIN_MODULES,
         hint: str = "If it is yours, import its module first (Python: import it; "
         "command line: --import MODULE_OR_FILE).",
+        plugins: str | None = None,
     ) -> None:
         self.kind = kind
         self.hint = hint
         self._builtins = builtins
+        self._plugins = plugins
         self._loaded = False
         self._entries: dict[str, type] = {}
 
@@ -128,6 +138,17 @@ class Registry(Mapping[str, type]):
                 found = False
             if found:
                 importlib.import_module(module)
+        if self._plugins is not None:
+            for entry in entry_points(group=self._plugins):
+                try:
+                    entry.load()
+                except Exception as exc:
+                    raise ImportFailedError(
+                        f"The {self._plugins!r} entry point {entry.name!r} of "
+                        f"{entry.dist.name if entry.dist else 'an installed package'} names "
+                        f"{entry.value!r}, whose import raised {type(exc).__name__}: {exc}. "
+                        "Reinstall that package, or uninstall it."
+                    ) from exc
 
     def __getitem__(self, name: str) -> type:
         if name in self._entries:  # registered already: no need to import the built-ins
@@ -167,8 +188,8 @@ class Registry(Mapping[str, type]):
         self._entries.pop(name, None)
 
 
-JOBS = Registry("job")
-ANALYSES = Registry("analysis")
+JOBS = Registry("job", plugins=JOB_ENTRY_POINTS)
+ANALYSES = Registry("analysis", plugins=JOB_ENTRY_POINTS)
 DATASETS = Registry(
     "dataset",
     hint="Prepare one of those (`theseus data prepare NAME --root ROOT`), or register "
