@@ -31,8 +31,8 @@ from theseus.training.sharding import ParameterShardingContext
 __all__ = [
     "Source",
     "earlier_source",
-    "node_source",
     "from_bytes",
+    "node_source",
     "picks",
     "residual_program",
     "to_bytes",

@@ -167,8 +167,10 @@ class MemorizationBase(AnalysisBase[C, M]):
     # ------------------------------------------------------------------- engine
     def before_run(self) -> None:
         """Refuse, before anything is written, a node whose batches cannot be replayed."""
-        self._checked_lengths()
-        self._seen()
+        length = self._checked_lengths()
+        seen = self._seen()
+        if seen.steps:  # one sequence read as compute() reads them: the plan or the order
+            self._tokens(seen, np.asarray([seen.last]), np.asarray([0]), length)
 
     def _checked_lengths(self) -> int:
         st = self.settings()
@@ -250,8 +252,9 @@ class MemorizationBase(AnalysisBase[C, M]):
 
         Returns:
             `{"node", "first_step", "last_step", "prefix", "continuation", "step" [k],
-            "row" [k], "memorized" [k] bool, "match" [k], "partial"}` for the `k`
-            sequences tested (`partial`: those drawn whose tokens ran into padding).
+            "row" [k], "tokens" [k, prefix + continuation], "decoded" [k, continuation],
+            "memorized" [k] bool, "match" [k], "partial"}` for the `k` sequences tested
+            (`partial`: those drawn whose tokens ran into padding).
         """
         st = self.settings()
         length = self._checked_lengths()
@@ -264,9 +267,9 @@ class MemorizationBase(AnalysisBase[C, M]):
             decoded = greedy_continuations(
                 self.model, self.state.params, tokens[:, : st.prefix], st.continuation, st.batch, vocab
             )  # fmt: skip
-            same = decoded == tokens[:, st.prefix :]
         else:
-            same = np.zeros((0, st.continuation), bool)
+            decoded = np.zeros((0, st.continuation), np.int32)
+        same = decoded == tokens[:, st.prefix :]
         return {
             "node": self.node,
             "first_step": seen.first,
@@ -275,6 +278,8 @@ class MemorizationBase(AnalysisBase[C, M]):
             "continuation": st.continuation,
             "step": steps,
             "row": rows,
+            "tokens": tokens,
+            "decoded": decoded,
             "memorized": same.all(axis=1),
             "match": same.mean(axis=1),
             "partial": int((~real).sum()),
