@@ -90,7 +90,7 @@ class DriftBase(AnalysisBase[C, M]):
 
     def settings(self) -> DriftSettings:
         """The `drift/...` settings as the configuration has them."""
-        return self.configure(DriftSettings)  # type: ignore[no-any-return]
+        return self.configure(DriftSettings)
 
     # ----------------------------------------------------------- the user's part
     def select(self, paths: list[str]) -> str | list[str]:
@@ -268,7 +268,7 @@ class DriftBase(AnalysisBase[C, M]):
 
 
 @analysis("library/drift")
-class RepresentationDrift(DriftBase, PretrainGPT):  # type: ignore[misc]
+class RepresentationDrift(DriftBase, PretrainGPT):
     """Representation drift: linear CKA of each layer's residual stream with the previous node's."""
 
 

@@ -38,7 +38,9 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import numpy as np
 
+from theseus.analysis import _comet
 from theseus.analysis._base import AnalysisBase, C, M
+from theseus.analysis._engine import Selection
 from theseus.analysis._errors import AnalysisError
 from theseus.analysis.library._figures import note, short
 from theseus.analysis.library._replay import Seen, draw, order_sequences, plan_sequences
@@ -126,11 +128,11 @@ class MemorizationBase(AnalysisBase[C, M]):
 
     def settings(self) -> MemorizationSettings:
         """The `memorization/...` settings as the configuration has them."""
-        return self.configure(MemorizationSettings)  # type: ignore[no-any-return]
+        return self.configure(MemorizationSettings)
 
     # ----------------------------------------------------------- the user's part
     def select(self, paths: list[str]) -> str | list[str]:
-        """Not used (the analysis decodes with the whole model): the first call."""
+        """Not used: the analysis decodes with the whole model (nothing is discovered)."""
         return paths[0]
 
     def analyze(self, layer: Any, inputs: Any) -> Any:
@@ -165,6 +167,14 @@ class MemorizationBase(AnalysisBase[C, M]):
         )
 
     # ------------------------------------------------------------------- engine
+    def _prepare(self) -> Selection:
+        """No discovery: the analysis calls the whole model (so an imported suite needs no
+        inspection batch), only the engine's other checks."""
+        if self._selection is None:
+            _comet.check(self.configuration)
+            self._selection = Selection(("",), many=False)
+        return self._selection
+
     def before_run(self) -> None:
         """Refuse, before anything is written, a node whose batches cannot be replayed."""
         length = self._checked_lengths()
@@ -172,13 +182,17 @@ class MemorizationBase(AnalysisBase[C, M]):
         if seen.steps:  # one sequence read as compute() reads them: the plan or the order
             self._tokens(seen, np.asarray([seen.last]), np.asarray([0]), length)
 
+    def _context(self) -> int:
+        """The model's context, `architecture/block_size`."""
+        return int(self.model.config.block_size)
+
     def _checked_lengths(self) -> int:
         st = self.settings()
         need = st.prefix + st.continuation
-        if need > self.block_size:
+        if need > self._context():
             raise AnalysisError(
                 f"{type(self).__name__}: memorization/prefix + continuation = {need} tokens, but "
-                f"the model's context (architecture/block_size) is {self.block_size}; lower "
+                f"the model's context (architecture/block_size) is {self._context()}; lower "
                 "memorization.prefix or memorization.continuation"
             )
         return need
@@ -215,7 +229,7 @@ class MemorizationBase(AnalysisBase[C, M]):
             except DataNotPreparedError as exc:
                 first = str(exc).splitlines()[0]
                 raise AnalysisError(f"{owner}: memorization/order: {first}") from None
-            order_length = st.order_length or self.block_size + 1
+            order_length = st.order_length or self._context() + 1
             need = (seen.last + 1) * seen.rows * order_length
             if order_length < length or stream.size < need:
                 raise AnalysisError(
@@ -318,5 +332,5 @@ class MemorizationBase(AnalysisBase[C, M]):
 
 
 @analysis("library/memorization")
-class Memorization(MemorizationBase, PretrainGPT):  # type: ignore[misc]
+class Memorization(MemorizationBase, PretrainGPT):
     """Memorization over training: the share of seen training sequences greedy decoding reproduces."""
