@@ -70,7 +70,7 @@ def test_memorization_reads_a_suites_data_order_and_refuses_without_it(suite: Pa
         q.build(Memorization, "memorized")
         q.find().spec(run="tiny").over()
         job = q.create()
-        with pytest.raises(AnalysisError, match="memorization.order=DATASET") as caught:
+        with pytest.raises(AnalysisError, match=r"memorization\.order=DATASET") as caught:
             job()
     assert "\n" not in str(caught.value) and _snapshot(suite) == before
 
