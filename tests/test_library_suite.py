@@ -1,6 +1,6 @@
 """Memorization over an imported training suite, whose data order the user supplies.
 
-A suite's weights were trained elsewhere: without `memorization/order` the analysis says
+A suite's weights were trained elsewhere: without `library/memorization/order` the analysis says
 in one line that it cannot replay them, and writes nothing. With the order (a prepared
 dataset of the training sequences in order), a node at step `s` tests sequences of steps
 `0 .. s - 1`, each read at `(step * rows + row) * length` of the order's token stream.
@@ -34,13 +34,13 @@ suites = import_module_or_file(str(CORE / "tests" / "suite_folders.py"))
 
 ROWS, LENGTH = 2, 20  # the order: 2 sequences a step, 20 tokens each (8 + 8 tested)
 SETTINGS = {
-    "memorization/order": "tiny-order",
-    "memorization/order_rows": ROWS,
-    "memorization/order_length": LENGTH,
-    "memorization/prefix": 8,
-    "memorization/continuation": 8,
-    "memorization/sequences": 12,
-    "memorization/batch": 12,
+    "library/memorization/order": "tiny-order",
+    "library/memorization/order_rows": ROWS,
+    "library/memorization/order_length": LENGTH,
+    "library/memorization/prefix": 8,
+    "library/memorization/continuation": 8,
+    "library/memorization/sequences": 12,
+    "library/memorization/batch": 12,
 }
 
 
@@ -70,7 +70,7 @@ def test_memorization_reads_a_suites_data_order_and_refuses_without_it(suite: Pa
         q.build(Memorization, "memorized")
         q.find().spec(run="tiny").over()
         job = q.create()
-        with pytest.raises(AnalysisError, match=r"memorization\.order=DATASET") as caught:
+        with pytest.raises(AnalysisError, match=r"library\.memorization\.order=DATASET") as caught:
             job()
     assert "\n" not in str(caught.value) and _snapshot(suite) == before
 
@@ -99,8 +99,9 @@ def test_memorization_reads_a_suites_data_order_and_refuses_without_it(suite: Pa
         np.testing.assert_array_equal(result.values["tokens"], expected)
     with Store(suite / "store") as store:
         values = store.values(nodes[2])
-        document = json.loads(store.get(nodes[2])["memorization/sequences.json"].content)
-    assert (values["dynamics/memorization/first_step"], values["dynamics/memorization/last_step"]) == (0, 1999)  # fmt: skip
+        document = json.loads(store.get(nodes[2])["library/memorization/sequences.json"].content)
+    assert values["dynamics/memorization/first_step"] == 0
+    assert values["dynamics/memorization/last_step"] == 1999
     assert len(document["sequences"]) == 12
 
     last = rest[-1].values  # the last revision's continuations, token by token its argmax

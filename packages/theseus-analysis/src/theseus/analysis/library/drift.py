@@ -2,7 +2,7 @@
 at the previous node of the lineage (and at a reference node), on one fixed batch.
 
     the fixed batch (validation batch 0, its first micro-batch) -> every block's output at
-    `drift/tokens` positions drawn once from `drift/seed` ([layers, tokens, d], one
+    `library/drift/tokens` positions drawn once from `library/drift/seed` ([layers, tokens, d], one
     compiled program per instance) -> kept centered, unit RMS, float16 (`_cka.kept`)
     -> the previous node's residuals: the instance's memory, else the latest earlier
     node along the stitched lineage that holds them (artifact `NAME/residuals.npy`)
@@ -10,7 +10,7 @@ at the previous node of the lineage (and at a reference node), on one fixed batc
     -> linear CKA per layer (`_cka.linear_cka`, float64)
 
 Values on the node: `dynamics/cka/L{l}` and `dynamics/cka/previous` (the node compared
-with), with `drift/reference` set `dynamics/cka_reference/L{l}` and
+with), with `library/drift/reference` set `dynamics/cka_reference/L{l}` and
 `dynamics/cka_reference/node`, and `analysis/NAME/residuals` (which tokens the stored
 residuals belong to); the artifact `NAME/residuals.npy` (what the next node compares
 with); and the plot `NAME` (CKA by layer). The first node of a lineage has no previous
@@ -44,25 +44,30 @@ from theseus.config import field
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.job import from_host_zero
 from theseus.model.models import Block
-from theseus.registry import analysis
 from theseus.store import Artifact, Node
 
 __all__ = ["DriftBase", "DriftSettings", "RepresentationDrift"]
 
+# (result key, the result holding the node compared with, the value naming it): each
+# comparison's values are dynamics/KEY/L{l} and dynamics/KEY/NAMING
+_COMPARISONS = (("cka", "previous", "previous"), ("cka_reference", "reference", "node"))
+
 
 @dataclass(frozen=True)
 class DriftSettings:
-    """`drift/...`: which tokens are compared, and the reference node."""
+    """`library/drift/...`: which tokens are compared, and the reference node."""
 
     tokens: int = field(
-        "drift/tokens",
+        "library/drift/tokens",
         default=512,
         ge=2,
         help="token positions of the fixed batch whose residual streams are compared",
     )
-    seed: int = field("drift/seed", default=0, ge=0, help="draws the compared positions, once")
+    seed: int = field(
+        "library/drift/seed", default=0, ge=0, help="draws the compared positions, once"
+    )
     reference: str = field(
-        "drift/reference",
+        "library/drift/reference",
         default="",
         help="a node (name~nonce~seq) every node is also compared with; empty: none",
     )
@@ -89,7 +94,7 @@ class DriftBase(AnalysisBase[C, M]):
         self._reference_memory: tuple[Node, str, np.ndarray] | None = None
 
     def settings(self) -> DriftSettings:
-        """The `drift/...` settings as the configuration has them."""
+        """The `library/drift/...` settings as the configuration has them."""
         return self.configure(DriftSettings)
 
     # ----------------------------------------------------------- the user's part
@@ -104,10 +109,10 @@ class DriftBase(AnalysisBase[C, M]):
     def plot(self, results: Any) -> Any:
         """CKA by layer, one line per comparison (a note on a node with none)."""
         curves: dict[str, list[Any]] = {"layer": [], "CKA": [], "compared with": []}
-        for key, at, what in (("cka", "previous", "previous"), ("cka_reference", "reference", "reference")):  # fmt: skip
+        for key, at, _ in _COMPARISONS:
             if results[key] is None:
                 continue
-            label = f"{what}: {short(results[at])}"
+            label = f"{at}: {short(results[at])}"
             for layer, value in enumerate(results[key]):
                 curves["layer"].append(layer)
                 curves["CKA"].append(float(value))
@@ -151,8 +156,8 @@ class DriftBase(AnalysisBase[C, M]):
         if isinstance(found, str):
             raise AnalysisError(
                 f"{type(self).__name__}: drift/reference = {text!r} names no node of this store "
-                f"({found}); set drift.reference=NAME~NONCE~SEQ (theseus-store runs ROOT lists "
-                "the lineages) or leave it empty"
+                f"({found}); set library.drift.reference=NAME~NONCE~SEQ (theseus-store runs "
+                "ROOT lists the lineages) or leave it empty"
             )
         self._reference_at = found
         return found
@@ -238,7 +243,7 @@ class DriftBase(AnalysisBase[C, M]):
                     raise AnalysisError(
                         f"{type(self).__name__}: the reference node {at} holds neither this "
                         "analysis's residuals for these tokens nor a checkpoint to recompute "
-                        "them from; name a checkpointed node in drift.reference"
+                        "them from; name a checkpointed node in library.drift.reference"
                     )
                 compared = self._read(found, program, batch)
             self._reference_memory = (at, digest, compared)
@@ -256,18 +261,17 @@ class DriftBase(AnalysisBase[C, M]):
         """Host zero: the residuals artifact, the values, then the plot (`NAME`)."""
         name = type(self).NAME
         logged: dict[str, Any] = {f"analysis/{name}/residuals": values["digest"]}
-        for key, at, label in (("cka", "previous", "previous"), ("cka_reference", "reference", "node")):  # fmt: skip
+        for key, at, naming in _COMPARISONS:
             if values[key] is not None:
                 for layer, value in enumerate(values[key]):
                     logged[f"dynamics/{key}/L{layer}"] = float(value)
-                logged[f"dynamics/{key}/{label}"] = values[at].serialize()
+                logged[f"dynamics/{key}/{naming}"] = values[at].serialize()
         content = to_bytes(values["residuals"])
         self.store.put(node, f"{name}/residuals.npy", "residuals.npy", content)
         self.store.log(node, logged)  # after the bytes: the marker says they are complete
         return super()._publish(values, node)
 
 
-@analysis("library/drift")
 class RepresentationDrift(DriftBase, PretrainGPT):
     """Representation drift: linear CKA of each layer's residual stream with the previous node's."""
 

@@ -1,20 +1,20 @@
 """Memorization over training (Biderman et al. 2023): which of the training sequences a
 node has seen greedy decoding reproduces, by the step each was seen.
 
-    the steps the node has seen (`_replay.Seen`) -> `memorization/sequences` of their
+    the steps the node has seen (`_replay.Seen`) -> `library/memorization/sequences` of their
     sequences drawn (`_replay.draw`) -> their first prefix + continuation tokens,
-    replayed exactly (the data plan, or `memorization/order` for an imported suite)
+    replayed exactly (the data plan, or `library/memorization/order` for an imported suite)
     -> greedy decoding of each prefix with the model's key-value cache, batched
     (`theseus.model.generation.generate`, `temperature=0`) -> memorized when the
     continuation is reproduced exactly
 
-A sequence counts as memorized when greedy decoding of its first `memorization/prefix`
-tokens (32) reproduces its next `memorization/continuation` tokens (32) exactly; `match`
+A sequence counts as memorized when greedy decoding of its first `library/memorization/prefix`
+tokens (32) reproduces its next `library/memorization/continuation` tokens (32) exactly; `match`
 is the share of those tokens reproduced (the first mismatch does not stop the count:
 each token is decoded from the model's own earlier ones).
 
 What the node has seen: with the data plan, the last `state.step` batches up to the
-node's cursor (a fresh lineage: steps 0 .. seq); with `memorization/order` (a prepared
+node's cursor (a fresh lineage: steps 0 .. seq); with `library/memorization/order` (a prepared
 dataset of the training sequences in order, `order_length` tokens each and `order_rows`
 a step), steps 0 .. seq - 1, as an imported suite numbers a checkpoint by the updates
 before it. Weights that were imported (state step 0 on a resumed node) were not trained
@@ -49,7 +49,6 @@ from theseus.data.prepared import DataNotPreparedError, PreparedData
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.job import Mode, process_count, process_index
 from theseus.model.generation import generate
-from theseus.registry import analysis
 from theseus.store import Artifact, Node
 from theseus.training.base import TrainerError
 
@@ -60,39 +59,49 @@ _BINS = 20  # most bins of steps in the plot
 
 @dataclass(frozen=True)
 class MemorizationSettings:
-    """`memorization/...`: how many sequences, how long, and where their tokens come from."""
+    """`library/memorization/...`: how many sequences, how long, where their tokens are."""
 
     sequences: int = field(
-        "memorization/sequences", default=512, ge=1, help="training sequences tested per node"
+        "library/memorization/sequences",
+        default=512,
+        ge=1,
+        help="training sequences tested per node",
     )
     prefix: int = field(
-        "memorization/prefix", default=32, ge=1, help="tokens of each sequence given to the model"
+        "library/memorization/prefix",
+        default=32,
+        ge=1,
+        help="tokens of each sequence given to the model",
     )
     continuation: int = field(
-        "memorization/continuation",
+        "library/memorization/continuation",
         default=32,
         ge=1,
         help="tokens after the prefix that greedy decoding must reproduce exactly",
     )
-    batch: int = field("memorization/batch", default=64, ge=1, help="sequences decoded together")
-    seed: int = field("memorization/seed", default=0, ge=0, help="draws the sequences tested")
+    batch: int = field(
+        "library/memorization/batch", default=64, ge=1, help="sequences decoded together"
+    )
+    seed: int = field(
+        "library/memorization/seed", default=0, ge=0, help="draws the sequences tested"
+    )
     order: str = field(
-        "memorization/order",
+        "library/memorization/order",
         default="",
         help="a prepared dataset of the training sequences in the order they were trained "
         "on (an imported suite's data order); empty: replay this configuration's data plan",
     )
     order_rows: int = field(
-        "memorization/order_rows",
+        "library/memorization/order_rows",
         default=0,
         ge=0,
-        help="sequences per step in memorization/order; 0: training/batch_size",
+        help="sequences per step in library/memorization/order; 0: training/batch_size",
     )
     order_length: int = field(
-        "memorization/order_length",
+        "library/memorization/order_length",
         default=0,
         ge=0,
-        help="tokens per sequence in memorization/order; 0: architecture/block_size + 1",
+        help="tokens per sequence in library/memorization/order; 0: architecture/block_size + 1",
     )
 
 
@@ -127,7 +136,7 @@ class MemorizationBase(AnalysisBase[C, M]):
     SETTINGS: ClassVar[tuple[type, ...]] = (MemorizationSettings,)
 
     def settings(self) -> MemorizationSettings:
-        """The `memorization/...` settings as the configuration has them."""
+        """The `library/memorization/...` settings as the configuration has them."""
         return self.configure(MemorizationSettings)
 
     # ----------------------------------------------------------- the user's part
@@ -191,9 +200,10 @@ class MemorizationBase(AnalysisBase[C, M]):
         need = st.prefix + st.continuation
         if need > self._context():
             raise AnalysisError(
-                f"{type(self).__name__}: memorization/prefix + continuation = {need} tokens, but "
-                f"the model's context (architecture/block_size) is {self._context()}; lower "
-                "memorization.prefix or memorization.continuation"
+                f"{type(self).__name__}: library/memorization/prefix + continuation = {need} "
+                f"tokens, but the model's context (architecture/block_size) is "
+                f"{self._context()}; lower library.memorization.prefix or "
+                "library.memorization.continuation"
             )
         return need
 
@@ -201,7 +211,7 @@ class MemorizationBase(AnalysisBase[C, M]):
         """The steps this node has seen (see the module docstring).
 
         Raises:
-            AnalysisError: imported weights without `memorization/order` (one line).
+            AnalysisError: imported weights without `library/memorization/order` (one line).
         """
         st = self.settings()
         if st.order:
@@ -213,13 +223,15 @@ class MemorizationBase(AnalysisBase[C, M]):
             raise AnalysisError(
                 f"{type(self).__name__}: cannot replay the batches {self.node} saw: its weights "
                 "were not trained on this configuration's data plan (state step 0: an import); "
-                "give the data order as a prepared dataset, memorization.order=DATASET"
+                "give the data order as a prepared dataset, library.memorization.order=DATASET"
             )
         if taken == 0:  # fresh weights: nothing seen yet
             return Seen(0, -1, rows)
         return Seen(max(0, self.cursor - taken + 1), self.cursor, rows)
 
-    def _tokens(self, seen: Seen, steps: np.ndarray, rows: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    def _tokens(
+        self, seen: Seen, steps: np.ndarray, rows: np.ndarray, length: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The drawn sequences' first `length` tokens, and whether each is all real."""
         st = self.settings()
         owner = type(self).__name__
@@ -228,15 +240,15 @@ class MemorizationBase(AnalysisBase[C, M]):
                 stream = PreparedData.open(self.spec.root, st.order).tokens("train")
             except DataNotPreparedError as exc:
                 first = str(exc).splitlines()[0]
-                raise AnalysisError(f"{owner}: memorization/order: {first}") from None
+                raise AnalysisError(f"{owner}: library/memorization/order: {first}") from None
             order_length = st.order_length or self._context() + 1
             need = (seen.last + 1) * seen.rows * order_length
             if order_length < length or stream.size < need:
                 raise AnalysisError(
-                    f"{owner}: memorization/order {st.order!r} holds {stream.size} tokens; "
+                    f"{owner}: library/memorization/order {st.order!r} holds {stream.size} tokens; "
                     f"{self.node} has seen {seen.last + 1} steps of {seen.rows} sequences of "
                     f"{order_length} tokens ({need} tokens, each sequence at least {length}); "
-                    "check memorization.order_rows and memorization.order_length"
+                    "check library.memorization.order_rows and library.memorization.order_length"
                 )
             tokens = order_sequences(stream, steps, rows, seen.rows, order_length, length)
             return tokens, np.ones(tokens.shape[0], bool)
@@ -278,9 +290,10 @@ class MemorizationBase(AnalysisBase[C, M]):
         steps, rows, tokens = steps[real], rows[real], tokens[real]
         if tokens.shape[0]:
             vocab = min(int(self.tokenizer.vocab_size), int(self.model.config.vocab_size))
+            prefixes = tokens[:, : st.prefix]
             decoded = greedy_continuations(
-                self.model, self.state.params, tokens[:, : st.prefix], st.continuation, st.batch, vocab
-            )  # fmt: skip
+                self.model, self.state.params, prefixes, st.continuation, st.batch, vocab
+            )
         else:
             decoded = np.zeros((0, st.continuation), np.int32)
         same = decoded == tokens[:, st.prefix :]
@@ -331,6 +344,5 @@ class MemorizationBase(AnalysisBase[C, M]):
         return super()._publish(values, node)
 
 
-@analysis("library/memorization")
 class Memorization(MemorizationBase, PretrainGPT):
-    """Memorization over training: the share of seen training sequences greedy decoding reproduces."""
+    """Memorization over training: the seen training sequences greedy decoding reproduces."""

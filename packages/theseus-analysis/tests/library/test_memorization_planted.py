@@ -1,9 +1,10 @@
 """Memorization finds what a model learned by heart; drift recomputes a previous node.
 
-Slow (about a minute on two cores): a lineage trained 160 steps. `test_library.py` runs
-the same analyses on a four-step lineage in the default suite.
+Slow (about a minute on two cores): a lineage trained 160 steps.
+`test_drift_memorization.py` runs the same analyses on a four-step lineage in the
+default suite.
 
-One lineage is trained for the module (`library_jobs.py`): one step, checkpointed at seq
+One lineage is trained for the module (`planted_jobs.py`): one step, checkpointed at seq
 0, then resumed to 160 steps (checkpoints at 79 and 159) with both analyses in tandem at
 each validation (79, 159). Its data holds four planted documents among 1,500 that
 appear once.
@@ -11,7 +12,7 @@ appear once.
 References, none of them the analysis engine:
 - the batches: the data plan's draw for one `padded` source rewritten here with NumPy
   (`plan_documents`: which document each row of a step holds), and the documents as
-  `library_jobs.documents` made them;
+  `planted_jobs.documents` made them;
 - memorization: a row is memorized exactly when its document is a planted one (the
   trained model), and none is after one step; the greedy continuations against the
   argmax of an uncached forward of the decoded sequence (teacher forcing), within 1e-5
@@ -35,7 +36,7 @@ from theseus.quick import quick
 from theseus.registry import import_module_or_file
 from theseus.store import Node, Store
 
-lj = import_module_or_file(str(Path(__file__).with_name("library_jobs.py")))
+lj = import_module_or_file(str(Path(__file__).with_name("planted_jobs.py")))
 
 pytestmark = pytest.mark.slow
 
@@ -56,11 +57,13 @@ def plan_documents(step: int, split: str, rows: int, documents: int, seed: int =
 
 
 @pytest.fixture(scope="module")
-def planted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray], list[Node]]:  # fmt: skip
+def planted(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[str, np.ndarray], list[Node]]:
     """The trained root, its documents and its checkpointed nodes (0, 79, 159)."""
     root = tmp_path_factory.mktemp("planted")
     docs = lj.plant(root)
-    extra = {"memorization/sequences": SEQUENCES}
+    extra = {"library/memorization/sequences": SEQUENCES}
     with quick(root) as q:  # one update, checkpointed: a model that has memorized nothing
         q.build(lj.Planted, "planted")
         lj.steps_config(q.config, 1)
@@ -119,7 +122,7 @@ def test_in_tandem_each_validation_compares_with_the_previous_and_tests_what_was
     assert at[LAST]["dynamics/memorization/sequences"] == SEQUENCES
     assert at[LAST]["dynamics/memorization/first_step"] == 0
     assert at[LAST]["dynamics/memorization/last_step"] == LAST
-    assert {"drift", "drift/residuals.npy", "memorization", "memorization/sequences.json"} <= set(artifacts)  # fmt: skip
+    assert {"drift/residuals.npy", "memorization/sequences.json"} <= set(artifacts)
     assert artifacts["drift"].filename == "drift.pdf"
 
 
@@ -138,7 +141,8 @@ def test_memorization_over_the_lineage_finds_the_planted_sequences_where_the_pla
         seen = result.node.seq + 1  # a fresh lineage: steps 0 .. seq
         assert steps.size == min(SEQUENCES, 8 * seen) and (steps < seen).all()
         assert len({(int(s), int(r)) for s, r in zip(steps, rows, strict=True)}) == steps.size
-        which = np.asarray([plan_documents(int(s), "train", 8, documents)[r] for s, r in zip(steps, rows, strict=True)])  # fmt: skip
+        drawn = zip(steps.tolist(), rows.tolist(), strict=True)
+        which = np.asarray([plan_documents(s, "train", 8, documents)[r] for s, r in drawn])
         np.testing.assert_array_equal(values["tokens"], docs["train"][which])  # the rows replayed
         planted_here = docs["planted"][which]
         assert not (values["memorized"] & ~planted_here).any()  # a document seen once: never
@@ -175,7 +179,7 @@ def test_memorization_over_the_lineage_finds_the_planted_sequences_where_the_pla
 
 
 class Recomputed(lj.PlantedDrift):
-    """Another NAME: no node holds its residuals, so the previous node's come from its checkpoint."""
+    """Another NAME: no node holds its residuals, so the previous one's come from its checkpoint."""
 
     NAME = "drift-again"
 

@@ -1,5 +1,5 @@
 """The library's representation drift and memorization: in tandem, over a lineage, and
-what they refuse (the default suite's share; `test_library_planted.py` is the slow one).
+what they refuse (the default suite's share; `test_memorization_planted.py` is the slow one).
 
 One lineage is trained for the module: the tiny GPT of `analysis_jobs.py` on the
 synthetic language, four steps, a checkpoint at every node (0..3), both analyses in
@@ -35,17 +35,17 @@ from theseus.quick import quick
 from theseus.registry import import_module_or_file
 from theseus.store import Node, Store
 
-jobs = import_module_or_file(str(Path(__file__).with_name("analysis_jobs.py")))
-lj = import_module_or_file(str(Path(__file__).with_name("library_jobs.py")))
+jobs = import_module_or_file(str(Path(__file__).parents[1] / "analysis_jobs.py"))
+lj = import_module_or_file(str(Path(__file__).with_name("planted_jobs.py")))
 
 STEPS = 4
 BLOCK = 32  # analysis_jobs.TINY
 ROWS = 8
 MEMORIZATION = {
-    "memorization/sequences": 16,
-    "memorization/prefix": 8,
-    "memorization/continuation": 8,
-    "memorization/batch": 16,
+    "library/memorization/sequences": 16,
+    "library/memorization/prefix": 8,
+    "library/memorization/continuation": 8,
+    "library/memorization/batch": 16,
 }
 
 
@@ -57,7 +57,7 @@ class Trained(jobs.PretrainGPT):
 
 def windows(root: Path, step: int, split: str, seed: int = 0) -> np.ndarray:
     """The rows `[ROWS, BLOCK]` the plan gives `step`: one source's contiguous windows."""
-    tokens = np.asarray(PreparedData.open(root, "synthetic").tokens(split))  # type: ignore[arg-type]
+    tokens = np.asarray(PreparedData.open(root, "synthetic").tokens(split))
     own = np.random.default_rng([seed, step, {"train": 0, "val": 1}[split], 1])
     starts = own.integers(0, tokens.size - BLOCK - 1 + 1, size=ROWS)
     return np.stack([tokens[s : s + BLOCK] for s in starts]).astype(np.int32)
@@ -120,10 +120,12 @@ def test_in_tandem_each_validation_compares_with_the_previous_and_tests_what_was
     assert at[3]["dynamics/cka/previous"] == nodes[1].serialize()  # the previous validation
     assert all(0.0 < at[3][f"dynamics/cka/L{layer}"] <= 1.0 + 1e-9 for layer in (0, 1))
     assert not any(k.startswith("dynamics/") for k in at[0] | at[2])  # no validation there
-    assert (at[3]["dynamics/memorization/first_step"], at[3]["dynamics/memorization/last_step"]) == (0, 3)  # fmt: skip
+    assert at[3]["dynamics/memorization/first_step"] == 0
+    assert at[3]["dynamics/memorization/last_step"] == 3
     assert at[1]["dynamics/memorization/sequences"] == 16  # of the 16 rows of steps 0 and 1
-    assert {"drift", "drift/residuals.npy", "memorization", "memorization/sequences.json"} <= set(held)  # fmt: skip
-    assert (held["drift"].filename, held["memorization"].filename) == ("drift.pdf", "memorization.pdf")  # fmt: skip
+    assert {"drift/residuals.npy", "memorization/sequences.json"} <= set(held)
+    assert held["drift"].filename == "drift.pdf"
+    assert held["memorization"].filename == "memorization.pdf"
 
 
 def test_drift_over_the_lineage_is_linear_cka_of_the_recorded_residual_streams(
@@ -131,7 +133,7 @@ def test_drift_over_the_lineage_is_linear_cka_of_the_recorded_residual_streams(
 ) -> None:
     _, nodes = trained
     reference = nodes[0].serialize()
-    job, walk = _walk(root, RepresentationDrift, **{"drift/reference": reference})
+    job, walk = _walk(root, RepresentationDrift, **{"library/drift/reference": reference})
     assert job.traces == 1 and [r.node for r in walk.results] == nodes
     batch = windows(root, 0, "val")
     streams = []
@@ -144,11 +146,13 @@ def test_drift_over_the_lineage_is_linear_cka_of_the_recorded_residual_streams(
             mutable=["intermediates"],
         )
         blocks = recorded["intermediates"]
-        streams.append([np.asarray(blocks[f"blocks_{i}"]["__call__"][0]).reshape(-1, 32) for i in (0, 1)])  # fmt: skip
+        outputs = [blocks[f"blocks_{i}"]["__call__"][0] for i in (0, 1)]
+        streams.append([np.asarray(h).reshape(-1, 32) for h in outputs])
     with Store(root / "store") as store:
         at = [store.values(n) for n in nodes]
     assert "dynamics/cka/L0" not in at[0]  # the walk's first node: nothing before it
-    assert [at[0][f"dynamics/cka_reference/L{i}"] for i in (0, 1)] == pytest.approx([1, 1], abs=1e-9)  # fmt: skip
+    itself = [at[0][f"dynamics/cka_reference/L{i}"] for i in (0, 1)]
+    assert itself == pytest.approx([1.0, 1.0], abs=1e-9)
     for seq in (1, 2, 3):
         assert at[seq]["dynamics/cka/previous"] == nodes[seq - 1].serialize()
         assert at[seq]["dynamics/cka_reference/node"] == reference
@@ -159,7 +163,7 @@ def test_drift_over_the_lineage_is_linear_cka_of_the_recorded_residual_streams(
             assert at[seq][f"dynamics/cka_reference/L{i}"] == pytest.approx(against, abs=2e-3)
 
     before = _snapshot(root)
-    _, again = _walk(root, RepresentationDrift, **{"drift/reference": reference})
+    _, again = _walk(root, RepresentationDrift, **{"library/drift/reference": reference})
     assert again.results == [] and again.skipped == nodes
     assert _snapshot(root) == before  # a second walk writes nothing
 
@@ -175,7 +179,8 @@ def test_memorization_over_the_lineage_replays_the_rows_the_plan_gave_each_step(
         seen = result.node.seq + 1
         assert steps.size == min(16, ROWS * seen) and (steps < seen).all()
         assert len(set(zip(steps.tolist(), rows.tolist(), strict=True))) == steps.size
-        expected = np.stack([windows(root, int(s), "train")[r, :16] for s, r in zip(steps, rows, strict=True)])  # fmt: skip
+        drawn = zip(steps.tolist(), rows.tolist(), strict=True)
+        expected = np.stack([windows(root, s, "train")[r, :16] for s, r in drawn])
         np.testing.assert_array_equal(values["tokens"], expected)
         same = values["decoded"] == expected[:, 8:]
         np.testing.assert_array_equal(values["memorized"], same.all(axis=1))
@@ -216,13 +221,13 @@ def test_what_cannot_be_replayed_or_resolved_is_one_line_before_anything_is_writ
     with quick(root) as q:
         q.build(Memorization, "look")
         q.find().spec(run="trained").seq(3).resume()
-        q.config["memorization/continuation"] = BLOCK
-        with pytest.raises(AnalysisError, match=r"lower memorization\.prefix") as lengths:
+        q.config["library/memorization/continuation"] = BLOCK
+        with pytest.raises(AnalysisError, match=r"lower library\.memorization\.prefix") as lengths:
             q.create()()
     with quick(root) as q, pytest.raises(AnalysisError, match="names no node") as named:
         q.build(RepresentationDrift, "look")
         q.find().spec(run="trained").seq(3).resume()
-        q.config["drift/reference"] = f"{nodes[0].name}~{nodes[0].nonce}~99"
+        q.config["library/drift/reference"] = f"{nodes[0].name}~{nodes[0].nonce}~99"
         q.create()()
     for caught in (replay, lengths, named):
         assert "\n" not in str(caught.value)
@@ -232,11 +237,11 @@ def test_what_cannot_be_replayed_or_resolved_is_one_line_before_anything_is_writ
 def test_theseus_configure_writes_their_settings(tmp_path: Path) -> None:
     runner = CliRunner()
     for name, keys in (
-        ("library/drift", ("drift/tokens", "drift/reference")),
-        ("library/memorization", ("memorization/prefix", "memorization/order")),
+        ("library/drift", ("library/drift/tokens", "library/drift/reference")),
+        ("library/memorization", ("library/memorization/prefix", "library/memorization/order")),
     ):
         out = tmp_path / f"{name.split('/')[1]}.yaml"
         answer = runner.invoke(main, ["configure", name, str(out)])
         assert answer.exit_code == 0, answer.output
         text = out.read_text()
-        assert all(f"{key.split('/')[1]}:" in text for key in keys)
+        assert all(f"{key.rsplit('/', 1)[1]}:" in text for key in keys)
