@@ -99,7 +99,7 @@ def test_memorization_reads_a_suites_data_order_and_refuses_without_it(suite: Pa
         np.testing.assert_array_equal(result.values["tokens"], expected)
     with Store(suite / "store") as store:
         values = store.values(nodes[2])
-        document = json.loads(store.get(nodes[2])["library/memorization/sequences.json"].content)
+        document = json.loads(store.get(nodes[2])["memorization/sequences.json"].content)
     assert values["dynamics/memorization/first_step"] == 0
     assert values["dynamics/memorization/last_step"] == 1999
     assert len(document["sequences"]) == 12

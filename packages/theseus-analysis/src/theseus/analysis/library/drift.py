@@ -120,7 +120,7 @@ class DriftBase(AnalysisBase[C, M]):
         title = f"Linear CKA of the residual stream at {short(results['node'])}"
         if not curves["layer"]:
             return note(title, "no earlier node analyzed or checkpointed to compare with")
-        return self.line(
+        figure = self.line(
             curves,
             x="layer",
             y="CKA",
@@ -131,6 +131,10 @@ class DriftBase(AnalysisBase[C, M]):
             xlabel="Layer (block output)",
             ylabel="Linear CKA",
         )
+        axes = figure.axes[0]
+        axes.set_xticks(sorted(set(curves["layer"])))
+        axes.set_ylim(0.0, 1.02)  # one scale at every node (the slider compares them)
+        return figure
 
     # ------------------------------------------------------------------- engine
     def _prepare(self) -> Any:

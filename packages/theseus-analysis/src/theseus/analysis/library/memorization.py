@@ -165,7 +165,7 @@ class MemorizationBase(AnalysisBase[C, M]):
             if inside.any():
                 x.append(int(edges[b]))
                 y.append(float(memorized[inside].mean()))
-        return self.line(
+        figure = self.line(
             x=x,
             y=y,
             marker="o",
@@ -174,6 +174,8 @@ class MemorizationBase(AnalysisBase[C, M]):
             xlabel="Step the sequence was seen (first of its bin)",
             ylabel=f"Memorized share ({int(results['prefix'])} + {int(results['continuation'])})",
         )
+        figure.axes[0].set_ylim(-0.02, 1.02)  # one scale at every node
+        return figure
 
     # ------------------------------------------------------------------- engine
     def _prepare(self) -> Selection:
