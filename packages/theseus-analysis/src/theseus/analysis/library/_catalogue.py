@@ -12,11 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from theseus.analysis.library._base import LibraryAnalysis
+from theseus.analysis.library.drift import RepresentationDrift
 from theseus.analysis.library.first import FirstAnalyses
 from theseus.analysis.library.frequency import LossByFrequency
 from theseus.analysis.library.icl import InContextLearning
 from theseus.analysis.library.induction import InductionHeads
 from theseus.analysis.library.logit_lens import LogitLens
+from theseus.analysis.library.memorization import Memorization
 from theseus.analysis.library.position import LossByPosition
 from theseus.registry import analysis
 
@@ -29,6 +31,8 @@ CATALOGUE: dict[str, type[Any]] = {
     "library/loss-by-position": LossByPosition,
     "library/loss-by-frequency": LossByFrequency,
     "library/first": FirstAnalyses,
+    "library/drift": RepresentationDrift,
+    "library/memorization": Memorization,
 }
 
 for _name, _cls in CATALOGUE.items():
