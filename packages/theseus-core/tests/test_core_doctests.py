@@ -13,6 +13,7 @@ MODULES = [
     "theseus.config._hydrate",
     "theseus.config._yaml",
     "theseus.config._range",
+    "theseus.config._retired",
     "theseus.job._spec",
     "theseus.quick._session",
     "theseus.data",
