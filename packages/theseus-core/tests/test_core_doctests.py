@@ -14,6 +14,7 @@ MODULES = [
     "theseus.config._yaml",
     "theseus.config._range",
     "theseus.config._retired",
+    "theseus.training.optimization",
     "theseus.job._spec",
     "theseus.quick._session",
     "theseus.data",

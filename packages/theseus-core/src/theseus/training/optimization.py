@@ -71,8 +71,8 @@ def _fitted(warmup: float, decay: float) -> dict[str, float]:
 
 
 def _written(value: float) -> str:
-    """A fraction as `key=value` takes it: the shortest text of it rounded to 1e-9."""
-    return repr(round(value, 9) + 0.0)  # + 0.0: never "-0.0"
+    """A fraction as `key=value` takes it, rounded to 1e-9 (well inside the rule's slack)."""
+    return f"{round(value, 9) + 0.0:.9g}"  # + 0.0: never "-0"
 
 
 @rule("optimization/schedule/warmup", "optimization/schedule/stable", "optimization/schedule/decay")
