@@ -257,8 +257,13 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         return self._prompt_batch() or super().inspection_batch()  # type: ignore[misc]
 
     def _prompt_batch(self) -> dict[str, Any] | None:
-        """`inspection/prompt` placed as a batch, or None when it is ''."""
-        prompt = self.configuration.get("inspection/prompt")
+        """`inspection/prompt` placed as a batch, or None when it is '' (or, for a trainer
+        whose `config()` left out its analyses' settings, not declared)."""
+        prompt = (
+            self.configuration.get("inspection/prompt", "")
+            if "inspection/prompt" in self.configuration
+            else ""
+        )
         return self.sharding.place_batch(self.prompt_batch(prompt)) if prompt else None
 
     def _not_while_analyzing(self, what: str) -> None:

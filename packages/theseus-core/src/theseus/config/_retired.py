@@ -51,7 +51,9 @@ class Retired:
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", normalize_path(self.path))
 
-    def refusal(self, key: str, job: str | None, value: Any = dataclasses.MISSING) -> UnknownKeyError:
+    def refusal(
+        self, key: str, job: str | None, value: Any = dataclasses.MISSING
+    ) -> UnknownKeyError:
         """The one-line error for setting this path (to ``value``) in a job that no longer reads it."""
         owner = f"job {job!r}" if job else "this configuration"
         given = "" if value is dataclasses.MISSING else f" (set to {value!r})"

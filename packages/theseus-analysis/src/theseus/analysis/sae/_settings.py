@@ -102,7 +102,9 @@ def _schema(name: str, module: str, prefix: str, values: dict[str, Any]) -> type
         default = _value(attribute, values[attribute])
         path = f"{prefix}/{ATTRIBUTES[attribute]}"
         if isinstance(default, list | dict | set):  # a dataclass default must not be shared
-            return field(path, default_factory=lambda: type(default)(default), help=help, **declared)
+            return field(
+                path, default_factory=lambda: type(default)(default), help=help, **declared
+            )
         return field(path, default=default, help=help, **declared)
 
     fields = [
