@@ -35,26 +35,29 @@ def test_an_earlier_versions_checkpoint_gives_its_logits(tmp_path: Path) -> None
     )
 
 
-def _saved_configuration() -> str:
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The YAML the earlier version recorded with the run (what its `theseus configure`
-    wrote too): every setting it declared, `inspection/prompt` and `logging/comet` included."""
-    with Store(DATA / "root" / "store", readonly=True) as store:
-        (node,) = [n for n in store.query().all() if store.job_config(n) is not None][:1]
-        text = store.job_config(node)
-    assert text is not None and "  prompt: ''" in text and "  comet: ''" in text
+    wrote too): every setting it declared, `inspection/prompt` and `logging/comet` included.
+    Read from a copy: opening a store writes beside it."""
+    copy = tmp_path_factory.mktemp("old") / "store"
+    shutil.copytree(DATA / "root" / "store", copy)
+    with Store(copy, readonly=True) as store:
+        texts = [store.job_config(n) for n in store.query().all()]
+    text = next(t for t in texts if t is not None)
+    assert "  prompt: ''" in text and "  comet: ''" in text
     return text
 
 
-def test_an_earlier_versions_configuration_file_loads() -> None:
+def test_an_earlier_versions_configuration_file_loads(saved: str) -> None:
     """Loaded as `theseus run` loads a file (every key must be known): the two settings
     theseus-analysis declares now are dropped at the defaults the earlier version wrote,
     and every other value, the optimizer's and schedule's included, keeps its key."""
-    text = _saved_configuration()
-    saved = load(text)
+    values = load(saved)
     tree = PretrainGPT.schema()
-    tree.load(saved)
+    tree.load(values)
     tree.validate()
-    flat = _flatten(saved)
+    flat = _flatten(values)
     now = tree.flat()
     kept = [k for k in flat if k in now]
     assert {k: now[k] for k in kept} == {k: flat[k] for k in kept}  # each value as written
@@ -62,8 +65,8 @@ def test_an_earlier_versions_configuration_file_loads() -> None:
     assert tree["optimization/lr"] == 1e-3 and tree["optimization/schedule/warmup"] == 0.05
 
 
-def test_a_setting_the_trainer_no_longer_reads_is_refused_when_it_was_set() -> None:
-    text = _saved_configuration().replace("  prompt: ''", "  prompt: 'The cat sat'")
+def test_a_setting_the_trainer_no_longer_reads_is_refused_when_it_was_set(saved: str) -> None:
+    text = saved.replace("  prompt: ''", "  prompt: 'The cat sat'")
     tree = PretrainGPT.schema()
     with pytest.raises(UnknownKeyError) as refused:
         tree.load(load(text))
