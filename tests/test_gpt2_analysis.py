@@ -1,5 +1,6 @@
 """Analyses on imported GPT-2 weights: theseus-core's README section "Look inside GPT-2"
-runs as written, and an analysis written for a trained GPT reads GPT-2 on a prompt.
+runs as written, and an analysis written for a trained GPT reads GPT-2 on a prompt
+(`inspection/prompt`, which its `find` and `debug` trace too).
 
 Reference: attention probabilities of GPT-2 written in float64 NumPy from its definition
 over the folder's tensors (theseus-core's tests/gpt2_folder.py), within 1e-5.
@@ -88,7 +89,14 @@ def test_an_analysis_written_for_a_trained_gpt_reads_gpt2(tmp_path: Path) -> Non
         q.config["inspection/prompt"] = prompt
         analysis = q.create()
         ids = analysis.tokenizer.encode(prompt).tolist()
+        _, attention = folders.reference_forward(src, ids)
+        # the analysis's find and debug trace the prompt too (the root holds no data)
+        assert analysis.find(SelfAttention) == [f"blocks_{i}/attn" for i in range(3)]
+        session = analysis.debug("blocks_1/attn")
+        weights = np.asarray(session.layer.weights(session.inputs.x))  # [rows, heads, q, k]
+        assert weights.shape[-1] == len(ids)
+        for row in weights:  # every data shard traces the same prompt
+            np.testing.assert_allclose(row, attention[1], atol=1e-5)
         result = analysis()
-    _, attention = folders.reference_forward(src, ids)
     np.testing.assert_allclose(result.values, attention[2].mean(axis=0), atol=1e-5)
     assert result.node == node  # attached to the imported checkpoint's node

@@ -27,6 +27,7 @@ import pytest
 
 from theseus.analysis import AnalysisError
 from theseus.analysis.sae import SAEBase
+from theseus.config import ConfigRangeError
 from theseus.data.datasets import Synthetic
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.model.attention.base import SelfAttention
@@ -357,35 +358,54 @@ class _Bad(SAEBase, PretrainGPT):
 @pytest.mark.parametrize(
     ("setting", "value", "expected"),
     [
-        ("ARCHITECTURE", "gated", "use one of 'topk', 'jumprelu', 'relu'"),
-        ("K", 0, "use a positive int"),
-        ("WIDTH", (64, -1), "use None, a positive int or a tuple of them"),
-        ("L1", math.nan, "use a number >= 0"),
-        ("WINDOW", (4,), "use (tokens before, tokens after)"),
-        ("TOKENS", 1.5, "use a positive int"),
+        ("ARCHITECTURE", "gated", "sae/bad/architecture (Literal['topk', 'jumprelu', 'relu'],"),
+        ("K", 0, "sae/bad/k (int >= 1, default 32)"),
+        ("WIDTH", (64, -1), "sae/bad/width (list[int] >= 1, default [])"),
+        ("L1", math.nan, "sae/bad/l1 (float >= 0, default 5.0)"),
+        ("WINDOW", (4,), "sae/bad/window (tuple[int, int] >= 0, default (12, 3))"),
+        ("TOKENS", 1.5, "sae/bad/tokens (int >= 1, default 262144)"),
+        ("LEARNING_RATE", 0, "sae/bad/lr (float > 0, default 0.001)"),
+        ("SEED", True, "sae/bad/seed (int, default 0)"),
     ],
 )
 def test_bad_settings_are_refused_where_the_class_is_made(setting, value, expected) -> None:
-    with pytest.raises(TypeError, match=rf"^Broken\.{setting} = .*; {re.escape(expected)}"):
+    """Refused by the schema the attribute is the default of (its type and range), in
+    one line naming the attribute and what its setting admits."""
+    admits = f"use a value its setting admits: {expected}"
+    with pytest.raises(TypeError, match=rf"^Broken\.{setting} = .*; {re.escape(admits)}"):
         type("Broken", (_Bad,), {setting: value})
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"WIDTH": 2, "K": 4}, "'sae/bad/k' must be at most every width in 'sae/bad/width'"),
+        ({"WIDTH": None, "EXPANSION": ()}, "'sae/bad/width' and 'sae/bad/expansion' are both"),
+    ],
+)
+def test_settings_that_disagree_are_refused_by_the_schemas_rules(settings, expected) -> None:
+    with pytest.raises(TypeError, match=rf"^Broken's class attributes disagree: .*{expected}"):
+        type("Broken", (_Bad,), settings)
+    assert type("Fine", (_Bad,), {"WIDTH": 4, "K": 4, "ARCHITECTURE": "topk"}).K == 4
+    assert type("Fine", (_Bad,), {"WIDTH": 2, "K": 4, "ARCHITECTURE": "relu"}).K == 4  # no k
 
 
 @pytest.mark.slow  # the default suite keeps the settings refused at class definition
 def test_a_width_below_k_is_one_line_and_any_site_with_activations_trains(root) -> None:
-    narrow = type("Narrow", (_Bad,), {"WIDTH": 2, "K": 4})
-    with pytest.raises(AnalysisError, match=r"^Narrow at 'blocks_0/mlp' \(d = 32\): topk needs"):
-        _at(root, narrow, "moving", 1)()
+    narrow = {"sae/bad/width": [], "sae/bad/expansion": [1], "sae/bad/k": 64}  # 32 wide
+    with pytest.raises(AnalysisError, match=r"^_Bad at 'blocks_0/mlp' \(d = 32\): topk needs"):
+        _at(root, _Bad, "moving", 1, **narrow)  # setting up refuses it, before it runs
 
     empty = {"sae/bad/width": [], "sae/bad/expansion": []}
-    with pytest.raises(AnalysisError, match=r"^_Bad: sae\.bad\.width and sae\.bad\.expansion are"):
-        _at(root, _Bad, "moving", 1, **empty)()
+    with pytest.raises(ConfigRangeError, match=r"'sae/bad/width' and 'sae/bad/expansion' are"):
+        _at(root, _Bad, "moving", 1, **empty)
 
     class Twice(_Bad):
         def select(self, paths: list[str]) -> list[str]:
             return [paths[0], paths[0]]
 
     with pytest.raises(AnalysisError, match=r"^Twice\.select\(\) returned 'blocks_0/mlp' more"):
-        _at(root, Twice, "moving", 1)()
+        _at(root, Twice, "moving", 1)
 
     class Attention(_Bad):
         TARGET = SelfAttention

@@ -13,6 +13,8 @@ MODULES = [
     "theseus.config._hydrate",
     "theseus.config._yaml",
     "theseus.config._range",
+    "theseus.config._retired",
+    "theseus.training.optimization",
     "theseus.job._spec",
     "theseus.quick._session",
     "theseus.data",

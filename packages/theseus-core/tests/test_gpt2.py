@@ -28,7 +28,6 @@ from theseus.cli import main
 from theseus.config import load
 from theseus.data.datasets import TextFiles
 from theseus.experiments.models.gpt2 import GPT2, import_gpt2
-from theseus.model.attention.base import SelfAttention
 from theseus.model.gpt2 import GPT2FolderError, read_gpt2
 from theseus.model.hf._config import settings_of
 from theseus.model.hf._families import plan
@@ -169,28 +168,15 @@ def test_sharded_generation_and_logits_equal_the_reference(imported: tuple[Path,
         assert job.generate([ids.tolist()[:5]], 8, temperature=0) == [expected[5:]]
 
 
-@pytest.mark.slow  # ~10 s; tests/test_gpt2_analysis keeps an analysis of GPT-2 in the default suite
-def test_find_debug_and_an_analysis_read_the_prompt(imported: tuple[Path, Path]) -> None:
-    src, root = imported
-    prompt = "The quick brown fox jumps"
-    with _open(root, **{"inspection/prompt": prompt}) as job:
-        assert job.find(SelfAttention) == ["blocks_0/attn", "blocks_1/attn"]
-        ids = job.tokenizer.encode(prompt).tolist()
-        session = job.debug("blocks_1/attn")
-        weights = np.asarray(session.layer.weights(session.inputs.x))  # [rows, heads, q, k]
-        _, attention = folders.reference_forward(src, ids)
-        assert weights.shape[-1] == len(ids)
-        for row in weights:  # every data shard traces the same prompt
-            np.testing.assert_allclose(row, attention[1], atol=RELATIVE)
-
-
 def test_a_prompt_that_does_not_fit_is_one_line(imported: tuple[Path, Path]) -> None:
+    """`prompt_batch`, what an analysis's `inspection/prompt` becomes (theseus-analysis
+    declares the setting; tests/test_gpt2_analysis.py traces one)."""
     _, root = imported
     with (
-        _open(root, **{"inspection/prompt": "word " * 200}) as job,
+        _open(root) as job,
         pytest.raises(TrainerError, match=r"inspection/prompt is \d+ tokens .* 1 to"),
     ):
-        job.find(SelfAttention)
+        job.prompt_batch("word " * 200)
 
 
 @pytest.mark.slow  # lineage mechanics are the default suite's elsewhere; ~10 s

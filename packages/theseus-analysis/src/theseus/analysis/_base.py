@@ -32,6 +32,7 @@ from theseus.analysis._engine import Selection, compile_analysis, to_host
 from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
 from theseus.analysis._publish import figure_of, render, write_atomic
 from theseus.analysis._result import AnalysisResult
+from theseus.analysis._settings import AnalysisSettings
 from theseus.job import Mode, is_primary, process_count, store_root
 from theseus.store import Artifact, Node
 
@@ -116,7 +117,7 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         def read_batch(self, position: int, slice: str = "train") -> dict[str, Any]: ...
         def configure(self, cls: type[Any]) -> Any: ...
         def find(self, target: type | tuple[type, ...]) -> list[str]: ...
-        def inspection_batch(self) -> dict[str, Any]: ...
+        def prompt_batch(self, text: str) -> dict[str, Any]: ...
         def step_key(self) -> Any: ...
         def inspection_key(self) -> Any: ...
         def checkpoint_path(self, node: Node, mode: Mode = Mode.RESUME) -> str: ...
@@ -160,10 +161,21 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
             )
 
     @classmethod
+    def analysis_config(cls) -> list[type]:
+        """The configuration classes this analysis reads beyond its trainer's: `CONFIG`,
+        `AnalysisSettings` (`inspection/prompt`, `logging/comet`) and `SETTINGS` (its
+        kind's own, such as an SAE's `sae/NAME/...`).
+
+        The one hook through which an analysis adds settings: `config()` composes them
+        after the trainer's, and a trainer composes them for each `ANALYSIS` entry.
+        """
+        own = getattr(cls, "CONFIG", None)
+        return list(dict.fromkeys([*([own] if own else []), AnalysisSettings, *cls.SETTINGS]))
+
+    @classmethod
     def config(cls) -> list[type]:
-        """The trainer's schemas, then `SETTINGS` (an analysis kind's own, such as an SAE's;
-        a trainer that runs the analysis in tandem composes them too)."""
-        return list(dict.fromkeys([*super().config(), *cls.SETTINGS]))  # type: ignore[misc]
+        """The trainer's schemas, then `analysis_config()`."""
+        return list(dict.fromkeys([*super().config(), *cls.analysis_config()]))  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._check_declarations()
@@ -237,6 +249,22 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
         """The live node's batch (a borrowed view reads the trainer's node-cached batch)."""
         self._not_while_analyzing("self.batch()")
         return super().batch(slice)  # type: ignore[misc]
+
+    def inspection_batch(self) -> dict[str, Any]:
+        """What the analysis (and its `find`/`debug`) traces: `inspection/prompt` when it
+        is set (one row per data shard; no data is read), else the trainer's first
+        micro-batch of the live node."""
+        return self._prompt_batch() or super().inspection_batch()  # type: ignore[misc]
+
+    def _prompt_batch(self) -> dict[str, Any] | None:
+        """`inspection/prompt` placed as a batch, or None when it is '' (or, for a trainer
+        whose `config()` left out its analyses' settings, not declared)."""
+        prompt = (
+            self.configuration.get("inspection/prompt", "")
+            if "inspection/prompt" in self.configuration
+            else ""
+        )
+        return self.sharding.place_batch(self.prompt_batch(prompt)) if prompt else None
 
     def _not_while_analyzing(self, what: str) -> None:
         method = self.__dict__.get("_in_analyze")

@@ -52,7 +52,8 @@ class TrainerView(AnalysisBase[Any, Any]):
     `sharding`, `node`, `state`, `cursor`, `block_size`, `total_steps`,
     `accumulate_steps`, `analysis_failures`, `tokenizer`, `scheduled` (the SLURM job
     the trainer runs in, or None), and the methods
-    `batch_geometry()`, `batch(slice)`, `read_batch(position, slice)`, `inspection_batch()`, `prompt_batch(text)`,
+    `batch_geometry()`, `batch(slice)`, `read_batch(position, slice)`, `inspection_batch()`
+    (`inspection/prompt`'s batch instead when it is set), `prompt_batch(text)`,
     `step_key()`, `inspection_key()`, `validate()`, `evaluate_batch(rows)`,
     `generate(...)`, `log(values)`.
 
@@ -246,8 +247,9 @@ class TrainerView(AnalysisBase[Any, Any]):
         return self._trainer.batch_geometry()
 
     def inspection_batch(self) -> dict[str, Any]:
-        """The trainer's first micro-batch of the live node, placed on the devices."""
-        return self._trainer.inspection_batch()
+        """`inspection/prompt` as a batch when it is set, else the trainer's first
+        micro-batch of the live node, placed on the devices."""
+        return self._prompt_batch() or self._trainer.inspection_batch()
 
     def prompt_batch(self, text: str) -> Any:
         """The trainer's batch of one prompt (`inspection/prompt`'s form)."""

@@ -5,7 +5,8 @@ A dataclass field declared with :func:`field` lives at a path of one tree
 every class it declares (:func:`compose`, :class:`Tree`); :func:`configure`
 hydrates a dataclass from the active tree (:func:`using`). A numeric field declares
 its range (``field(..., ge=1)``, :class:`Range`) and may attach :func:`rule` checks
-across settings; values outside are refused (:class:`ConfigRangeError`).
+across settings; values outside are refused (:class:`ConfigRangeError`). A path an
+earlier version declared is listed as :class:`Retired`, so its files still load.
 """
 
 from theseus.config._compose import Entry, compose
@@ -18,8 +19,9 @@ from theseus.config._errors import (
     UnknownKeyError,
 )
 from theseus.config._field import field, normalize_path
-from theseus.config._hydrate import active, configure, using
+from theseus.config._hydrate import active, check_settings, configure, using
 from theseus.config._range import Range, Rule, rule
+from theseus.config._retired import Retired
 from theseus.config._tree import Section, Tree
 from theseus.config._yaml import dump, load, parse_overrides
 
@@ -31,11 +33,13 @@ __all__ = [
     "Entry",
     "MissingValueError",
     "Range",
+    "Retired",
     "Rule",
     "Section",
     "Tree",
     "UnknownKeyError",
     "active",
+    "check_settings",
     "compose",
     "configure",
     "dump",

@@ -1,4 +1,5 @@
-"""Hydration: ``configure(Cls)`` builds a dataclass instance from the active configuration."""
+"""Hydration: ``configure(Cls)`` builds a dataclass instance from the active configuration;
+``check_settings(instance)`` holds an instance made in Python to its declaration."""
 
 from __future__ import annotations
 
@@ -109,3 +110,48 @@ def _build(cls: type[T], tree: Tree, prefix: str) -> T:
             )
         kwargs[f.name] = tree.value(path)
     return cls(**kwargs)
+
+
+def check_settings(settings: Any) -> None:
+    """Refuse a settings dataclass whose values its declaration does not admit.
+
+    The checks and their one-line errors are a configuration's: each value's type and
+    range, then the rules across the class's settings. A factory that takes settings
+    made in Python (``AdamW.build(AdamWConfig(...), lr)``) calls it, so its declaration
+    is the only check there is.
+
+    Args:
+        settings: an instance of a dataclass declared with :func:`theseus.config.field`.
+
+    Raises:
+        ConfigTypeError: a value that does not fit its declared type.
+        ConfigRangeError: a number outside its range, or a rule that fails.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> from theseus.config import field
+        >>> @dataclass
+        ... class Opt:
+        ...     lr: float = field("optimization/lr", default=3e-4, gt=0)
+        >>> check_settings(Opt(lr=1e-3))
+        >>> check_settings(Opt(lr=-1.0))
+        Traceback (most recent call last):
+        ...
+        theseus.config._errors.ConfigRangeError: Configuration value for 'optimization/lr' must be a finite number > 0; got -1.0. ...
+    """
+    tree = Tree.of(type(settings))
+    tree.update(_by_path(settings, ""))
+    tree.check()
+
+
+def _by_path(settings: Any, prefix: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(settings):
+        if not f.init:
+            continue
+        value, own = getattr(settings, f.name), f.metadata.get(PATH_KEY)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            values.update(_by_path(value, f"{prefix}{own}/" if own else prefix))
+        elif own is not None:
+            values[prefix + own] = value
+    return values

@@ -16,6 +16,7 @@ from theseus.config._errors import (
 )
 from theseus.config._field import normalize_path
 from theseus.config._range import check_value
+from theseus.config._retired import Retired, retired_of
 from theseus.config._types import coerce, describe
 
 _OWN_ATTRS = frozenset({"job"})
@@ -31,9 +32,13 @@ class Tree:
     setting's declared range as it arrives; the rules across settings run in
     :meth:`check` (and :meth:`validate`), once every value is in.
 
+    A path that a composed class lists as ``RETIRED`` (declared by an earlier version,
+    not by any class now) still loads at its old default from a file, and is dropped.
+
     Args:
         entries: the composed schema (see :func:`compose`).
         job: the registry name of the job this tree configures, if any.
+        retired: the retired paths this tree accepts at their old defaults.
 
     Example:
         >>> from dataclasses import dataclass
@@ -47,13 +52,20 @@ class Tree:
         2
     """
 
-    def __init__(self, entries: Mapping[str, Entry], job: str | None = None) -> None:
+    def __init__(
+        self,
+        entries: Mapping[str, Entry],
+        job: str | None = None,
+        retired: Mapping[str, Retired] | None = None,
+    ) -> None:
         object.__setattr__(self, "_entries", dict(entries))
+        object.__setattr__(self, "_retired", dict(retired or {}))
         object.__setattr__(self, "_loaded", {})
         object.__setattr__(self, "_set", {})
         object.__setattr__(self, "job", job)
 
     _entries: dict[str, Entry]
+    _retired: dict[str, Retired]
     _loaded: dict[str, Any]
     _set: dict[str, Any]
     job: str | None
@@ -70,7 +82,9 @@ class Tree:
         Returns:
             A tree holding only defaults.
         """
-        return cls(compose(classes, own=own), job=job)
+        entries = compose(classes, own=own)
+        everyone = [own, *classes] if own is not None else list(classes)
+        return cls(entries, job=job, retired=retired_of(everyone, entries))
 
     # ------------------------------------------------------------------ schema
     @property
@@ -101,6 +115,8 @@ class Tree:
             UnknownKeyError: no declared setting has that path (lists the closest ones).
         """
         path = normalize_path(key)
+        if path in self._retired:
+            raise self._retired[path].refusal(key, self.job)
         if path not in self._entries:
             raise UnknownKeyError(
                 f"Unknown configuration key {key!r}.{suggest(path, self._entries)} "
@@ -111,6 +127,9 @@ class Tree:
 
     def _is_section(self, path: str) -> bool:
         return any(k.startswith(path + "/") for k in self._entries)
+
+    def _holds_retired(self, path: str) -> bool:
+        return any(k.startswith(path + "/") for k in self._retired)
 
     # ------------------------------------------------------------------ values
     def get(self, key: str, default: Any = None) -> Any:
@@ -204,7 +223,14 @@ class Tree:
             path = normalize_path(str(key))
             if path in self._entries:
                 flat[path] = value
-            elif isinstance(value, Mapping) and value and (self._is_section(path) or not strict):
+            elif path in self._retired and strict:
+                if value != self._retired[path].default:  # set by someone: say where it went
+                    raise self._retired[path].refusal(str(key), self.job, value)
+            elif (
+                isinstance(value, Mapping)
+                and value
+                and (self._is_section(path) or self._holds_retired(path) or not strict)
+            ):
                 nested = self._flatten(
                     {f"{path}/{k}": v for k, v in value.items()}, strict, skipped
                 )
@@ -280,7 +306,7 @@ class Tree:
 
     def copy(self) -> Tree:
         """An independent copy with the same schema and values."""
-        twin = Tree(self._entries, self.job)
+        twin = Tree(self._entries, self.job, self._retired)
         twin._loaded.update(copy.deepcopy(self._loaded))
         twin._set.update(copy.deepcopy(self._set))
         return twin
@@ -321,7 +347,7 @@ class Tree:
         """One line: path, type, default and help of ``key``."""
         entry = self._entries[self.resolve(key)]
         default = "required" if entry.required else f"default {entry.default!r}"
-        bounds = f" {entry.range.describe()}" if entry.range is not None else ""
+        bounds = f" {entry.range.describe()}" if entry.range and entry.range.describe() else ""
         return f"{entry.path} ({describe(entry.type)}{bounds}, {default}){': ' + entry.help if entry.help else ''}"
 
 

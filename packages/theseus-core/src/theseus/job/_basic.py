@@ -403,7 +403,16 @@ class BasicJob(abc.ABC):
         if self.scheduled is not None:  # and the scheduler job's state beside it
             record.update(self.scheduled.values(str(values["job/status"])))
         for node in dict.fromkeys(n for n in (self._start, self._node) if n is not None):
-            self.store.log(node, record)
+            self.store.log(node, {**record, **self._cleared(node, values)})
+
+    def _cleared(self, node: Node, values: dict[str, Any]) -> dict[str, None]:
+        """What an earlier run's end left on `node` (`error`, `stopped`), set to None when
+        a run starts there, so a later success never stands beside an old error."""
+        if values.get("job/status") != "running":
+            return {}
+        held = self.store.values(node)
+        stale = (self.status_key("error"), self.status_key("stopped"))
+        return {key: None for key in stale if held.get(key) is not None}
 
     def __repr__(self) -> str:
         where = f" at {self._node}" if self._node is not None else ""

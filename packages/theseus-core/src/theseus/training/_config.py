@@ -2,24 +2,41 @@
 
 Each field declares its configuration path, default and help; a trainer's `CONFIG`
 extends this class with its own `field(...)`s, and `BaseTrainer.config()` composes it
-with the model's, optimizer's, schedule's, evaluations' and analyses' schemas.
+with the model's, optimizer's, schedule's, evaluations' and analyses' schemas. The peak
+learning rate (`optimization/lr`, `args.lr`) comes from `LearningRate`, declared with
+every other `optimization/*` key in `theseus.training.optimization`.
+`inspection/prompt` and `logging/comet` are the analyses' settings (theseus-analysis
+declares them for analysis jobs and for trainers that run `ANALYSIS`); a file written
+when every trainer declared them still loads (`RETIRED`).
 `theseus.training.base` re-exports it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from theseus.config import field
+from theseus.config import Retired, field
 from theseus.training._rules import MAX_SEED, micro_batches, one_batch
+from theseus.training.optimization import LearningRate
+
+#: Where the settings every trainer declared before they became the analyses' live now.
+_ANALYSES = (
+    "it is an analysis setting now, declared by theseus-analysis for analysis jobs and for "
+    "trainers that run ANALYSIS in tandem"
+)
 
 __all__ = ["BaseTrainerConfig"]
 
 
 @dataclass
-class BaseTrainerConfig:
+class BaseTrainerConfig(LearningRate):
     """Settings every trainer reads (extend it with your own `field(...)`s)."""
+
+    RETIRED: ClassVar[tuple[Retired, ...]] = (
+        Retired("inspection/prompt", "", _ANALYSES),
+        Retired("logging/comet", "", _ANALYSES),
+    )
 
     batch_size: int = field(
         "training/batch_size", default=16, ge=1, help="global batch, in sequences"
@@ -60,7 +77,6 @@ class BaseTrainerConfig:
         "state split over the data-parallel devices, 'fsdp' parameters, gradients and "
         "optimizer state split",
     )
-    lr: float = field("optimization/lr", default=1e-3, gt=0, help="peak learning rate")
     report_interval: int = field(
         "logging/report_interval", default=10, ge=1, help="steps per report"
     )
@@ -74,13 +90,3 @@ class BaseTrainerConfig:
         "logging/validation_interval", default=100, ge=1, help="steps per validation"
     )
     data_seed: int = field("data/seed", default=0, ge=0, le=MAX_SEED, help="seed of the batch plan")
-    prompt: str = field(
-        "inspection/prompt",
-        default="",
-        help="text that find/debug/analyses trace instead of the node's batch ('' = the batch)",
-    )
-    comet: str = field(
-        "logging/comet",
-        default="",
-        help="Comet project that analysis figures and JSON also go to ('' = off)",
-    )

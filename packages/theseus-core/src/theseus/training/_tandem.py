@@ -39,7 +39,7 @@ def check_analyses(owner: str, analyses: Sequence[Any]) -> None:
         if not isinstance(analysis, TandemAnalysis):
             raise TrainerError(
                 f"ANALYSIS entry {analysis!r} of {owner} is not an analysis "
-                "class (it needs NAME and from_trainer()); subclass "
+                "class (it needs NAME, analysis_config() and from_trainer()); subclass "
                 "theseus.analysis.AnalysisBase"
             )
         if analysis.NAME in names:

@@ -92,14 +92,13 @@ class BaseTrainer(BasicJob):
     @classmethod
     def config(cls) -> list[type]:
         """`CONFIG`, the model's schemas, then optimizer, schedule, evaluations and analyses
-        (each tandem analysis's `CONFIG` and `SETTINGS`)."""
+        (what each tandem analysis adds, `analysis_config()`)."""
         classes: list[type] = [*super().config(), *cls.MODEL.gather(), cls.OPTIMIZER.config]
         if cls.SCHEDULE is not None:
             classes.append(cls.SCHEDULE.config)
         classes += [e.CONFIG for e in cls.EVALUATION if e.CONFIG is not None]
-        classes += [a.CONFIG for a in cls.ANALYSIS if getattr(a, "CONFIG", None) is not None]
-        # an analysis's SETTINGS: the schemas it reads beside CONFIG (an SAE's sae/... keys)
-        classes += [s for a in cls.ANALYSIS for s in getattr(a, "SETTINGS", ())]
+        _tandem.check_analyses(cls.__name__, cls.ANALYSIS)  # before asking them for theirs
+        classes += [c for a in cls.ANALYSIS for c in a.analysis_config()]
         return list(dict.fromkeys(classes))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -284,11 +283,9 @@ class BaseTrainer(BasicJob):
 
         This is what `find`, `debug` and analyses trace: the rows `train_step` uses
         for its first micro-step (`batch("train")` itself when there is no
-        gradient accumulation), from the node-cached batch. With `inspection/prompt`
-        set, the prompt instead (`prompt_batch`), and no data is read.
+        gradient accumulation), from the node-cached batch. (An analysis traces its
+        `inspection/prompt` instead when one is set.)
         """
-        if self.args.prompt:
-            return self.sharding.place_batch(self.prompt_batch(self.args.prompt))
         rows = _inspection.first_micro_batch(self.batch("train"), self.accumulate_steps)
         return self.sharding.place_batch(rows)
 

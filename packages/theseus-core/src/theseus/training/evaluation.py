@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -50,6 +51,12 @@ class TandemAnalysis(Protocol):
     """An analysis class a trainer lists in `ANALYSIS`."""
 
     NAME: ClassVar[str]
+
+    @classmethod
+    def analysis_config(cls) -> Sequence[type]:
+        """The configuration classes the analysis reads beyond its trainer's; the trainer
+        composes them into its own configuration (`BaseTrainer.config()`)."""
+        ...
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> TandemView:

@@ -2,7 +2,10 @@
 
 A trainer declares `OPTIMIZER = AdamW`; the trainer composes `AdamW.config` into its
 configuration and calls `AdamW.build(settings, learning_rate)` to get an optax
-transformation. A new optimizer is a dataclass and a function, no subclass:
+transformation. The settings' declaration is their only check (`build` holds settings
+made in Python to it); AdamW's are declared in `theseus.training.optimization` with
+every other `optimization/*` key. A new optimizer is a dataclass and a function, no
+subclass:
 
     >>> from dataclasses import dataclass
     >>> import optax
@@ -23,7 +26,8 @@ from typing import Any, Generic, TypeVar
 
 import optax
 
-from theseus.config import ConfigError, ConfigTypeError, field
+from theseus.config import ConfigTypeError, check_settings
+from theseus.training.optimization import AdamWConfig
 
 __all__ = ["AdamW", "AdamWConfig", "Optimizer"]
 
@@ -41,31 +45,20 @@ class Optimizer(Generic[C]):
     def build(
         self, settings: C, learning_rate: optax.ScalarOrSchedule
     ) -> optax.GradientTransformation:
-        """The optax transformation for hydrated `settings` and a learning rate or schedule."""
+        """The optax transformation for `settings` and a learning rate or schedule.
+
+        Raises:
+            ConfigTypeError: `settings` is not an instance of `config`.
+            ConfigRangeError: a value its declaration does not admit (the message a
+                configuration gives).
+        """
         if not isinstance(settings, self.config):
             raise ConfigTypeError(
                 f"optimizer {self.name!r} expects settings of type {self.config.__name__}, "
                 f"got {type(settings).__name__}"
             )
+        check_settings(settings)
         return self.factory(settings, learning_rate)
-
-
-@dataclass(frozen=True)
-class AdamWConfig:
-    """Settings of AdamW with decoupled weight decay and global-norm clipping."""
-
-    weight_decay: float = field(
-        "optimization/weight_decay", default=0.1, ge=0, help="decoupled weight decay"
-    )
-    beta1: float = field("optimization/beta1", default=0.9, ge=0, lt=1, help="first-moment decay")
-    beta2: float = field("optimization/beta2", default=0.95, ge=0, lt=1, help="second-moment decay")
-    eps: float = field("optimization/eps", default=1e-8, gt=0, help="denominator epsilon")
-    clip_norm: float = field(
-        "optimization/clip_norm",
-        default=1.0,
-        ge=0,
-        help="clip gradients to this global norm (0: off)",
-    )
 
 
 def _decay_mask(params: Any) -> Any:
@@ -76,10 +69,6 @@ def _decay_mask(params: Any) -> Any:
 
 
 def _adamw(cfg: AdamWConfig, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
-    if cfg.clip_norm < 0:
-        raise ConfigError(
-            f"optimization/clip_norm must be >= 0 (0 disables clipping), got {cfg.clip_norm}"
-        )
     adamw = optax.adamw(
         learning_rate,
         b1=cfg.beta1,

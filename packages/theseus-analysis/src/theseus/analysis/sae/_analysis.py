@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from theseus.analysis._base import AnalysisBase, C, M
+from theseus.analysis._engine import Selection
 from theseus.analysis._errors import AnalysisError
 from theseus.analysis._publish import write_atomic
 from theseus.analysis.sae._match import match
@@ -44,7 +45,7 @@ from theseus.analysis.sae._records import (
     plain,
 )
 from theseus.analysis.sae._saelens import read_saelens, saelens_files
-from theseus.analysis.sae._settings import CHECKS, SETTINGS, schema, segment
+from theseus.analysis.sae._settings import ATTRIBUTES, check, schema, segment
 from theseus.analysis.sae._stream import Bank, Programs, activations, fold, unfold
 from theseus.job import from_host_zero, is_primary
 from theseus.store import Artifact, Node
@@ -97,12 +98,9 @@ class SAEBase(AnalysisBase[C, M]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        declared = [name for name in SETTINGS if name in vars(cls)]
-        for name in declared:
-            value = vars(cls)[name]
-            ok, expected = CHECKS[name]
-            if not ok(value):
-                raise TypeError(f"{cls.__name__}.{name} = {value!r}; use {expected}")
+        declared = [name for name in ATTRIBUTES if name in vars(cls)]
+        if declared or "NAME" in vars(cls):
+            check(cls, SAEBase)  # the schema is the only check of the class attributes
         if (declared or "NAME" in vars(cls)) and isinstance(getattr(cls, "NAME", None), str):
             cls.SETTINGS = (schema(cls),)
 
@@ -114,6 +112,7 @@ class SAEBase(AnalysisBase[C, M]):
     def _init_engine(self) -> None:
         super()._init_engine()
         self.compiles: dict[str, int] = {}
+        self._sites: Bank | None = None  # every SAE's shape, built when the job sets up
         self._programs: Programs | None = None
         self._chain: dict[str, dict[str, Any]] = {}  # label -> the SAE trained last
 
@@ -140,8 +139,15 @@ class SAEBase(AnalysisBase[C, M]):
         if program == "step":
             self.traces += 1
 
-    def _bank(self) -> Bank:
-        selection = self._prepare()
+    def _prepare(self) -> Selection:
+        """The selection, and every SAE's shape checked (a width below `k`, a site
+        selected twice): at setup, or when a tandem view is made, before anything is written."""
+        selection = super()._prepare()
+        if self._sites is None:
+            self._sites = self._bank(selection)
+        return selection
+
+    def _bank(self, selection: Selection) -> Bank:
         batch = self.inspection_batch()
         shapes = jax.eval_shape(
             lambda state, rows: activations(
@@ -166,13 +172,7 @@ class SAEBase(AnalysisBase[C, M]):
             )
         for site in selection.paths:
             d = int(shapes[site].shape[-1])
-            widths = list(st.width) or [e * d for e in st.expansion]
-            if not widths:
-                key = f"sae.{segment(cls.NAME)}"
-                raise AnalysisError(
-                    f"{cls.__name__}: {key}.width and {key}.expansion are both empty, so no SAE "
-                    f"would train; set one, e.g. {key}.expansion=[8]"
-                )
+            widths = list(st.width) or [e * d for e in st.expansion]  # one is set (a rule)
             row = []
             for width in dict.fromkeys(widths):
                 try:
@@ -201,9 +201,11 @@ class SAEBase(AnalysisBase[C, M]):
         if self._programs is None:
             st = self.settings()
             before, after = st.window
+            self._prepare()
+            assert self._sites is not None
             self._programs = Programs(
                 type(self).trace,  # type: ignore[attr-defined]
-                self._bank(),
+                self._sites,
                 optax.adam(st.lr),
                 self.sharding,
                 type(self).__name__,

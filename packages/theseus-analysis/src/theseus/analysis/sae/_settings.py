@@ -1,76 +1,43 @@
-"""`SAEBase`'s settings: the class attributes, their checks, and the configuration
-schema under `sae/<NAME>/` they become (each default the class attribute)."""
+"""`SAEBase`'s settings: the class attributes, and the configuration schema under
+`sae/<NAME>/` they become (each default the class attribute).
+
+The schema is their only check. A class attribute is the default of its setting, so a
+class is held to the schema where it is made (`check`): each attribute that the
+setting's type or range does not admit is refused naming the attribute, and then the
+rules across the settings run, as they run for every value a YAML file or `key=value`
+sets: topk keeps `k` features of each SAE, so `k` is at most every width given, and
+`width` or `expansion` names at least one SAE. (A width that is `expansion` x the
+site's width is known once the site is found: `SAEBase` builds every SAE's shape when
+it sets up, before it writes anything.)
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Any, Literal
 
-from theseus.analysis.sae._model import ARCHITECTURES
-from theseus.config import field
+from theseus.config import ConfigError, Tree, field, rule
 
-__all__ = ["CHECKS", "SETTINGS", "schema", "segment"]
+__all__ = ["ATTRIBUTES", "check", "schema", "segment"]
 
-SETTINGS = (
-    "ARCHITECTURE",
-    "WIDTH",
-    "EXPANSION",
-    "K",
-    "L1",
-    "L0",
-    "THRESHOLD",
-    "BANDWIDTH",
-    "LEARNING_RATE",
-    "TOKENS",
-    "BUFFER",
-    "EVAL_BATCHES",
-    "CONTEXTS",
-    "WINDOW",
-    "SEED",
-)
-
-
-def _positive_ints(value: Any) -> bool:
-    items = value if isinstance(value, tuple) else (value,)
-    return bool(items) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in items
-    )
-
-
-def _number(value: Any, low: float, *, strict: bool) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return False
-    return value > low if strict else value >= low
-
-
-CHECKS: dict[str, tuple[Any, str]] = {
-    "ARCHITECTURE": (lambda v: v in ARCHITECTURES, "one of " + ", ".join(map(repr, ARCHITECTURES))),
-    "WIDTH": (lambda v: v is None or _positive_ints(v), "None, a positive int or a tuple of them"),
-    "EXPANSION": (_positive_ints, "a positive int or a tuple of them (width = EXPANSION x d)"),
-    "K": (_positive_ints, "a positive int (active features per token, topk)"),
-    "L1": (lambda v: _number(v, 0, strict=False), "a number >= 0 (the L1 penalty, relu)"),
-    "L0": (lambda v: _number(v, 0, strict=False), "a number >= 0 (the L0 penalty, jumprelu)"),
-    "THRESHOLD": (
-        lambda v: _number(v, 0, strict=True),
-        "a number > 0 (jumprelu's initial threshold)",
-    ),
-    "BANDWIDTH": (lambda v: _number(v, 0, strict=True), "a number > 0 (jumprelu's kernel width)"),
-    "LEARNING_RATE": (lambda v: _number(v, 0, strict=True), "a number > 0"),
-    "TOKENS": (_positive_ints, "a positive int (tokens each SAE trains on per node)"),
-    "BUFFER": (_positive_ints, "a positive int (forwards the shuffling buffer holds)"),
-    "EVAL_BATCHES": (_positive_ints, "a positive int (held-out batches measured)"),
-    "CONTEXTS": (_positive_ints, "a positive int (top contexts kept per feature)"),
-    "WINDOW": (
-        lambda v: (
-            isinstance(v, tuple)
-            and len(v) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
-        ),
-        "(tokens before, tokens after) the activating token, e.g. (12, 3)",
-    ),
-    "SEED": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+#: Each class attribute and the setting it is the default of (`sae/<NAME>/<setting>`).
+ATTRIBUTES = {
+    "ARCHITECTURE": "architecture",
+    "WIDTH": "width",
+    "EXPANSION": "expansion",
+    "K": "k",
+    "L1": "l1",
+    "L0": "l0",
+    "THRESHOLD": "threshold",
+    "BANDWIDTH": "bandwidth",
+    "LEARNING_RATE": "lr",
+    "TOKENS": "tokens",
+    "BUFFER": "buffer",
+    "EVAL_BATCHES": "eval_batches",
+    "CONTEXTS": "contexts",
+    "WINDOW": "window",
+    "SEED": "seed",
 }
 
 
@@ -80,47 +47,128 @@ def segment(name: str) -> str:
     return f"_{text}" if text[0].isdigit() else text
 
 
-def schema(cls: type[Any]) -> type:
-    """The settings of `cls` as a configuration schema under `sae/<NAME>/`, each
-    default the class attribute (so `theseus configure` writes them and `key=value`
-    overrides them)."""
-    prefix = f"sae/{segment(cls.NAME)}"
-    widths = (
-        cls.WIDTH if isinstance(cls.WIDTH, tuple) else (() if cls.WIDTH is None else (cls.WIDTH,))
-    )
-    expansions = cls.EXPANSION if isinstance(cls.EXPANSION, tuple) else (cls.EXPANSION,)
+def prefix_of(cls: type[Any]) -> str:
+    """`sae/<NAME>`, where `cls`'s settings live (`sae/_` before a class names itself)."""
+    name = getattr(cls, "NAME", None)
+    return f"sae/{segment(name)}" if isinstance(name, str) and name else "sae/_"
 
-    def setting(name: str, default: Any, help: str, **bounds: Any) -> Any:
-        if isinstance(default, tuple) and name != "window":
+
+def _value(attribute: str, value: Any) -> Any:
+    """A class attribute as its setting holds it: `WIDTH`/`EXPANSION` as lists (None: []).
+
+    Anything else is passed as written, for the schema to admit or refuse.
+    """
+    if attribute in ("WIDTH", "EXPANSION"):
+        if value is None and attribute == "WIDTH":
+            return []
+        if isinstance(value, tuple | list):
+            return list(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return [value]
+    return value
+
+
+def _rules(prefix: str) -> tuple[Any, Any]:
+    """The checks across one SAE analysis's settings (their paths carry its `NAME`)."""
+    key = prefix.replace("/", ".")
+
+    @rule(f"{prefix}/architecture", f"{prefix}/k", f"{prefix}/width")
+    def fits(architecture: str, k: int, width: list[int]) -> str | None:
+        if architecture != "topk" or not width or k <= min(width):
+            return None
+        return (
+            f"Configuration value for '{prefix}/k' must be at most every width in "
+            f"'{prefix}/width' for topk (each SAE keeps its k largest features); got k = {k} "
+            f"with width {width}. Set `{key}.k={min(width)}`, or only widths of at least {k}."
+        )
+
+    @rule(f"{prefix}/width", f"{prefix}/expansion")
+    def some(width: list[int], expansion: list[int]) -> str | None:
+        if width or expansion:
+            return None
+        return (
+            f"Configuration values '{prefix}/width' and '{prefix}/expansion' are both empty, "
+            f"so no SAE would train; set one, e.g. `{key}.expansion=[8]`."
+        )
+
+    return fits, some
+
+
+def _schema(name: str, module: str, prefix: str, values: dict[str, Any]) -> type:
+    """The schema under `prefix` whose defaults are `values` (by class attribute)."""
+    fits, some = _rules(prefix)
+
+    def setting(attribute: str, help: str, **declared: Any) -> Any:
+        default = _value(attribute, values[attribute])
+        path = f"{prefix}/{ATTRIBUTES[attribute]}"
+        if isinstance(default, list | dict | set):  # a dataclass default must not be shared
             return field(
-                f"{prefix}/{name}", default_factory=lambda: list(default), help=help, **bounds
+                path, default_factory=lambda: type(default)(default), help=help, **declared
             )
-        return field(f"{prefix}/{name}", default=default, help=help, **bounds)
+        return field(path, default=default, help=help, **declared)
 
     fields = [
         ("architecture", Literal["topk", "jumprelu", "relu"],
-         setting("architecture", cls.ARCHITECTURE, "topk | jumprelu | relu")),
-        ("width", list[int], setting("width", tuple(widths), "features of each SAE, one SAE per "
-         "entry; [] uses expansion x the site's width", ge=1)),
-        ("expansion", list[int], setting("expansion", tuple(expansions), "width = expansion x "
-         "the site's width, one SAE per entry (when width is [])", ge=1)),
-        ("k", int, setting("k", cls.K, "active features per token (topk)", ge=1)),
-        ("l1", float, setting("l1", float(cls.L1), "L1 penalty (relu)", ge=0)),
-        ("l0", float, setting("l0", float(cls.L0), "L0 penalty (jumprelu)", ge=0)),
-        ("threshold", float, setting("threshold", float(cls.THRESHOLD),
-         "initial threshold (jumprelu)", gt=0)),
-        ("bandwidth", float, setting("bandwidth", float(cls.BANDWIDTH),
-         "the threshold gradient's kernel width (jumprelu)", gt=0)),
-        ("lr", float, setting("lr", float(cls.LEARNING_RATE), "Adam's learning rate", gt=0)),
-        ("tokens", int, setting("tokens", cls.TOKENS, "tokens each SAE trains on per node", ge=1)),
-        ("buffer", int, setting("buffer", cls.BUFFER, "forwards the shuffling buffer holds", ge=1)),
-        ("eval_batches", int, setting("eval_batches", cls.EVAL_BATCHES,
-         "held-out val batches the measures read", ge=1)),
-        ("contexts", int, setting("contexts", cls.CONTEXTS, "top contexts kept per feature", ge=1)),
-        ("window", tuple[int, int], setting("window", tuple(cls.WINDOW),
-         "tokens shown before and after a context's activating token", ge=0)),
-        ("seed", int, setting("seed", cls.SEED, "the SAEs' initialization and draws", unbounded=True)),
+         setting("ARCHITECTURE", "topk | jumprelu | relu")),
+        ("width", list[int], setting("WIDTH", "features of each SAE, one SAE per entry; [] uses "
+         "expansion x the site's width", ge=1, rules=[some])),
+        ("expansion", list[int], setting("EXPANSION", "width = expansion x the site's width, "
+         "one SAE per entry (when width is [])", ge=1)),
+        ("k", int, setting("K", "active features per token (topk)", ge=1, rules=[fits])),
+        ("l1", float, setting("L1", "L1 penalty (relu)", ge=0)),
+        ("l0", float, setting("L0", "L0 penalty (jumprelu)", ge=0)),
+        ("threshold", float, setting("THRESHOLD", "initial threshold (jumprelu)", gt=0)),
+        ("bandwidth", float, setting("BANDWIDTH", "the threshold gradient's kernel width "
+         "(jumprelu)", gt=0)),
+        ("lr", float, setting("LEARNING_RATE", "Adam's learning rate", gt=0)),
+        ("tokens", int, setting("TOKENS", "tokens each SAE trains on per node", ge=1)),
+        ("buffer", int, setting("BUFFER", "forwards the shuffling buffer holds", ge=1)),
+        ("eval_batches", int, setting("EVAL_BATCHES", "held-out val batches the measures read",
+         ge=1)),
+        ("contexts", int, setting("CONTEXTS", "top contexts kept per feature", ge=1)),
+        ("window", tuple[int, int], setting("WINDOW", "tokens shown before and after a "
+         "context's activating token", ge=0)),
+        ("seed", int, setting("SEED", "the SAEs' initialization and draws", unbounded=True)),
     ]  # fmt: skip
-    schema = dataclasses.make_dataclass(f"{cls.__name__}Settings", fields, frozen=True)
-    schema.__module__ = cls.__module__
-    return schema
+    made = dataclasses.make_dataclass(f"{name}Settings", fields, frozen=True)
+    made.__module__ = module
+    return made
+
+
+def schema(cls: type[Any]) -> type:
+    """The settings of `cls` as a configuration schema under `sae/<NAME>/`, each
+    default the class attribute (so `theseus configure` writes them and `key=value`
+    overrides them). `check` holds the attributes to it first."""
+    values = {attribute: getattr(cls, attribute) for attribute in ATTRIBUTES}
+    return _schema(cls.__name__, cls.__module__, prefix_of(cls), values)
+
+
+def check(cls: type[Any], base: type[Any]) -> None:
+    """Refuse `cls` where it is made if its schema does not admit its class attributes.
+
+    Each attribute `cls` sets is tried on the schema of `base`'s (admitted) attributes
+    as a configuration value of its setting; then the rules across the settings run.
+
+    Raises:
+        TypeError: one line naming the attribute, the value and what its setting admits
+            (or the rule's message, for attributes that disagree).
+    """
+    prefix = prefix_of(cls)
+    admitted = {attribute: getattr(base, attribute) for attribute in ATTRIBUTES}
+    tree = Tree.of(_schema(base.__name__, base.__module__, prefix, admitted))
+    for attribute, setting in ATTRIBUTES.items():
+        value = getattr(cls, attribute)
+        if value is admitted[attribute]:
+            continue
+        path = f"{prefix}/{setting}"
+        try:
+            tree.set(path, _value(attribute, value))
+        except ConfigError:
+            raise TypeError(
+                f"{cls.__name__}.{attribute} = {value!r}; use a value its setting admits: "
+                f"{tree.describe(path)}"
+            ) from None
+    try:
+        tree.check()
+    except ConfigError as exc:
+        raise TypeError(f"{cls.__name__}'s class attributes disagree: {exc}") from None
