@@ -20,6 +20,7 @@ by the device's kind), against the goal of issue 44 (50%).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -149,7 +150,7 @@ def shrink(args: tuple[str, ...]) -> tuple[str, ...]:
 
 def tiny(plan: tuple[Benchmark, ...]) -> tuple[Benchmark, ...]:
     """The plan with `TINY`'s sizes (a smoke test on a CPU)."""
-    return tuple(Benchmark(b.name, b.what, shrink(b.args), b.limit_s, b.script) for b in plan)
+    return tuple(dataclasses.replace(b, args=shrink(b.args)) for b in plan)
 
 
 def mfu_row(results: dict[str, Any], peak: float | None, source: str) -> dict[str, Any] | None:
