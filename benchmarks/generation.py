@@ -158,9 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         f"GPT {args.layers}x{args.width}, vocab {args.vocab}, block {args.block}, "
         f"batch {args.batch}, {args.dtype}"
     )
-    checked = (
-        "greedy; ours's tokens equal the hand loop's and are the full forward's argmax "
-        + ("exactly" if exact else f"within 1% of the logits' scale ({near_ties} near-ties)")
+    checked = "greedy; ours's tokens equal the hand loop's and are the full forward's argmax " + (
+        "exactly" if exact else f"within 1% of the logits' scale ({near_ties} near-ties)"
     )
     rows = [
         _report.compare(

@@ -1,7 +1,7 @@
 """Run every benchmark, one subprocess after another, and write one table.
 
 Run: ``uv run --group bench python -m benchmarks [--quick] [--only NAME,...] [--merge]
-[--out DIR] [--note TEXT]``
+[--out DIR] [--note TEXT] [--device cpu|tpu|auto [--tiny]]``
 
 Each script of ``BENCHMARKS`` runs in its own process (``python benchmarks/NAME.py
 --json FILE [--quick]``), so a JAX device-count flag or a crash in one leaves the others
@@ -14,6 +14,13 @@ crashed (no valid results file); a goal not met is a row of the table, not a cra
 the same benchmarks' records in the existing ``results.json``, keeping the others: the
 table stays whole, and each benchmark from an earlier run says when and at which
 commit it ran. A ratio is still measured side by side within one benchmark's run.
+
+``--device tpu`` runs the TPU plan instead (``tpu_plan.py``: the 124M and 354M GPTs, sized
+for one 16 GB chip) and writes ``results-tpu.md`` and ``results-tpu.json``, the device and
+date in the header; ``--device auto`` asks JAX, in a process of its own, which backend it
+has (a TPU serves one process at a time: this one never imports JAX) and runs the TPU plan
+on a TPU, the CPU table elsewhere. ``--tiny`` runs the TPU plan at tiny sizes (a smoke
+test on a CPU, with ``JAX_PLATFORMS=cpu``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))  # run as a file or with -m
 QUICK_LIMIT_S, FULL_LIMIT_S = 240, 1200  # per benchmark; a run past it counts as a crash
 ROW_KEYS = {
     "what": str,
@@ -54,12 +62,18 @@ ROW_KEYS = {
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
-    """One script of the table; `what` names its row when it does not run."""
+    """One run of a script (`script`, default `name`); `what` names its row when it does
+    not run."""
 
     name: str
     what: str
     args: tuple[str, ...] = ()
     limit_s: float | None = None  # a full run's time limit, when not FULL_LIMIT_S
+    script: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.script:
+            object.__setattr__(self, "script", self.name)
 
 
 BENCHMARKS = (
@@ -93,7 +107,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke run of every benchmark (< 5 min)")
     names = ",".join(b.name for b in BENCHMARKS)
-    p.add_argument("--only", help=f"comma-separated subset of {names}")
+    p.add_argument("--only", help=f"comma-separated subset of {names} (or of the TPU plan's)")
     p.add_argument(
         "--merge",
         action="store_true",
@@ -101,48 +115,98 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, default=HERE, help="folder of results.md/.json")
     p.add_argument("--note", default="", help="what else ran on the machine (for the header)")
+    p.add_argument(
+        "--device",
+        choices=["cpu", "tpu", "auto"],
+        default="cpu",
+        help="cpu: the CPU table; tpu: the TPU plan (results-tpu.md); auto: ask JAX",
+    )
+    p.add_argument("--tiny", action="store_true", help="the TPU plan at tiny sizes (on a CPU)")
     args = p.parse_args(argv)
-    known = {b.name for b in BENCHMARKS}
     args.only = args.only.split(",") if args.only else None
-    if args.only and set(args.only) - known:
-        p.error(f"--only: unknown {sorted(set(args.only) - known)}; choose from {names}")
     if args.merge and not args.only:
         p.error("--merge replaces some benchmarks' records: name them with --only")
+    if args.tiny and args.device == "cpu":
+        p.error("--tiny shrinks the TPU plan: add --device tpu")
     return args
+
+
+def choose_plan(args: argparse.Namespace) -> tuple[tuple[Benchmark, ...], dict[str, Any] | None]:
+    """The benchmarks to run and, for the TPU plan, the device JAX sees.
+
+    Raises:
+        SystemExit: ``--device tpu`` where JAX sees no TPU (unless ``--tiny``), or
+            ``--only`` names a benchmark the plan lacks.
+    """
+    from benchmarks import tpu_plan
+
+    device = tpu_plan.probe_device() if args.device != "cpu" else None
+    if device is not None:
+        print(f"JAX sees: {device}", flush=True)
+    plan: tuple[Benchmark, ...] = BENCHMARKS
+    if args.device == "tpu" and device is not None and device["backend"] != "tpu" and not args.tiny:
+        raise SystemExit(
+            f"--device tpu: JAX sees no TPU ({device.get('error') or device['backend']}); "
+            "run on a TPU host, or add --tiny to smoke-test the plan here"
+        )
+    if args.device == "tpu" or (device is not None and device["backend"] == "tpu"):
+        plan = tpu_plan.tiny(tpu_plan.TPU_BENCHMARKS) if args.tiny else tpu_plan.TPU_BENCHMARKS
+    else:
+        device = None
+    known = [b.name for b in plan]
+    if args.only and set(args.only) - set(known):
+        raise SystemExit(
+            f"--only: unknown {sorted(set(args.only) - set(known))}; choose from {','.join(known)}"
+        )
+    return plan, device
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    chosen = [b for b in BENCHMARKS if args.only is None or b.name in args.only]
+    plan, device = choose_plan(args)
+    chosen = [b for b in plan if args.only is None or b.name in args.only]
     machine = describe_machine(args.quick)
+    stem = "results"
+    if device is not None:
+        stem = "results-tpu"
+        machine["device"] = device
+        machine["tiny"] = args.tiny
     started = time.perf_counter()
     runs = []
     with tempfile.TemporaryDirectory(prefix="benchmarks-") as scratch:
         for bench in chosen:
             runs.append(run_one(bench, Path(scratch) / f"{bench.name}.json", args.quick))
+    if device is not None:
+        from benchmarks import tpu_plan
+
+        tpu_plan.add_derived_rows(runs)
     machine["seconds"] = round(time.perf_counter() - started, 1)
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     partial = None if args.only is None else [b.name for b in chosen]
     args.out.mkdir(parents=True, exist_ok=True)
     note = args.note
     if args.merge:
-        runs, note = merged(args.out / "results.json", runs, machine, args.note)
+        runs, note = merged(args.out / f"{stem}.json", runs, machine, args.note, plan)
         partial = None
     table = markdown(runs, machine, note, partial)
     record = {"machine": machine, "note": note, "only": partial, "benchmarks": runs}
-    _write(args.out / "results.json", json.dumps(record, indent=1) + "\n")
-    _write(args.out / "results.md", table)
+    _write(args.out / f"{stem}.json", json.dumps(record, indent=1) + "\n")
+    _write(args.out / f"{stem}.md", table)
     print("\n" + table)
     crashed = [r["name"] for r in runs if r["status"] == "crashed"]
     if crashed:
-        print(f"crashed: {', '.join(crashed)} (their output is above and in results.json)")
+        print(f"crashed: {', '.join(crashed)} (their output is above and in {stem}.json)")
     return 1 if crashed else 0
 
 
 def merged(
-    path: Path, runs: list[dict[str, Any]], machine: dict[str, Any], note: str
+    path: Path,
+    runs: list[dict[str, Any]],
+    machine: dict[str, Any],
+    note: str,
+    plan: tuple[Benchmark, ...] = BENCHMARKS,
 ) -> tuple[list[dict[str, Any]], str]:
-    """The records of ``path`` with ``runs`` in place of theirs, in ``BENCHMARKS`` order,
+    """The records of ``path`` with ``runs`` in place of theirs, in ``plan`` order,
     each kept one marked with its own run (``ran``), and the header's note.
 
     Raises:
@@ -162,7 +226,7 @@ def merged(
     stamp = {"date": earlier["machine"]["date"], "commit": earlier["machine"]["git_commit"]}
     new = {run["name"]: run for run in runs}
     kept = {r["name"]: {**r, "ran": r.get("ran", stamp)} for r in earlier["benchmarks"]}
-    order = [b.name for b in BENCHMARKS]
+    order = [b.name for b in plan]
     together = {**kept, **new}
     result = [together[name] for name in order if name in together]
     text = f"{', '.join(new)} run again and merged; the others from earlier runs (dated below)"
@@ -208,7 +272,7 @@ def describe_machine(quick: bool) -> dict[str, Any]:
 
 def run_one(bench: Benchmark, out: Path, quick: bool) -> dict[str, Any]:
     """Run one script to its results file; a crash becomes a record, never an exception."""
-    script = HERE / f"{bench.name}.py"
+    script = HERE / f"{bench.script}.py"
     command = [sys.executable, str(script), "--json", str(out), *bench.args]
     if quick:
         command.append("--quick")
@@ -340,20 +404,29 @@ def markdown(
     note: str,
     partial: list[str] | None,
 ) -> str:
-    """`results.md`: a header (machine, run), the table, then how to read each row."""
+    """`results.md` (or, with `machine["device"]`, `results-tpu.md`): a header (machine,
+    run), the table, then how to read each row."""
     quick = machine["quick"]
-    title = "# Benchmarks" + (
-        ": QUICK run (smoke test: few repeats, not a measurement)" if quick else ""
-    )
+    device = machine.get("device")
+    title = "# Benchmarks" + (f" on {_device_text(device)}" if device else "")
+    if machine.get("tiny"):
+        title += ": TINY sizes (a smoke test of the TPU plan, not a measurement)"
+    elif quick:
+        title += ": QUICK run (smoke test: few repeats, not a measurement)"
     versions = machine["versions"]
     commit = machine["git_commit"][:10] + (
         " with uncommitted changes" if machine["git_uncommitted_changes"] else ""
     )
+    command = "uv run --group bench python -m benchmarks"
+    if device:
+        command = "python -m benchmarks --device tpu" + (" --tiny" if machine.get("tiny") else "")
     lines = [
         title,
         "",
-        f"`uv run --group bench python -m benchmarks{' --quick' if quick else ''}` on "
-        f"{machine['date']}, commit {commit}; {machine['cpus_usable']} usable of "
+        f"`{command}{' --quick' if quick else ''}` on "
+        f"{machine['date']}, commit {commit}; "
+        + (f"{_device_text(device)}, JAX {device['jax']} (as the run saw it); " if device else "")
+        + f"{machine['cpus_usable']} usable of "
         f"{machine['cpu_count']} CPUs ({machine['cpu_model'] or 'unknown model'}), Python "
         f"{machine['python']}, JAX {versions['jax']}; the run took "
         f"{machine['seconds'] / 60:.1f} min; load average (1 min) "
@@ -369,7 +442,8 @@ def markdown(
         "Each ratio is the median of paired ratios: two measurements taken side by side "
         "(the same round, in alternating order), so that both meet the same load on the "
         "shared CPUs; the range is the smallest and largest paired ratio over the repeats. "
-        "What each ratio divides is under the table. Samples are in `results.json`.",
+        "What each ratio divides is under the table. Samples are in "
+        f"`{'results-tpu' if device else 'results'}.json`.",
         "",
         "| # | what | ours | theirs | ratio (median of paired ratios) | range over repeats "
         "| goal | met? |",
@@ -411,6 +485,13 @@ def markdown(
             f"- `{run['command']}`: {status}, {run['seconds']:.0f} s, load average {load}{when}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _device_text(device: dict[str, Any]) -> str:
+    """`{"backend": "tpu", "count": 1, "kind": "TPU v5 lite", ...}` -> "1 TPU v5 lite (tpu)"."""
+    if device.get("backend") == "unknown":
+        return f"an unknown device ({device.get('error', '')})"
+    return f"{device['count']} {device['kind']} ({device['backend']})"
 
 
 def _write(path: Path, text: str) -> None:

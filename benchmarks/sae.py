@@ -1,9 +1,11 @@
 """Sparse autoencoders: training throughput vs a hand-written loop, and a tandem SAE's cost.
 
-Run: ``uv run python benchmarks/sae.py [--rounds 10] [--quick] [--json PATH]``
+Run: ``uv run python benchmarks/sae.py [--rounds 10 --d-model 256 --expansion 8 --k 32
+--tokens 4096] [--quick] [--json PATH]`` (the TPU plan: ``--d-model 768 --expansion 16``,
+the 124M GPT's residual stream with 12,288 features).
 
-**Training**, one CPU device: activations of width d = 256 (sparse mixtures of 4,096
-random unit directions, made once and kept on the device), a top-k SAE of 2,048
+**Training**, on JAX's first device: activations of width d = 256 (sparse mixtures of
+4,096 random unit directions, made once and kept on the device), a top-k SAE of 2,048
 features (k = 32), 4,096 tokens a step, Adam at 1e-3.
 
 * ours: ``Programs.update``, the compiled step ``SAEBase`` runs after its forward: the
@@ -23,12 +25,13 @@ analysis (``demo/analyze/features``: a top-k SAE of 512 features on the residual
 after each of its two blocks) in tandem; at a validation the view trains both SAEs on
 2^16 tokens. Each round times one such view run and, beside it, training steps on as
 many tokens: the ratio (information) is what a tandem SAE costs against the training it
-rides on.
+rides on. A size that does not fit on the device exits 1 with one line (``_memory.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -36,45 +39,56 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
-from benchmarks import _report
+from benchmarks import _memory, _report
 
-D, WIDTH, K, TOKENS = 256, 2048, 32, 4096
-LANES, DEPTH = 16, 8  # the buffer: 16 lanes (rows) of 8 forwards of 256 tokens
+LANES, DEPTH = 16, 8  # the buffer: 16 lanes (rows) of 8 forwards of tokens / 16 tokens
 TARGET = 0.95
 
 
-def activations(n: int) -> Any:
-    """`n` activations of width D: 8 of 4,096 random unit directions each, random weights."""
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """The SAE of the training rows: input width `d`, `width` features, top `k`, and
+    `tokens` activations a step (a multiple of `LANES`)."""
+
+    d: int = 256
+    width: int = 2048
+    k: int = 32
+    tokens: int = 4096
+
+
+def activations(n: int, d: int) -> Any:
+    """`n` activations `[n, d]`: 8 of 4,096 random unit directions each, random weights."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    directions = rng.normal(size=(4096, D)).astype(np.float32)
+    directions = rng.normal(size=(4096, d)).astype(np.float32)
     directions /= np.linalg.norm(directions, axis=1, keepdims=True)
     chosen = rng.integers(0, 4096, size=(n, 8))
     weights = rng.exponential(1.0, size=(n, 8, 1)).astype(np.float32)
     return (directions[chosen] * weights).sum(axis=1)
 
 
-def hand_written(data: Any, steps: int) -> tuple[Any, Any]:
-    """The baseline: `run(state, offset) -> state` over `steps` steps, and its first state."""
+def hand_written(data: Any, size: Size) -> tuple[Any, Any]:
+    """The baseline: `step(state, offset) -> state`, and its first state."""
     import jax
     import jax.numpy as jnp
     import optax
 
     optimizer = optax.adam(1e-3)
-    rows = jax.random.normal(jax.random.key(1), (WIDTH, D))
+    rows = jax.random.normal(jax.random.key(1), (size.width, size.d))
     rows = rows / jnp.linalg.norm(rows, axis=1, keepdims=True)
-    params = {"W_enc": rows.T, "W_dec": rows, "b_enc": jnp.zeros(WIDTH), "b_dec": jnp.zeros(D)}
+    params = {"W_enc": rows.T, "W_dec": rows, "b_enc": jnp.zeros(size.width),
+              "b_dec": jnp.zeros(size.d)}  # fmt: skip
 
     def loss(p: Any, x: Any) -> Any:
         pre = (x - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
-        values, index = jax.lax.top_k(pre, K)
+        values, index = jax.lax.top_k(pre, size.k)
         f = jnp.zeros_like(pre).at[jnp.arange(x.shape[0])[:, None], index].set(jax.nn.relu(values))
         return jnp.mean(jnp.sum((f @ p["W_dec"] + p["b_dec"] - x) ** 2, axis=-1))
 
     def step(state: Any, offset: Any) -> Any:
         p, opt = state
-        x = jax.lax.dynamic_slice_in_dim(data, offset * TOKENS, TOKENS)
+        x = jax.lax.dynamic_slice_in_dim(data, offset * size.tokens, size.tokens)
         grads = jax.grad(loss)(p, x)
         updates, opt = optimizer.update(grads, opt, p)
         p = optax.apply_updates(p, updates)
@@ -84,7 +98,7 @@ def hand_written(data: Any, steps: int) -> tuple[Any, Any]:
     return jax.jit(step, donate_argnums=0), (params, optimizer.init(params))
 
 
-def training_rows(rounds: int, steps: int) -> list[_report.Row]:
+def training_rows(rounds: int, steps: int, size: Size) -> list[_report.Row]:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -94,19 +108,19 @@ def training_rows(rounds: int, steps: int) -> list[_report.Row]:
     from theseus.analysis.sae._stream import Bank, Programs
     from theseus.training.sharding import ParameterShardingContext
 
-    n = (steps + 1) * TOKENS
-    data = jax.device_put(jnp.asarray(activations(n)))
+    n = (steps + 1) * size.tokens
+    data = jax.device_put(jnp.asarray(activations(n, size.d)))
     shuffled = jax.device_put(data[np.random.default_rng(2).permutation(n)])
-    theirs_step, theirs_state = hand_written(shuffled, steps)
+    theirs_step, theirs_state = hand_written(shuffled, size)
 
-    config = SAEConfig(D, WIDTH, "topk", k=K)
+    config = SAEConfig(size.d, size.width, "topk", k=size.k)
     sharding = ParameterShardingContext.create()
     traced: list[str] = []
     programs = Programs(None, Bank(("x",), ((config,),)), optax.adam(1e-3), sharding, "bench",
                         traced.append, 8, 4, 2)  # fmt: skip
-    length = TOKENS // LANES
-    chunks = data.reshape(-1, LANES, length, D)  # a forward's activations each
-    first = chunks[:DEPTH].transpose(1, 0, 2, 3).reshape(LANES, -1, D)
+    length = size.tokens // LANES
+    chunks = data.reshape(-1, LANES, length, size.d)  # a forward's activations each
+    first = chunks[:DEPTH].transpose(1, 0, 2, 3).reshape(LANES, -1, size.d)
     buffers = {"x": jax.device_put(first, programs.lanes)}
     fresh = programs.start(buffers, {"x": 1.0}, jax.random.key(0))
     state = [fresh, programs.init_optimizer(fresh), buffers, programs.unfired()]
@@ -137,12 +151,13 @@ def training_rows(rounds: int, steps: int) -> list[_report.Row]:
         for name in ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours"):
             began = time.perf_counter()
             (ours if name == "ours" else theirs)()
-            rate = steps * TOKENS / (time.perf_counter() - began)
+            rate = steps * size.tokens / (time.perf_counter() - began)
             (ours_rate if name == "ours" else theirs_rate).append(rate)
     return [
         _report.compare(
-            f"SAE training tokens/s (top-k, d {D}, {WIDTH} features, k {K}, {TOKENS} tokens a "
-            "step): SAEBase's step after its forward vs a hand-written JAX + optax loop",
+            f"SAE training tokens/s (top-k, d {size.d}, {size.width} features, k {size.k}, "
+            f"{size.tokens} tokens a step): SAEBase's step after its forward vs a "
+            "hand-written JAX + optax loop",
             ours_rate,
             theirs_rate,
             unit="tokens/s",
@@ -151,7 +166,7 @@ def training_rows(rounds: int, steps: int) -> list[_report.Row]:
             meaning="ours tokens/s / theirs tokens/s; ours also draws from and refills the "
             "shuffling buffer",
             goal=(">=", TARGET),
-            note=f"one CPU device; {steps} steps a round; ours compiled "
+            note=f"{device()}; {steps} steps a round; ours compiled "
             f"{programs.update._cache_size()} time(s)",
         )
     ]
@@ -219,22 +234,41 @@ def tandem_rows(rounds: int, steps: int) -> list[_report.Row]:
             ratio="ours/theirs",
             meaning="SAE time at a validation / time of training on the same number of "
             "tokens (information)",
-            note=f"one CPU device; {train_steps} training steps of {per_step} tokens; the "
+            note=f"{device()}; {train_steps} training steps of {per_step} tokens; the "
             f"view's programs traced {compiles}",
         )
     ]
+
+
+def device() -> str:
+    """`"one CPU device"`, `"one TPU v5 lite device"`: where the rows ran."""
+    import jax
+
+    first = jax.devices()[0]
+    return f"one {'CPU' if first.platform == 'cpu' else first.device_kind} device"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--steps", type=int, default=20, help="SAE steps a round (training rows)")
+    p.add_argument("--d-model", type=int, default=Size.d, help="the activations' width")
+    p.add_argument("--expansion", type=int, default=Size.width // Size.d, help="features / d")
+    p.add_argument("--k", type=int, default=Size.k, help="features kept per token (top-k)")
+    p.add_argument("--tokens", type=int, default=Size.tokens, help="activations a step")
     _report.add_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.steps = 2, 4
-    rows = training_rows(args.rounds, args.steps)
-    rows += tandem_rows(args.rounds, 8 if args.quick else 40)
+    if args.tokens % LANES:
+        p.error(f"--tokens must be a multiple of {LANES} (the buffer's lanes); got {args.tokens}")
+    size = Size(args.d_model, args.d_model * args.expansion, args.k, args.tokens)
+    with _memory.exit_on_out_of_memory(
+        f"SAE training (d {size.d}, {size.width} features, {size.tokens} tokens a step)",
+        f"--tokens {max(LANES, size.tokens // 2)} or a smaller --expansion",
+    ):
+        rows = training_rows(args.rounds, args.steps, size)
+        rows += tandem_rows(args.rounds, 8 if args.quick else 40)
     _report.write(args.json, "sae", args.quick, rows)
     return _report.exit_status(rows)
 

@@ -5,8 +5,9 @@ Run (here, after the runs on the TPU host wrote their files into ``benchmarks/tp
     uv run python benchmarks/tpu_table.py benchmarks/tpu --device "TPU v5 lite" \\
         --date 2026-12-06 --commit f85e8a5 [--peak-tflops 197]
 
-A TPU host holds one program at a time and has no network, so its runs are the scripts
-themselves (``python3 benchmarks/train_step.py ... --json FILE``, installed as README "On a
+``python -m benchmarks --device tpu`` now runs the TPU plan and writes the same files
+(``tpu_plan.py``); this script remains for result files run by hand. A TPU host holds one
+program at a time and has no network, so those runs are the scripts themselves (``python3 benchmarks/train_step.py ... --json FILE``, installed as README "On a
 TPU" says), each writing the same results file as under ``python -m benchmarks``; this
 script turns a folder of them into ``results-tpu.md`` and ``results-tpu.json`` in the
 schema of ``results.md``, with the device and date in the header. Each training row gets
@@ -18,39 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import _report, run
-
-MFU_GOAL = 0.50
-
-
-def mfu_row(results: dict[str, Any], peak: float, name: str) -> dict[str, Any] | None:
-    """The MFU of a train_step results file's trainer side, as a row (None: no model info)."""
-    info = results.get("info") or {}
-    if "flops_per_token" not in info:
-        return None
-    samples = results["rows"][0]["ours_samples"]
-    mfu = [s * info["flops_per_token"] / (peak * 1e12) for s in samples]
-    what = (
-        f"MFU of the trainer ({info['parameters'] / 1e6:.0f}M GPT, batch {info['batch']}, "
-        f"{info['dtype']} activations, remat {info['remat']})"
-    )
-    row = _report.info_row(
-        what,
-        f"{statistics.median(mfu):.1%}",
-        mfu,
-        unit="",
-        goal=(">=", MFU_GOAL),
-        met=bool(statistics.median(mfu) >= MFU_GOAL),
-        note=f"tokens/s x {info['flops_per_token']:,} model FLOPs per token (6 N + 12 L d T) / "
-        f"{peak:g} TFLOP/s; {info['tokens_per_step']:,} tokens a step",
-    )
-    return {**row.__dict__, "goal": f">= {MFU_GOAL:.0%}"}
+from benchmarks import run, tpu_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         run.check_results(results, path.stem)
         for row in results["rows"]:
             row["what"] += f" [{path.stem}]"
-        extra = mfu_row(results, args.peak_tflops, path.stem)
+        extra = tpu_plan.mfu_row(results, args.peak_tflops, "--peak-tflops")
         if extra is not None:
             results["rows"].append(extra)
         runs.append({

@@ -40,6 +40,17 @@ has no strategy); ``--trainer-only`` times the trainer's step alone (no hand loo
 check; the row is the trainer's tokens/s per round, without a ratio);
 ``--per-device-batch N`` makes the global batch ``N`` x the number of devices JAX sees
 (instead of ``--batch``).
+
+Memory: each row's note gives the device's peak bytes in use (``memory_stats()``; the CPU
+backend reports none, and the note says so), and ``--trainer-only`` adds it as a row of its
+own where it is known. The comparison holds both sides' state at once: for the 124M GPT
+of the TPU plan (123,587,328 parameters) that is 2 x 12 bytes a parameter (float32
+parameters and AdamW's two moments) = 3.0 GB, plus a step's gradients (0.5 GB) and
+activations; at batch 8 the hand loop's float32 logits ``[8, 1024, 50304]`` add 1.6 GB
+and their gradient as much, about 10 GB in all on a 15.75 GB v5e chip (it ran:
+``benchmarks/tpu/t124b8_vs_flash.json``). Larger runs go ``--trainer-only``. A run that
+does not fit exits 1 with one line (``_memory.py``: what it needs, what the device has,
+what to try), never a traceback.
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
-from benchmarks import _report
+from benchmarks import _memory, _report
 
 TARGET = 0.98
 LR = 1e-3
@@ -129,7 +140,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not args.per_device_batch and args.batch % args.devices:
         sys.exit(f"--batch {args.batch} must be a multiple of --devices {args.devices}")
-    with tempfile.TemporaryDirectory() as root:
+    shape = f"GPT {args.layers}x{args.width}, block {args.block}, batch {args.batch}"
+    what = f"train step ({shape}, remat {args.remat}" + (
+        ")" if args.trainer_only else ", beside the hand loop's state)"
+    )
+    advice = " or ".join(
+        [f"--batch {max(1, args.batch // 2)}"]
+        + (["--remat block"] if args.remat == "none" else [])
+        + ([] if args.trainer_only else ["--trainer-only"])
+    )
+    with tempfile.TemporaryDirectory() as root, _memory.exit_on_out_of_memory(what, advice):
         return run(args, root)
 
 
@@ -244,9 +264,9 @@ def run(args: argparse.Namespace, root: str) -> int:
                 rates[side.name].append(args.steps * tokens / (time.perf_counter() - start))
         report(rates, calls, args)
         info = run_info(args, n_params, flops, tokens)
-        _report.write(
-            args.json, "train_step", args.quick, [row(rates, calls, args, agreement)], info
-        )
+        compared = row(rates, calls, args, agreement)
+        compared.note += f"; {memory_note(info)} (both sides' state)"
+        _report.write(args.json, "train_step", args.quick, [compared], info)
     return _report.exit_status(
         [], checks=[(agreed, "the trainer and the hand loop trained to different parameters")]
     )
@@ -271,7 +291,15 @@ def run_info(args: argparse.Namespace, n_params: int, flops: int, tokens: int) -
         "rounds": args.rounds,
         "steps": args.steps,
         "trainer_only": args.trainer_only,
+        "peak_bytes": _memory.peak_bytes(),
     }
+
+
+def memory_note(info: dict[str, Any]) -> str:
+    """The peak device memory for a row's note (or why there is none)."""
+    if info["peak_bytes"] is None:
+        return f"peak device memory: not reported by the {info['platform']} backend"
+    return f"peak device memory {_memory.gigabytes(info['peak_bytes'])}"
 
 
 def run_trainer_only(args: argparse.Namespace, trainer: Any, host: list[dict[str, Any]]) -> int:
@@ -304,20 +332,37 @@ def run_trainer_only(args: argparse.Namespace, trainer: Any, host: list[dict[str
         f"range {min(rates):,.0f}..{max(rates):,.0f}), host/call {med(calls) * 1e3:.2f} ms, "
         f"final loss {float(theseus.loss):.4f}"
     )
-    row = _report.info_row(
-        f"train step alone (GPT {args.layers}x{args.width}, block {args.block}, batch "
-        f"{args.batch}, strategy {args.strategy}, remat {args.remat}"
+    shape = (
+        f"GPT {args.layers}x{args.width}, block {args.block}, batch {args.batch}, strategy "
+        f"{args.strategy}, remat {args.remat}"
         + (f", attention {args.attention}" if args.attention != "auto" else "")
         + (f", loss chunk {args.loss_chunk}" if args.loss_chunk else "")
-        + ")",
-        f"{med(rates):,.0f} tokens/s",
-        rates,
-        unit="tokens/s",
-        note=f"{args.rounds} rounds x {args.steps} steps after {max(args.warmup, 1)} warm-up "
-        f"steps; host/call {med(calls) * 1e3:.2f} ms; no hand loop",
     )
     info = run_info(args, n_params, flops, tokens)
-    _report.write(args.json, "train_step", args.quick, [row], info)
+    rows = [
+        _report.info_row(
+            f"train step alone ({shape})",
+            f"{med(rates):,.0f} tokens/s",
+            rates,
+            unit="tokens/s",
+            note=f"{args.rounds} rounds x {args.steps} steps after {max(args.warmup, 1)} "
+            f"warm-up steps; host/call {med(calls) * 1e3:.2f} ms; no hand loop; "
+            f"{memory_note(info)}",
+        )
+    ]
+    if info["peak_bytes"] is not None:
+        print(f"peak device memory: {_memory.gigabytes(info['peak_bytes'])}")
+        rows.append(
+            _report.info_row(
+                f"peak device memory of the trainer ({shape})",
+                _memory.gigabytes(info["peak_bytes"]),
+                [info["peak_bytes"]],
+                unit="bytes",
+                note=f"memory_stats()['peak_bytes_in_use'] of {info['device_kind']} after "
+                "the timed steps (the process's peak: setup included)",
+            )
+        )
+    _report.write(args.json, "train_step", args.quick, rows, info)
     return 0
 
 
