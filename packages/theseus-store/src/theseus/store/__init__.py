@@ -38,6 +38,7 @@ from theseus.store._errors import (
     StoreError,
     StorePermissionError,
     UnknownKeyError,
+    UnknownQueryKeyError,
     UnknownNodeError,
     ValueTypeError,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "StorePermissionError",
     "StoreReader",
     "UnknownKeyError",
+    "UnknownQueryKeyError",
     "UnknownNodeError",
     "ValueTypeError",
     "WrittenNode",
