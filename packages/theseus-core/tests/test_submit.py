@@ -295,7 +295,8 @@ def test_resume_sends_a_lineage_on_and_must_be_the_runs(here: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "limit", ["90", "0", "5:30", "12:00:00", "100:59:59", "2-12", "2-23:59", "7-00:00:00", "UNLIMITED"]
+    "limit",
+    ["90", "0", "5:30", "12:00:00", "100:59:59", "2-12", "2-23:59", "7-00:00:00", "UNLIMITED"],
 )
 def test_every_slurm_time_form_is_accepted(here: Path, limit: str) -> None:
     # The six forms of sbatch(1)'s --time (and its "no limit" words), each printed as given.

@@ -22,9 +22,7 @@ from theseus.job._slurm import SubmitError
 
 __all__ = ["check_time"]
 
-_FORMS = (
-    "MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 90, 12:00:00, 2-00:00:00)"
-)
+_FORMS = "MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 90, 12:00:00, 2-00:00:00)"
 # (pattern, the bound of each field after the first)
 _SHAPES: tuple[tuple[re.Pattern[str], tuple[int, ...]], ...] = (
     (re.compile(r"(\d+)"), ()),

@@ -38,8 +38,8 @@ from theseus.store._errors import (
     StoreError,
     StorePermissionError,
     UnknownKeyError,
-    UnknownQueryKeyError,
     UnknownNodeError,
+    UnknownQueryKeyError,
     ValueTypeError,
 )
 from theseus.store._folders import (
@@ -94,8 +94,8 @@ __all__ = [
     "StorePermissionError",
     "StoreReader",
     "UnknownKeyError",
-    "UnknownQueryKeyError",
     "UnknownNodeError",
+    "UnknownQueryKeyError",
     "ValueTypeError",
     "WrittenNode",
     "bind_root",

@@ -24,8 +24,8 @@ __all__ = [
     "StoreError",
     "StorePermissionError",
     "UnknownKeyError",
-    "UnknownQueryKeyError",
     "UnknownNodeError",
+    "UnknownQueryKeyError",
     "ValueTypeError",
 ]
 
