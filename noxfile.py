@@ -58,7 +58,7 @@ BARE = {"theseus-store"}
 # Modules that must import from the installed wheel.
 MODULES = {
     "theseus-plot": ["theseus.plot"],
-    "theseus-store": ["theseus.store", "theseus.store.cli"],
+    "theseus-store": ["theseus.errors", "theseus.store", "theseus.store.cli"],
     "theseus-core": [
         "theseus.config",
         "theseus.registry",

@@ -133,3 +133,26 @@ def test_a_roots_copy_into_postgresql_samples_as_the_root_does(
     assert said[url] == said[str(folder)] and said[url].startswith("abc")
     header = (folder / "data" / "synthetic" / "header.json").read_bytes()
     assert (files / "data" / "synthetic" / "header.json").read_bytes() == header
+
+
+def test_data_prepare_on_a_url_root_writes_under_its_files_folder(
+    server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`theseus data prepare synthetic --root URL` (and ROOT after DATASET) puts the data
+    where the URL's files= says, the same bytes as a folder root's; the working folder
+    gets no folder named after the URL."""
+    monkeypatch.chdir(tmp_path)
+    reference = tmp_path / "folder"
+    Synthetic.prepare(reference, tokens=20_000, val_tokens=4_000)
+    header = (reference / "data" / "synthetic" / "header.json").read_bytes()
+    runner = CliRunner()
+    for n, spelled in enumerate(("--root", None)):
+        files = tmp_path / f"files{n}"
+        url = f"{server.url(server.create_database())}?files={files}"
+        where = ["--root", url] if spelled else [url]
+        done = runner.invoke(main, ["data", "prepare", "synthetic", *where,
+                                    "--tokens", "20000", "--val-tokens", "4000"])  # fmt: skip
+        assert done.exit_code == 0, done.output
+        assert f"Prepared synthetic under {files}: 20,000 training" in done.output, done.output
+        assert (files / "data" / "synthetic" / "header.json").read_bytes() == header
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("postgres")]

@@ -167,3 +167,4 @@ def test_sbatch_refusing_the_job_is_one_line(slurm_cluster: Any, prepared) -> No
     assert done.stderr.startswith("Error (SubmitError): sbatch refused the job (exit 1): ")
     assert "nope" in done.stderr.lower() or "partition" in done.stderr.lower(), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
+    assert not (folder / "refused").exists()  # no ROOT/slurm/RUN-DATE/ left behind

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -286,3 +287,32 @@ def test_two_processes_evaluate_as_one(lineage: Path, tmp_path: Path) -> None:
     for task in tasks:
         for key, value in alone[task].items():
             assert values[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+def test_library_progress_bars_are_off_unless_asked_for(lineage: Path, tmp_path: Path) -> None:
+    """lm-eval draws a tqdm bar while it builds a task's requests (`100%|...| 3/3 [...]`);
+    `theseus eval` turns it off in its process, `--progress-bars` leaves it on. Theseus's
+    own lines (each task's scores) are there either way."""
+    import os
+    import subprocess
+    import sys
+
+    root = _copy(lineage, tmp_path)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TQDM_DISABLE", "HF_DATASETS_DISABLE_PROGRESS_BARS")
+    }
+    env["JAX_PLATFORMS"] = "cpu"
+    command = [sys.executable, "-c", "from theseus.cli import main; main()", "eval", str(root),
+               "scored", "--tasks", "tiny_mc", "--include-path", str(root), "--limit", "3",
+               "--force"]  # fmt: skip
+    bar = re.compile(r"\d+%\|.*\| *\d+/\d+ \[")  # tqdm's default bar: 100%|####| 3/3 [00:00<...
+    for asked in (False, True):
+        done = subprocess.run(
+            [*command, *(["--progress-bars"] if asked else [])],
+            env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "tiny_mc: " in done.stdout and "evaluating tiny_mc on " in done.stdout
+        assert bool(bar.search(done.stderr)) == asked, done.stderr[-3000:]

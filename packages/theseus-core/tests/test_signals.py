@@ -9,6 +9,7 @@ a resume that trains on from there.
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import sys
@@ -210,11 +211,19 @@ def test_a_stopped_run_is_recorded_checkpointed_and_resumes(
     assert [(c.node.seq, c.step) for c in saved] == [(stopped - 1, stopped)]
     assert Path(saved[0].path).is_dir()
     assert f"stopped by {signum.name} after step {stopped} of {STEPS}" in output, output
-
-    resumed = CliRunner().invoke(
-        main,
-        ["--import", JOBS, *run, "--resume", "stopped", f"training/tokens={(stopped + 2) * TOKENS_PER_STEP}"],
-    )  # fmt: skip
+    # the exact command that goes on, with the real names and paths, quoted for a shell
+    lineage = f"general.default.stopped~{saved[0].node.nonce}"
+    expected = (
+        f"theseus run stopped {shlex.quote(str(config))} {shlex.quote(str(root))} "
+        f"--resume {shlex.quote(lineage)} --import {shlex.quote(JOBS)}"
+    )
+    (said,) = [line for line in output.splitlines() if line.startswith("Continue: ")]
+    assert said == f"Continue: {expected}", output
+    pasted = shlex.split(said.removeprefix("Continue: "))
+    assert pasted[0] == "theseus"
+    resumed = CliRunner().invoke(  # the pasted command, with a nearer end of training
+        main, [*pasted[1:], f"training/tokens={(stopped + 2) * TOKENS_PER_STEP}"]
+    )
     assert resumed.exit_code == 0, resumed.output
     values, saved = _lineage(root, "stopped")
     assert [v["train/step"] for v in values] == list(range(1, stopped + 3))

@@ -292,3 +292,66 @@ def test_resume_sends_a_lineage_on_and_must_be_the_runs(here: Path) -> None:
     code, out = _submit("other", "c.yaml", "root", "--slurm", "--dry-run", "--resume", "r")
     assert code == 1 and out.count("\n") == 1, out
     assert "--resume r continues general.default.r, and this submission names " in out
+
+
+@pytest.mark.parametrize(
+    "limit",
+    ["90", "0", "5:30", "12:00:00", "100:59:59", "2-12", "2-23:59", "7-00:00:00", "UNLIMITED"],
+)
+def test_every_slurm_time_form_is_accepted(here: Path, limit: str) -> None:
+    # The six forms of sbatch(1)'s --time (and its "no limit" words), each printed as given.
+    assert f"#SBATCH --time={limit}" in _script(here, "--time", limit)
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"),
+    [
+        ("soon", "--time 'soon' is not a SLURM time limit; expected MINUTES, MM:SS, HH:MM:SS"),
+        ("99:99:99", "--time 99:99:99: minutes must be 0-59, got 99; write the limit as"),
+        ("10:00:60", "--time 10:00:60: seconds must be 0-59, got 60"),
+        ("1-24", "--time 1-24: hours must be 0-23, got 24"),
+        ("1-5:60", "--time 1-5:60: minutes must be 0-59, got 60"),
+        ("-5", "--time '-5' is not a SLURM time limit"),
+        ("1:2:3:4", "--time '1:2:3:4' is not a SLURM time limit"),
+        ("12h", "--time '12h' is not a SLURM time limit"),
+    ],
+)  # fmt: skip
+def test_a_time_slurm_would_refuse_is_refused_by_the_dry_run_too(
+    here: Path, limit: str, expected: str
+) -> None:
+    code, out = _submit("r", "c.yaml", "root", "--slurm", "--time", limit, "--dry-run")
+    assert code == 1 and out.startswith("Error (SubmitError): ") and expected in out, out
+    assert out.count("\n") == 1, out
+
+
+def test_a_profiles_time_is_checked_as_the_command_lines(here: Path) -> None:
+    profiles = here / "config" / "theseus" / "clusters.yaml"
+    profiles.parent.mkdir(parents=True)
+    profiles.write_text('default: a\nclusters:\n  a:\n    time: "25:61:00"\n')
+    code, out = _submit("r", "c.yaml", "root", "--slurm", "--dry-run")
+    assert code == 1 and f"{profiles}: time 25:61:00: minutes must be 0-59, got 61" in out, out
+    assert "#SBATCH --time=1:00:00" in _script(here, "--time", "1:00:00")  # the command line wins
+
+
+def test_a_refused_submission_leaves_nothing_behind(here: Path) -> None:
+    # A stand-in for sbatch refusing the job (this machine may have no SLURM controller;
+    # tests/test_slurm_submit.py checks the same with a real one): it prints sbatch's
+    # message and exits 1, as sbatch does for an unknown partition.
+    bin_dir = here / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(
+        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name"
+        " specified' >&2\nexit 1\n"
+    )
+    sbatch.chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    code, out = _submit("r", "c.yaml", "root", "--slurm", env=env)
+    assert code == 1 and out.count("\n") == 1, out
+    assert "sbatch refused the job (exit 1): sbatch: error: Batch job submission failed" in out
+    assert "Nothing was submitted." in out
+    assert not (here / "root").exists()  # neither ROOT/slurm/RUN-DATE/ nor the folders above
+    (here / "root" / "slurm" / "other").mkdir(parents=True)  # an earlier submission's folder
+    code, out = _submit("r", "c.yaml", "root", "--slurm", env=env)
+    assert code == 1
+    assert [p.name for p in (here / "root" / "slurm").iterdir()] == ["other"]

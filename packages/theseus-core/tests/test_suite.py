@@ -11,7 +11,10 @@ in, float32 out).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -423,17 +426,36 @@ def test_the_command_imports_a_suite_and_prints_the_table(
     src.mkdir()
     for name in ("step0", "step1000", "step2000"):
         (src / name).symlink_to(revisions[name])
-    root = tmp_path / "root"
+    root = tmp_path / "root b"  # a space: the printed commands quote it
     runner = CliRunner()
-    result = runner.invoke(
-        main, ["import", "hf", str(src), str(root), "--run", "tiny", "--revisions", "all"]
-    )
-    assert result.exit_code == 0, result.output
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(  # a process of its own: its log lines reach stderr as a user's do
+        [sys.executable, "-c", "from theseus.cli import main; main()", "import", "hf", str(src),
+         str(root), "--run", "tiny", "--revisions", "all"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
     assert "step2000  2000  -       " in result.stdout and "DUPLICATE of step1000" in result.stdout
-    assert (
-        "theseus run NAME ANALYSIS.yaml" in result.stdout
-        and "--over general.default.tiny~" in result.stdout
+    # the flag is said once on stderr (it was printed twice: the log and the command's echo)
+    assert result.stderr.count("DUPLICATE of step1000") == 1, result.stderr
+    assert "Warning: suite general.default.tiny, revision step2000: DUPLICATE of step1000." in (
+        result.stderr
     )
+    (lineage,) = re.findall(r"nodes of (general\.default\.tiny~[0-9a-f]{8}) ", result.stdout)
+    with_analysis = importlib.util.find_spec("theseus.analysis") is not None
+    expected = (
+        [
+            "Analyze:   theseus configure demo/intervene/head-ablation ablation.yaml --import "
+            "theseus.analysis.demo",
+            f"           theseus run ablation ablation.yaml {shlex.quote(str(root))} --over "
+            f"{shlex.quote(lineage)} --import theseus.analysis.demo",
+        ]
+        if with_analysis  # (theseus-core installed alone: no analysis to suggest)
+        else ["Analyze:   install theseus-analysis, whose analyses run --over the lineage."]
+    )
+    lines = result.stdout.splitlines()
+    start = lines.index(expected[0])
+    assert lines[start : start + len(expected)] == expected
     bad = runner.invoke(
         main, ["import", "hf", str(src), str(root), "--run", "tiny", "--revisions", "step9"]
     )

@@ -15,6 +15,17 @@ def test_error_types_subclass_builtins():
     assert issubclass(tp.PlotTypeError, TypeError) and issubclass(tp.PlotTypeError, tp.PlotError)
 
 
+def test_plot_error_shares_the_theseus_root_when_the_store_is_installed():
+    """With theseus-store beside it, PlotError is a theseus.errors.TheseusError; installed
+    alone (the `isolated` nox session), it derives from Exception directly."""
+    try:
+        from theseus.errors import TheseusError
+    except ModuleNotFoundError:
+        assert tp.PlotError.__mro__[1:] == (Exception, BaseException, object)
+    else:
+        assert tp.PlotError.__mro__[1:] == (TheseusError, Exception, BaseException, object)
+
+
 @pytest.mark.parametrize(
     ("data", "pattern"),
     [

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import click
 
+from theseus.analysis._progress import quiet_progress_bars
 from theseus.cli import cluster_options, common_options, root_argument
 from theseus.store import Store, is_database_url
 
@@ -76,14 +77,19 @@ def _evaluate(root: Path, lineage: str) -> dict[str, dict[str, float]] | None:
     show_default=True,
     help="Optimizer steps to train.",
 )
+@click.option(
+    "--progress-bars", is_flag=True, help="Show lm-eval's and datasets' progress bars too."
+)
 @cluster_options
 @common_options
-def demo(root: Path, steps: int) -> None:
+def demo(root: Path, steps: int, progress_bars: bool) -> None:
     """Train a tiny GPT on built-in synthetic data under ROOT, analyze it, print where it all went.
 
     On several hosts, run it on every host with the options that join a cluster (see
     `theseus run --help`); process 0 prints the report.
     """
+    if not progress_bars:
+        quiet_progress_bars()  # before lm-eval and datasets are imported
     import jax
 
     from theseus.analysis.demo import AttentionPattern, DemoTrainer, HeadAblation

@@ -33,6 +33,7 @@ from typing import Any
 
 import click
 
+from theseus.analysis._progress import quiet_progress_bars
 from theseus.cli import cluster_options, common_options, root_argument
 from theseus.job import is_primary, process_count
 
@@ -360,6 +361,9 @@ def evaluate_node(
 @click.option("--batch-size", type=click.IntRange(1, 65_536), help="Rows per compiled call.")
 @click.option("--over", is_flag=True, help="Evaluate every checkpoint of TARGET's lineage.")
 @click.option("--force", is_flag=True, help="Evaluate again tasks the node holds already.")
+@click.option(
+    "--progress-bars", is_flag=True, help="Show lm-eval's and datasets' progress bars too."
+)
 @cluster_options
 @common_options
 def eval_command(
@@ -372,6 +376,7 @@ def eval_command(
     batch_size: int | None,
     over: bool,
     force: bool,
+    progress_bars: bool,
 ) -> None:
     """Run lm-evaluation-harness TASKS on TARGET's checkpoint under ROOT; keep the results.
 
@@ -383,6 +388,8 @@ def eval_command(
     names = [t.strip() for t in tasks.split(",")]
     if not all(names):
         raise click.BadParameter(f"{tasks!r} has an empty task name", param_hint="--tasks")
+    if not progress_bars:
+        quiet_progress_bars()  # before lm-eval and datasets are imported
     try:
         import lm_eval  # noqa: F401
     except ImportError:

@@ -95,10 +95,14 @@ def _recorded(q: Quick, target: str) -> tuple[Node, dict[str, Any], type[BasicJo
 
 
 def _restored(q: Quick, node: Node, cls: type[BasicJob]) -> BasicJob:
-    """A job of `cls` resumed at `node` (its checkpoint loaded), set up."""
+    """A job of `cls` resumed at `node` (its checkpoint loaded), set up, without the tandem
+    analyses of its `ANALYSIS` (reading a checkpoint needs no analysis, nor the prepared
+    data where an analysis looks for its site)."""
     project, group, run = node.name.split(".", 2)
     q.build(cls, run, project=project, group=group)
     q.find().node(node).resume()
+    if "training/analyze" in q.config:
+        q.config["training/analyze"] = False
     return q.create()
 
 

@@ -30,6 +30,7 @@ from theseus.job._slurm import (
     load_profiles,
     profiles_file,
 )
+from theseus.job._slurm_time import check_time
 from theseus.store import MARKER, Node, Store, locate
 
 __all__ = ["submit_command"]
@@ -173,6 +174,8 @@ def submit_command(
             "signal_seconds": signal_seconds,
         }
     )
+    if options.time is not None:  # sbatch would refuse it only after the folder is written
+        check_time(options.time, "--time" if time_limit is not None else f"{profiles_file()}: time")
     root = root.resolve()
     if resume is not None:  # go on with a lineage of ROOT: its latest checkpoint
         drawn = _lineage_to_resume(root, resume, drawn)
@@ -184,6 +187,7 @@ def submit_command(
             "node), or pass --dry-run to print the script."
         )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    made = _missing_folders(root / "slurm")  # removed again if nothing is submitted
     folder = (
         root / "slurm" / f"{run_name}-{stamp}" if dry_run else _new_folder(root / "slurm", run_name)
     )
@@ -223,10 +227,10 @@ def submit_command(
             timeout=120,
         )
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove(folder, made)
         raise
     if done.returncode != 0:
-        shutil.rmtree(folder, ignore_errors=True)  # nothing was submitted
+        _remove(folder, made)  # nothing was submitted: nothing is left behind
         said = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()
         raise SubmitError(
             f"sbatch refused the job (exit {done.returncode}): {said[-1].rstrip('.')}. Nothing "
@@ -276,6 +280,26 @@ def _new_folder(parent: Path, run: str) -> Path:
             continue
         return folder
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove(folder: Path, made: list[Path]) -> None:
+    """Remove a submission's ``folder``, then the folders above it this submission made
+    (``ROOT/slurm``, ``ROOT``) where they are still empty."""
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in made:
+        try:
+            parent.rmdir()
+        except OSError:  # another submission wrote there meanwhile
+            break
 
 
 def _lineage_to_resume(root: Path, text: str, drawn: Node) -> Node:

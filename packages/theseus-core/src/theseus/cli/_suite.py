@@ -16,7 +16,13 @@ from typing import Any
 
 import click
 
-__all__ = ["REVISIONS_HELP", "suite_import"]
+from theseus.cli._next import command
+
+__all__ = ["REVISIONS_HELP", "analyze_commands", "suite_import"]
+
+#: The analysis the import suggests (the README's: which heads an induction prompt needs,
+#: at each revision), and the module that registers it.
+SUGGESTED = ("demo/intervene/head-ablation", "theseus.analysis.demo")
 
 REVISIONS_HELP = (
     "Import a training suite as one lineage: SRC is a Hugging Face cache folder "
@@ -48,8 +54,7 @@ def suite_import(
         for name in [line.split()[0] for line in result.table.splitlines()[1:]]
         if result.findings.flags(name)
     ]
-    for name, flags in flagged:
-        click.echo(f"Warning: revision {name}: {flags}.", err=True)
+    # each flagged revision was said once on stderr, by import_suite's warning
     quoted, lineage = shlex.quote(str(root)), result.lineage
     written = len(result.nodes)
     before = f"; {len(result.kept)} were imported before" if result.kept else ""
@@ -62,6 +67,22 @@ def suite_import(
             f"{len(flagged)} revision(s) flagged: their nodes hold import/duplicate_of, "
             "import/shared_shards_with or import/missing_before."
         )
-    click.echo(f"Analyze:   theseus run NAME ANALYSIS.yaml {quoted} --over {lineage}")
+    for line in analyze_commands(root, lineage):
+        click.echo(line)
     click.echo(f"Lineage:   theseus-store lineage {shlex.quote(str(root / 'store'))} {lineage}")
     click.echo(f"Browse:    theseus-store ui {quoted}")
+
+
+def analyze_commands(root: Path, lineage: str) -> list[str]:
+    """The lines that say how to analyze every revision of `lineage` under `root`: the two
+    commands to paste (configure the suggested analysis, run it `--over` the lineage), or,
+    without theseus-analysis, what to install."""
+    import importlib.util
+
+    analysis, module = SUGGESTED
+    if importlib.util.find_spec("theseus.analysis") is None:
+        return ["Analyze:   install theseus-analysis, whose analyses run --over the lineage."]
+    configure = command("configure", analysis, "ablation.yaml", "--import", module)
+    over = ("--over", lineage, "--import", module)
+    run = command("run", "ablation", "ablation.yaml", Path(root).resolve(), *over)
+    return [f"Analyze:   {configure}", f"           {run}"]

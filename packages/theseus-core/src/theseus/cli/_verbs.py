@@ -11,10 +11,11 @@ import click
 
 from theseus.cli._app import common_options, main
 from theseus.cli._cluster import cluster_options
+from theseus.cli._next import resume_command
 from theseus.cli._root import root_argument
 from theseus.cli._suite import REVISIONS_HELP, suite_import
 from theseus.config import ConfigError, dump, load, parse_overrides
-from theseus.job import BasicJob, CheckpointWalker, from_host_zero, is_primary
+from theseus.job import BasicJob, CheckpointWalker, Terminated, from_host_zero, is_primary
 from theseus.job._slurm import ScheduledJob, scheduled_here
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
@@ -298,7 +299,16 @@ def run_command(
         tree.update(settings)
         with scheduled_here(scheduled) if scheduled else contextlib.nullcontext():
             job = q.create()
-            result = job()
+            try:
+                result = job()
+            except Terminated:  # the exact command that goes on (a requeued job resumes itself)
+                if is_primary() and scheduled is None:
+                    lineage = f"{job.node.name}~{job.node.nonce}"
+                    click.echo(
+                        f"Continue: {resume_command(run_name, config_file, root, lineage)}",
+                        err=True,
+                    )
+                raise
         click.echo(
             f"{tree.job}: {job.mode.value if job.mode else 'run'} run finished at node {job.node}."
         )

@@ -39,6 +39,7 @@ from theseus.store._errors import (
     StorePermissionError,
     UnknownKeyError,
     UnknownNodeError,
+    UnknownQueryKeyError,
     ValueTypeError,
 )
 from theseus.store._folders import (
@@ -94,6 +95,7 @@ __all__ = [
     "StoreReader",
     "UnknownKeyError",
     "UnknownNodeError",
+    "UnknownQueryKeyError",
     "ValueTypeError",
     "WrittenNode",
     "bind_root",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from theseus.errors import TheseusError
+
 __all__ = [
     "AmbiguousNodeError",
     "BlobHashError",
@@ -23,12 +25,13 @@ __all__ = [
     "StorePermissionError",
     "UnknownKeyError",
     "UnknownNodeError",
+    "UnknownQueryKeyError",
     "ValueTypeError",
 ]
 
 
-class StoreError(RuntimeError):
-    """Base class of every error raised by theseus-store."""
+class StoreError(TheseusError, RuntimeError):
+    """Base class of every error raised by theseus-store (a `theseus.errors.TheseusError`)."""
 
 
 class NotAStoreError(StoreError):
@@ -63,7 +66,7 @@ class QueryError(StoreError, ValueError):
     """A query that cannot mean anything: an unknown operator, a value of the wrong kind."""
 
 
-class UnknownKeyError(StoreError, KeyError):
+class UnknownQueryKeyError(StoreError, KeyError):
     """A query names a value key that no node has; the message lists close names."""
 
     def __init__(self, key: str, known: Iterable[str], what: str = "value key") -> None:
@@ -103,3 +106,7 @@ BlobHashError = CorruptStoreError
 
 #: The earlier name of InvalidNodeError (a run name alone was given, and the run has several lineages), kept for old imports.
 AmbiguousNodeError = InvalidNodeError
+
+#: The earlier name of UnknownQueryKeyError, kept for old imports (`theseus.config.UnknownKeyError`
+#: is the configuration's: an unknown setting).
+UnknownKeyError = UnknownQueryKeyError

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from theseus.store._dialect import Connection, Dialect, dialect
-from theseus.store._errors import QueryError, UnknownKeyError, ValueTypeError
+from theseus.store._errors import QueryError, UnknownQueryKeyError, ValueTypeError
 from theseus.store._node import Node
 from theseus.store._records import (
     KIND_NAN,
@@ -167,7 +167,7 @@ class Query:
             value: a scalar (``None`` and NaN work with ``=`` and ``!=`` only).
 
         Raises:
-            UnknownKeyError: if no node has ``key`` (the message lists close keys).
+            UnknownQueryKeyError: if no node has ``key`` (the message lists close keys).
             ValueTypeError: if ``op`` or ``value`` is not accepted.
         """
         if op not in _OPS:
@@ -218,7 +218,7 @@ class Query:
         """Order by value ``key`` (then by earlier sort keys' ties); nodes without it come last.
 
         Raises:
-            UnknownKeyError: if no node has ``key``.
+            UnknownQueryKeyError: if no node has ``key``.
         """
         self._known(key)
         direction = "ASC" if ascending else "DESC"
@@ -244,7 +244,7 @@ class Query:
 
         known = self.store.read(check)
         if known is not None:
-            raise UnknownKeyError(key, known)
+            raise UnknownQueryKeyError(key, known)
 
     # -- terminals -------------------------------------------------------------------------
 
@@ -316,7 +316,7 @@ class Query:
             under ``content``), in query order.
 
         Raises:
-            UnknownKeyError: if a key in ``keys`` is unknown.
+            UnknownQueryKeyError: if a key in ``keys`` is unknown.
         """
         if self._artifact[0]:
             return self._select_artifacts(keys)
@@ -413,7 +413,7 @@ class Query:
         fields = _ARTIFACT_FIELDS if keys is None else tuple(keys)
         for field in fields:
             if field not in _ARTIFACT_FIELDS:
-                raise UnknownKeyError(field, _ARTIFACT_FIELDS, what="artifact field")
+                raise UnknownQueryKeyError(field, _ARTIFACT_FIELDS, what="artifact field")
         return [{f: getattr(a, f) for f in fields} for a in self.artifacts()]
 
     def checkpoints(self) -> list[Checkpoint]:

@@ -30,6 +30,7 @@ import jax
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from theseus.analysis._progress import bars_off
 from theseus.config import ConfigError
 from theseus.errors import TheseusError
 from theseus.model.generation import generate
@@ -180,6 +181,11 @@ class TheseusLM(TemplateLM):
         return loglikelihoods(self.trainer.model, state.params, pairs, batch_size=self._batch)
 
     # -- the three requests -----------------------------------------------------------------
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
+        # the harness's "Tokenizing inputs" bar passes `disable=` itself: off where the
+        # process turned bars off (`theseus eval` and `theseus demo` without --progress-bars)
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or bars_off())
+
     def _loglikelihood_tokens(
         self, requests: list[tuple[tuple[str, str], list[int], list[int]]], **kwargs: Any
     ) -> list[tuple[float, bool]]:

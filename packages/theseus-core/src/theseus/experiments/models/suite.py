@@ -169,7 +169,9 @@ def import_suite(
     )
     for revision in order:
         if findings.flags(revision):
-            logger.warning("suite %s: %s %s", name, revision, findings.flags(revision))
+            logger.warning(
+                "Warning: suite %s, revision %s: %s.", name, revision, findings.flags(revision)
+            )
     if tree is None:
         assert nonce is not None
         _update_held(root, held, [], findings)  # and a chain an interrupted import left

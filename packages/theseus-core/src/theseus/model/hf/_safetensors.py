@@ -19,6 +19,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from theseus.errors import TheseusError
+
 __all__ = ["DTYPES", "SafetensorsError", "TensorInfo", "map_tensor", "read_header"]
 
 #: safetensors dtype names a checkpoint's floating-point weights may have.
@@ -30,7 +32,7 @@ DTYPES: dict[str, np.dtype] = {
 _MAX_HEADER = 100 * 1024 * 1024
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(TheseusError, ValueError):
     """A file that is not a readable safetensors file (the message says what is wrong)."""
 
 

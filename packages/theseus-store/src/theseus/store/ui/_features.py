@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from theseus.errors import TheseusError
+
 __all__ = [
     "FORMAT",
     "LEVELS",
@@ -43,7 +45,7 @@ KNOWN_MEASURES = ("l0", "fvu", "dead", "loss_recovered", "matched", "born", "gon
 SIGNS = {"\n": "⏎", "\t": "⇥", "\r": "␍", "\x7f": "␡"}
 
 
-class FeaturesError(ValueError):
+class FeaturesError(TheseusError, ValueError):
     """A features.json that is not JSON or not the format, in one line."""
 
 

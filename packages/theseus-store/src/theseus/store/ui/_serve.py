@@ -48,8 +48,9 @@ def open_readonly(root: str | os.PathLike[str]) -> Store:
     return store
 
 
-class ServeError(StoreError):
-    """The browser cannot listen where it was asked to (a bad port or host, a busy port)."""
+#: The browser cannot listen where it was asked to (a bad port or host, a busy port): a
+#: `StoreError` (the earlier name, kept for old imports; no caller told the two apart).
+ServeError = StoreError
 
 
 def listen(host: str, port: int) -> socket.socket:
