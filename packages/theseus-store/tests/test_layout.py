@@ -17,8 +17,12 @@ import ast
 import re
 from pathlib import Path
 
-SOURCES = Path(__file__).resolve().parents[1] / "src"
-PACKAGE = SOURCES / "theseus" / "store"
+import theseus.store
+
+# The sources of the package as installed: the workspace's src/ (an editable install) or
+# a wheel's site-packages (nox -s isolated runs these tests away from the sources).
+PACKAGE = Path(theseus.store.__file__).resolve().parent
+SOURCES = PACKAGE.parents[1]
 LIMIT = 500
 BACKENDS = ("_sqlite.py", "_postgres/", "_backends.py")
 
