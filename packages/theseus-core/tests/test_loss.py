@@ -88,9 +88,23 @@ def _relative(got: Any, want: Any) -> float:
 # chunk (tokens) -> positions per chunk for 3 rows of 13: 16 -> 5 (3 chunks, 2 padded
 # positions), 12 -> 4 (4 chunks, 3 padded), 2 -> 1 (13 chunks, a chunk of 3 rows > 2
 # tokens), 0 -> 13 (the plain path).
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("chunk", [16, 12, 2, 0])
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+# The default suite runs one case of each chunking for each dtype and tying; the other
+# combinations are the slow set's (the default suite's budget).
+_SLOW = pytest.mark.slow
+_CASES = [
+    (True, 16, "float32"), (False, 16, "bfloat16"), (False, 2, "float32"),
+    (True, 2, "bfloat16"), (True, 0, "float32"), (False, 0, "bfloat16"),
+    pytest.param(False, 16, "float32", marks=_SLOW),
+    pytest.param(True, 16, "bfloat16", marks=_SLOW),
+    *(pytest.param(t, 12, d, marks=_SLOW) for t in (True, False) for d in ("float32", "bfloat16")),
+    pytest.param(True, 2, "float32", marks=_SLOW),
+    pytest.param(False, 2, "bfloat16", marks=_SLOW),
+    pytest.param(False, 0, "float32", marks=_SLOW),
+    pytest.param(True, 0, "bfloat16", marks=_SLOW),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("tied", "chunk", "dtype"), _CASES)
 def test_the_value_and_gradients_equal_the_plain_loss(tied: bool, chunk: int, dtype: str) -> None:
     case = _inputs(tied)
     act = jnp.dtype(dtype)
@@ -220,8 +234,15 @@ def _model_and_batch(tied: bool, chunk: int, vocab: int = 258) -> tuple[GPT, Any
     return model, params, batch
 
 
-@pytest.mark.parametrize("chunk", [0, 8], ids=["one-chunk", "chunked"])
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize(
+    ("tied", "chunk"),
+    [
+        pytest.param(True, 0, id="tied-one-chunk"),
+        pytest.param(True, 8, id="tied-chunked", marks=pytest.mark.slow),
+        pytest.param(False, 0, id="untied-one-chunk", marks=pytest.mark.slow),
+        pytest.param(False, 8, id="untied-chunked"),
+    ],
+)
 def test_the_model_loss_is_the_plain_loss_of_its_own_logits(tied: bool, chunk: int) -> None:
     model, params, batch = _model_and_batch(tied, chunk)
     x, y, mask = batch["x"], batch["y"], batch["padding_mask"]
