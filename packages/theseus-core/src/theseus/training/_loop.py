@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from theseus.job import Preempted, Terminated, deferred_stop, process_count
+from theseus.job import Preempted, StopSignal, deferred_stop, process_count
 from theseus.training import _tandem
 from theseus.training._errors import TrainerError
 from theseus.training._preempt import StopVote
@@ -75,12 +75,12 @@ def run(trainer: BaseTrainer) -> Any:
                     raise Preempted(int(vote.signal))
     except BaseException as failure:
         with deferred_stop(raise_at_end=False):  # a stop signal now waits; `failure` goes on
-            saved = isinstance(failure, Terminated) and save_before_stopping(
+            saved = isinstance(failure, StopSignal) and save_before_stopping(
                 trainer, start, step, together=isinstance(failure, Preempted)
             )
             trainer._release_keeper()  # saves already started still commit and register
             _tandem.drain(trainer._views)  # results already computed are still published
-        if isinstance(failure, Terminated):
+        if isinstance(failure, StopSignal):
             kept = "its checkpoint is" if saved else "the checkpoints it began are"
             then = (
                 "A job of theseus submit requeues itself while requeues are left; else continue"
