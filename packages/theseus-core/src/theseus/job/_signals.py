@@ -84,12 +84,11 @@ class StopSignal:
     """What :class:`Terminated` and :class:`Interrupted` share: the signal that stopped a job.
 
     Attributes:
-        signum: the signal's number.
-        code: the process's exit code for it, 128 + signum.
+        signum: the signal's number (the process's exit code for it is 128 + signum:
+            `SystemExit.code` of `Terminated`, `code` of `Interrupted`).
     """
 
     signum: int
-    code: int
 
     @property
     def signal_name(self) -> str:
@@ -130,7 +129,8 @@ class Interrupted(StopSignal, KeyboardInterrupt):
 
     def __init__(self, signum: int = signal.SIGINT) -> None:
         super().__init__()
-        self.signum, self.code = signum, 128 + signum
+        self.signum = signum
+        self.code: int = 128 + signum
 
     def __str__(self) -> str:
         return f"stopped by Ctrl-C ({self.signal_name}), exit code {self.code}"
