@@ -141,7 +141,7 @@ def test_tandem_runs_at_validation_cadence_with_every_version_kept(training_run)
     nodes = sorted(store.query().spec(run="training-run").all(), key=lambda n: n.seq)
     with_artifacts = [n for n in nodes if "activations" in store.get(n)]
     assert [n.seq for n in with_artifacts] == [1, 3]  # validation after steps 2 and 4
-    [view] = training_run._views
+    [view] = training_run.loop.views
     assert view.traces == 1 and view.borrowed and view.node == training_run.node
     final = store.get(node)["activations"]
     assert final.filename == "activations.pdf" and final.content.startswith(b"%PDF")

@@ -27,7 +27,14 @@ from theseus.job import from_host_zero
 from theseus.training._errors import TrainerError
 from theseus.training.sharding import ParameterShardingContext, state_bytes
 
-__all__ = ["available_memory", "check_fits", "describe_memory", "device_bytes"]
+__all__ = [
+    "available_memory",
+    "check_fits",
+    "describe_memory",
+    "device_bytes",
+    "refusal",
+    "whole_bytes",
+]
 
 #: The parts of a train state the check counts (the step, a scalar, is left out).
 PARTS = (("parameters", "params"), ("optimizer state", "opt_state"))
@@ -76,28 +83,40 @@ def _limit(device: jax.Device) -> int | None:
     return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
 
 
+def whole_bytes(tree: Any) -> int:
+    """The bytes of `tree`'s array leaves at their global shapes (arrays or
+    `jax.ShapeDtypeStruct`s), as one device would keep them unsharded."""
+    return sum(
+        int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+        for leaf in jax.tree.leaves(tree)
+        if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+    )
+
+
 def refusal(
     abstract: Any,
     limit: Callable[[jax.Device], int | None] = _limit,
     available: Callable[[], int | None] = available_memory,
-) -> str | None:
+) -> tuple[str, bool] | None:
     """Why the state `abstract` (a `TrainState` of `ShapeDtypeStruct`s with shardings)
     cannot fit in this process's devices, or None when it can (or nothing is known).
 
     A device that reports `limit` must hold its own share; devices that do not (the
     CPU's) share the machine's `available` memory, so their shares add up against it.
+
+    Returns:
+        `(reason, own)`: what does not fit where, and whether it is a device with memory
+        of its own (splitting the state over devices then helps).
     """
     local = set(jax.local_devices())
-    parts = {label: device_bytes(getattr(abstract, name)) for label, name in PARTS}
-    need = {
-        device: sum(kept.get(device, 0) for kept in parts.values())
-        for device in local
-        if any(device in kept for kept in parts.values())
-    }
+    trees = [getattr(abstract, name) for _, name in PARTS]
+    kept = device_bytes(trees)
+    need = {device: count for device, count in kept.items() if device in local}
     if not need:
         return None
-    wanted = ", ".join(
-        f"{label} {_gigabytes(max(kept.values(), default=0))}" for label, kept in parts.items()
+    state = " + ".join(
+        f"{label} {_gigabytes(whole_bytes(tree))}"
+        for (label, _), tree in zip(PARTS, trees, strict=True)
     )
     shared = []
     for device, count in sorted(need.items(), key=lambda item: item[0].id):
@@ -107,16 +126,17 @@ def refusal(
         elif count > holds:
             return (
                 f"the model's state does not fit on {device.platform.upper()} device "
-                f"{device.id}: it keeps {_gigabytes(count)} of parameters and optimizer "
-                f"state ({wanted} on the device that keeps most), and the device holds "
-                f"{_gigabytes(holds)} (memory_stats bytes_limit)"
+                f"{device.id}: {state}, of which the device keeps {_gigabytes(count)}, and "
+                f"it holds {_gigabytes(holds)} (memory_stats bytes_limit)",
+                True,
             )
     room = available() if shared else None
     if room is not None and sum(shared) > room:
         return (
-            f"the model's state does not fit in this machine's memory: its parameters and "
-            f"optimizer state take {_gigabytes(sum(shared))} on {len(shared)} CPU device(s) "
-            f"({wanted} on the device that keeps most), and {_gigabytes(room)} is available"
+            f"the model's state does not fit in this machine's memory: {state}, of which "
+            f"the {len(shared)} CPU device(s) of this process keep {_gigabytes(sum(shared))}, "
+            f"and {_gigabytes(room)} is available",
+            False,
         )
     return None
 
@@ -131,14 +151,17 @@ def check_fits(abstract: Any, strategy: str, shard: int) -> None:
     Raises:
         TrainerError: on every host, when host zero's devices cannot hold the state.
     """
-    reason = from_host_zero(lambda: refusal(abstract))
-    if reason is not None:
-        raise TrainerError(
-            f"{reason}. Make the model smaller (architecture/n_embd, architecture/n_layers, "
-            f"architecture/vocab_size), or split the state over more devices "
-            f"(training/strategy = {strategy} now: fsdp splits parameters and optimizer "
-            f"state; training/shard = {shard} now)."
+    refused = from_host_zero(lambda: refusal(abstract))
+    if refused is None:
+        return
+    reason, own = refused
+    fix = "Make the model smaller (architecture/n_embd, architecture/n_layers, architecture/vocab_size)"
+    if own:  # devices with memory of their own: splitting the state over them helps
+        fix += (
+            f", or split the state over the devices (training/strategy = {strategy} now; "
+            f"fsdp splits parameters and optimizer state; training/shard = {shard} now)"
         )
+    raise TrainerError(f"{reason}. {fix}.")
 
 
 def describe_memory(state: Any, sharding: ParameterShardingContext, name: str) -> str:
