@@ -192,7 +192,7 @@ class TrainingLoop:
                     if self.keeper is not None:
                         self.keeper.poll()  # register the saves orbax has committed
                     if step < total and vote.stop_now():  # every process stops after `step`
-                        raise Preempted(int(vote.signal or 0))
+                        raise vote.preempted()
         except BaseException as failure:
             self._stopped(failure, start, step, total)
             raise
