@@ -212,11 +212,21 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     if _state.stopping:
         return
     if _state.deferring:
+        if _state.pending is None:  # say it now: the block may take a while to end
+            _say(f"{signal.Signals(signum).name}: stopping once the work under way is done")
         _state.pending = _state.pending or signum
         return
     if _guarded(frame) and _hold(signum):
         return
     _stop(_state.pending or signum)
+
+
+def _say(line: str) -> None:
+    """One line on stderr, written to the file descriptor itself: the handler may run
+    while the main thread is inside a write to `sys.stderr` (a progress bar), which
+    Python's buffered streams refuse to re-enter."""
+    with contextlib.suppress(OSError):  # no stderr: nothing to say it on
+        os.write(2, f"\n{line} (a second signal stops the process at once)\n".encode())
 
 
 def _hold(signum: int) -> bool:
