@@ -75,9 +75,11 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
 
-#: Where a signal is never raised: the store's code, and `contextlib`'s, through which a
-#: `with store.batch():` enters and leaves its transaction (see the module's notes).
-_GUARDED = ("theseus.store", "contextlib")
+#: Where a signal is never raised: the store's code (see the module's notes).
+_STORE = "theseus.store"
+#: ...nor while a context manager is entered or left: a `with store.batch():` begins
+#: and ends its transaction there.
+_ENTER_EXIT = frozenset({"__enter__", "__exit__"})
 
 
 class StopSignal:
@@ -198,11 +200,19 @@ def _module(frame: FrameType) -> str:
     return str(frame.f_globals.get("__name__", ""))
 
 
+def _cuts(frame: FrameType) -> bool:
+    """Whether a signal raised in `frame` could cut a transaction: the store's code (one
+    may be open), or `contextlib` entering or leaving a context (`store.batch()`)."""
+    module = _module(frame)
+    return module.startswith(_STORE) or (
+        module == "contextlib" and frame.f_code.co_name in _ENTER_EXIT
+    )
+
+
 def _guarded(frame: FrameType | None) -> bool:
-    """Whether `frame` or a frame that called it runs code a signal must not cut: the
-    store's (a transaction may be open), or `contextlib`'s (entering or leaving one)."""
+    """Whether `frame` or a frame that called it is one a signal must not cut (`_cuts`)."""
     while frame is not None:
-        if _module(frame).startswith(_GUARDED):
+        if _cuts(frame):
             return True
         frame = frame.f_back
     return False
@@ -249,9 +259,9 @@ def _release(frame: FrameType, event: str, arg: object) -> None:
     body gets it from its first call, so the batch's exit rolls back).
     """
     if event == "call":
-        out = not _module(frame).startswith(_GUARDED) and not _guarded(frame.f_back)
+        out = not _cuts(frame) and not _guarded(frame.f_back)
     elif event == "return":
-        out = _module(frame).startswith("theseus.store") and not _guarded(frame.f_back)
+        out = _module(frame).startswith(_STORE) and not _guarded(frame.f_back)
     else:
         return
     if not out:
