@@ -13,14 +13,14 @@ table (``benchmarks/_report.py``). ``--checks`` picks some of the four checks an
    batch 16, 4 validation batches) with one tandem analysis: the input of the first
    ``SelfAttention``, cropped in the program to ``inputs.x[0, :64, :128]``. A
    *validation step* is what the trainer does at validation cadence, less logging:
-   ``trainer.validate()`` and ``trainer._evaluate()`` (no evaluations here), then
-   ``view.run()`` for each tandem view. Each round runs the three cheap variants in
+   ``trainer.validate()`` (this trainer declares no evaluations, which would run
+   next), then ``view.run()`` for each tandem view. Each round runs the three cheap variants in
    a random order (seeded); every fourth round then runs the two PDF variants, in a
    random order, each followed by one untimed validation, so that no timed sample
    directly follows the plotting (a validation right after it measured about 1% slower, and
    an earlier fixed rotation always put ``plain`` there):
 
-   * ``plain``: ``validate()`` + ``_evaluate()``;
+   * ``plain``: ``validate()``;
    * ``+compute``: the same + ``view.compute()`` (the compiled analysis and the
      gather of its result to the host; no plot, no file);
    * ``+run json``: the same + ``view.run()`` with a ``plot()`` that returns a small
@@ -310,7 +310,7 @@ def model_text(trainer: Any) -> str:
 
 # ------------------------------------------------------------------ 1. tandem cost
 def tandem_cost(trainer: Any, args: argparse.Namespace, rows: list[_report.Row]) -> bool:
-    [crop] = trainer._views
+    [crop] = trainer.loop.views
     pdf = CropPDF.from_trainer(trainer)
     cfg = trainer.configuration
     print(
@@ -321,8 +321,7 @@ def tandem_cost(trainer: Any, args: argparse.Namespace, rows: list[_report.Row])
     )
 
     def plain() -> None:
-        trainer.validate()
-        trainer._evaluate()
+        trainer.validate()  # no EVALUATION: the loop's evaluations would be none
 
     extras: dict[str, Callable[[], Any] | None] = {
         "plain": None,
@@ -644,7 +643,7 @@ def recompilations(
     for key, value in settings.items():
         q.config[key] = value
     trainer: Any = q.create()
-    [view] = trainer._views
+    [view] = trainer.loop.views
     runs = [0]
     view_run = view.run
 
@@ -653,12 +652,13 @@ def recompilations(
         return view_run(**kw)
 
     view.run = counted_run
-    after_step, save = trainer._after_step, trainer.save_checkpoint
+    train, save = trainer.loop.compiled_train(), trainer.save_checkpoint
 
-    def tagged_after_step(step: int, *rest: Any, **kw: Any) -> None:
-        compiles.phase = step  # validation, analysis, report of `step`
-        after_step(step, *rest, **kw)
-        compiles.phase = step + 1  # the train call of the next step
+    def tagged_train(state: Any, batch: Any, cursor: Any) -> Any:
+        # the train call of step `cursor + 1` (a fresh run), then its report, validation
+        # and analysis
+        compiles.phase = int(cursor) + 1
+        return train(state, batch, cursor)
 
     def tagged_save() -> None:
         phase = compiles.phase
@@ -668,7 +668,8 @@ def recompilations(
         finally:
             compiles.phase = phase
 
-    trainer._after_step, trainer.save_checkpoint = tagged_after_step, tagged_save
+    trainer.loop.compiled_train = lambda: tagged_train
+    trainer.save_checkpoint = tagged_save
     compiles.phase = 1
     start, first = len(compiles.events), len(compiles.programs)
     with compiles.identified():

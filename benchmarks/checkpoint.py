@@ -164,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
 
         step()
         trainer.save_checkpoint()  # warm-up: opens the keeper, compiles the RNG key's ops
-        trainer._keeper.wait()
-        phases = Phases(trainer._keeper)
+        trainer.loop.keeper.wait()
+        phases = Phases(trainer.loop.keeper)
         switch = Switch(
-            trainer._keeper,
+            trainer.loop.keeper,
             ocp.CheckpointManager(
                 Path(root) / "synchronous",
                 options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=True),
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             keeper = switch.seconds
             during = step()
             begin = time.perf_counter()
-            trainer._keeper.wait()
+            trainer.loop.keeper.wait()
             total = blocked + during + time.perf_counter() - begin
             return blocked, keeper, during, total
 

@@ -197,9 +197,9 @@ def tandem_rows(rounds: int, steps: int) -> list[_report.Row]:
             q.config["logging/checkpoint_interval"] = steps
             trainer = q.create()
             trainer()  # trains, and runs the view once at its validation (compiles it)
-            [view] = trainer._views
+            [view] = trainer.loop.views
             tokens = view.settings().tokens
-            train = trainer._compiled_train()
+            train = trainer.loop.compiled_train()
             rows = trainer.batch("train")
             batch = trainer.sharding.place_batch(rows)
             cursor = np.uint32(trainer.cursor)

@@ -9,7 +9,7 @@ AdamW (global-norm clipping 1.0, constant learning rate, decay on matrices only)
 with their state donated. Host batches are fetched once before any timing.
 
 * **theseus**: what ``BaseTrainer.run`` does per step, less data loading and
-  reporting: ``state, loss, meta, grad_norm = trainer._compiled_train()(state,
+  reporting: ``state, loss, meta, grad_norm = trainer.loop.compiled_train()(state,
   placed, np.uint32(trainer.cursor))``.
 * **hand**: ``params, opt_state, loss = step(params, opt_state, x, y)``, a
   ``jax.jit`` of ``value_and_grad`` + ``tx.update`` + ``optax.apply_updates``.
@@ -416,7 +416,7 @@ class TheseusSide:
         self.trainer = trainer
         # A host copy of the initial parameters, for `check` (`keep_initial=False`: none).
         self.initial = jax.tree.map(np.asarray, trainer.state.params) if keep_initial else None
-        self.train = trainer._compiled_train()
+        self.train = trainer.loop.compiled_train()
         self.host = host
         self.per_step = placement == "per-step"
         self.placed = [trainer.sharding.place_batch(b) for b in host]

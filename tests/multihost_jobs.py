@@ -89,7 +89,7 @@ class TrainWithCrop(trainer_jobs.SyntheticTrainer):
 
 def record_tandem(trainer):
     """The list that the trainer's tandem `Crop` view appends each run's `AnalysisResult` to."""
-    [view] = trainer._views  # attached at setup
+    [view] = trainer.loop.views  # attached at setup
     results = []
     run = view.run
     view.run = lambda **kw: results.append(run(**kw)) or results[-1]

@@ -141,7 +141,7 @@ def test_tandem_runs_at_validation_cadence_with_every_version_kept(training_run)
     nodes = sorted(store.query().spec(run="training-run").all(), key=lambda n: n.seq)
     with_artifacts = [n for n in nodes if "activations" in store.get(n)]
     assert [n.seq for n in with_artifacts] == [1, 3]  # validation after steps 2 and 4
-    [view] = training_run._views
+    [view] = training_run.loop.views
     assert view.traces == 1 and view.borrowed and view.node == training_run.node
     final = store.get(node)["activations"]
     assert final.filename == "activations.pdf" and final.content.startswith(b"%PDF")
@@ -223,7 +223,7 @@ def test_list_selection_keeps_selection_order(root: Path) -> None:
 
 def test_no_recompilation_over_many_runs(root: Path) -> None:
     trainer = _create(root, jobs.TrainWithStats, "many")  # set up: the views exist
-    views = trainer._views
+    views = trainer.loop.views
     reference = _attention_input(trainer.model, block=1)
     seen = []
     for step in range(10):  # new parameters and a new batch (the next node) each time
@@ -256,9 +256,10 @@ def test_a_custom_trace_is_the_one_analysed(root: Path) -> None:
 
 def test_analysis_can_be_switched_off(root: Path) -> None:
     trainer = _create(root, jobs.GPTWithAnalysis, "quiet", **{"training/analyze": False})
-    assert trainer._views == []
-    trainer._analyze()  # what the loop calls at validation cadence
-    assert trainer.store.get(trainer.node) == {}
+    assert trainer.loop.views == []
+    trainer()  # validates after steps 2 and 4: no analysis runs
+    nodes = trainer.store.query().spec(run="quiet").all()
+    assert len(nodes) == 4 and all(trainer.store.get(node) == {} for node in nodes)
 
 
 class _Choose(AnalysisBase, PretrainGPT):

@@ -367,7 +367,7 @@ def test_in_tandem_the_sweep_runs_at_every_validation_compiled_once(root: Path) 
         jobs.tiny(q.config, steps=4, **{"optimization/lr": 3e-3})
         trainer = q.create()
         trainer()
-    view = trainer._views[0]
+    view = trainer.loop.views[0]
     assert view.traces == 1
     store = trainer.store
     found = store.query().spec(run="tandem").artifact("head-ablation").artifacts()

@@ -30,7 +30,7 @@ def test_the_intervention_example_runs(
 
     # The sweep ran in tandem after steps 10, 20, 30 and 40, compiled once.
     trainer = namespace["trainer"]
-    assert trainer._views[0].traces == 1
+    assert trainer.loop.views[0].traces == 1
     with Store(store_root("results")) as store:
         found = store.query().spec(run="ablating").artifact("ablate-heads").artifacts()
         assert sorted(a.node.seq for a in found) == [9, 19, 29, 39]

@@ -297,7 +297,7 @@ def test_in_tandem_the_sae_goes_on_from_one_validation_to_the_next(root) -> None
         jobs.tiny(q.config, steps=STEPS, **{"optimization/lr": 3e-3})
         trainer = q.create()
         trainer()
-    [view] = trainer._views
+    [view] = trainer.loop.views
     assert view.compiles["step"] == 1
     with Store(root / "store") as store:
         found = store.query().spec(run="tandem").artifact("features").artifacts()

@@ -8,6 +8,7 @@ trainer's own node sequence and the store's records.
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
@@ -54,17 +55,26 @@ class Gate(AnalysisBase, PretrainGPT):
 
 class GatedTrainer(PretrainGPT):
     ANALYSIS = [Gate]
-    crash_at: int | None = None
+    crash_at: int | None = None  # the step after which the run dies
+    inline = False  # training/analysis_errors = raise: the plot runs inside view.run()
 
-    def _analyze(self) -> None:
-        super()._analyze()
+    def on_setup(self, mode):  # type: ignore[no-untyped-def]
+        super().on_setup(mode)
+        [view] = self.loop.views
+        view.run = functools.partial(self._gated, view.run)  # what the loop calls
+
+    def _gated(self, run, **kwargs):  # type: ignore[no-untyped-def]
+        if self.inline:
+            Gate.opened.set()  # inline, the plot runs inside run()
+        result = run(**kwargs)
         Gate.seen.append(("validation returned", int(self.state.step)))
         Gate.opened.set()  # the plot may go on only now
+        return result
 
-    def _after_step(self, step, *rest, **kw):  # type: ignore[no-untyped-def]
-        super()._after_step(step, *rest, **kw)
-        if step == self.crash_at:
+    def tick(self):  # type: ignore[no-untyped-def]
+        if self.node.seq + 1 == self.crash_at:  # step `crash_at` is done; the next begins
             raise RuntimeError("the run dies")
+        return super().tick()
 
 
 @pytest.fixture(scope="module")
@@ -132,10 +142,7 @@ def test_a_run_that_dies_still_publishes_what_it_computed(root: Path) -> None:
 
 def test_analysis_errors_raise_publishes_inline(root: Path) -> None:
     class Inline(GatedTrainer):
-        def _analyze(self) -> None:
-            Gate.opened.set()  # inline, the plot runs inside super()._analyze()
-            PretrainGPT._analyze(self)
-            Gate.seen.append(("validation returned", int(self.state.step)))
+        inline = True
 
     Gate.opened, Gate.seen = threading.Event(), []
     with quick(root) as q:

@@ -56,7 +56,7 @@ def trainer(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def view(trainer):
-    view = trainer._views[0]
+    view = trainer.loop.views[0]
     assert isinstance(view, jobs.Stats)
     return view
 
@@ -133,6 +133,10 @@ def test_forwarded_attributes_are_the_trainers(trainer, view) -> None:
         "accumulate_steps": lambda got: got == every,
         "analysis_failures": lambda got: got is trainer.analysis_failures,
         "scheduled": lambda got: got is trainer.scheduled,
+        "layout": lambda got: got is trainer.layout,
+        "learning_rate": lambda got: (
+            [got(s) for s in (1, 4)] == [trainer.learning_rate(s) for s in (1, 4)]
+        ),
         "batch_geometry": lambda got: got() == trainer.batch_geometry(),
         "batch": lambda got: got() is trainer.batch("train") and got("val") is trainer.batch("val"),
         "read_batch": lambda got: (
@@ -252,7 +256,7 @@ def test_the_lifecycle_is_refused_in_one_line(trainer, view) -> None:
 
 def test_from_trainer_makes_a_fresh_view_and_checks_its_selection(trainer) -> None:
     view = jobs.Several.from_trainer(trainer)
-    assert view is not trainer._views[1] and type(view) is type(trainer._views[1])
+    assert view is not trainer.loop.views[1] and type(view) is type(trainer.loop.views[1])
     assert repr(view).startswith("<Several view of <TrainWithStats")
     assert view.traces == 0 and view.cursor == trainer.cursor
     bad = type("Bad", (jobs.Several,), {"NAME": "bad", "CHOICE": ["blocks_9/attn"]})

@@ -300,7 +300,7 @@ def test_a_trainers_checkpoints_are_the_states_it_saved_although_it_trained_on(
     assert [step for step, _, _ in trainer.given] == [2, 4, 5]
     for step, _, arrays in trainer.given[:-1]:  # the next step donated these buffers
         assert all(a.is_deleted() for a in arrays if isinstance(a, jax.Array)), step
-    abstract = train_state.checkpoint_arrays(trainer._layout.abstract)
+    abstract = train_state.checkpoint_arrays(trainer.layout.abstract)
     with Store(store_root(tmp_path)) as store:
         saved = store.query().nonce(trainer.node.nonce).checkpoints()
         assert [c.step for c in saved] == [2, 4, 5]

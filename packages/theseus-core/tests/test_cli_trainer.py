@@ -104,7 +104,7 @@ def test_a_run_that_failed_while_setting_up_is_listed_apart(
     assert bad.exit_code == 1  # the vocabulary is checked while setting up, before training
     assert store_main(["runs", str(tmp_path / "store")]) == 0
     out = capsys.readouterr().out
-    table, _, apart = out.partition("\nnever started (1; failed while setting up")
+    table, _, apart = out.partition("\nnever started (1; failed or killed while setting up")
     assert "general.default.ok~" in table and "general.default.big~" not in table
     (line,) = [row for row in apart.splitlines() if "general.default.big~" in row]
     assert "TrainerError: architecture/vocab_size = 8 is smaller than" in line

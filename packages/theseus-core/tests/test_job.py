@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,7 @@ from theseus.job import BasicJob, JobError, JobSpec, JobTypeError, Mode
 from theseus.registry import import_module_or_file
 from theseus.store import Node, Store
 from theseus.store._errors import InvalidNodeError
+from theseus.store.cli import main as store_main
 
 jobs = import_module_or_file(str(Path(__file__).with_name("core_jobs.py")))
 Counter, Inspect = jobs.Counter, jobs.Inspect
@@ -188,6 +192,90 @@ def test_failure_in_setup_is_recorded_on_the_chosen_node(tmp_path: Path) -> None
     assert node is not None
     assert values(job.store, node)["job/status"] == "failed"
     assert job.mode is None  # a later setup tries again
+
+
+def test_a_new_lineage_says_setting_up_until_its_setup_is_done(tmp_path: Path) -> None:
+    seen = []
+
+    class Watched(Counter):
+        def on_setup(self, mode: Mode) -> None:
+            seen.append(self.store.values(self.node).get("job/status"))  # while it runs
+            super().on_setup(mode)
+
+    job = Watched(JobSpec("watched", root=tmp_path))
+    node = job.setup()
+    assert seen == ["setting up"] and values(job.store, node)["job/status"] == "ready"
+    assert job() == 8.0 and values(job.store, node)["job/status"] == "finished"
+    resumed = Watched(JobSpec("watched", root=tmp_path), base=job.node)
+    resumed.setup(resume=True)  # a resumed node keeps its own record while setting up
+    assert seen[-1] == "finished" and values(job.store, job.node)["job/status"] == "finished"
+
+
+def test_a_failure_before_a_new_lineage_runs_is_recorded_as_a_setup_failure(
+    tmp_path: Path,
+) -> None:
+    class Refuses(Counter):
+        def before_run(self) -> None:
+            raise MemoryError("no room")  # e.g. the first read of a state too big to allocate
+
+    job = Refuses(JobSpec("refused", root=tmp_path))
+    with pytest.raises(MemoryError):
+        job()
+    recorded = values(job.store, job.node)
+    assert recorded["job/status"] == "failed" and recorded["job/failed_in"] == "setup"
+    assert recorded["job/error"] == "MemoryError: no room"
+    [run] = job.store.runs()
+    assert job.store.never_started(run) == "MemoryError: no room"
+
+
+KILLED_IN_SETUP = """
+import sys, time
+from theseus.job import JobSpec, Mode
+from theseus.registry import import_module_or_file
+
+jobs = import_module_or_file(sys.argv[1])
+
+class Stuck(jobs.Counter):
+    def on_setup(self, mode: Mode) -> None:  # an allocation that never returns
+        print("setting up", flush=True)
+        time.sleep(600)
+
+Stuck(JobSpec("stuck", root=sys.argv[2]))()
+"""
+
+
+def test_a_process_killed_while_setting_up_leaves_a_node_that_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, a run killed while setting up (the kernel's out-of-memory killer) left a
+    one-node lineage with no status, listed as an ordinary run."""
+    jobs_file = str(Path(__file__).with_name("core_jobs.py"))
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_IN_SETUP, jobs_file, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "setting up\n"
+        child.kill()  # SIGKILL: nothing of the process runs again
+        assert child.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    with Store(tmp_path / "store") as store:
+        [run] = store.runs()
+        node = Node(run["name"], run["nonce"], run["last_seq"])
+        assert store.values(node)["job/status"] == "setting up"
+        assert "killed while setting up (out of memory, SIGKILL)" in str(store.never_started(run))
+    assert store_main(["runs", str(tmp_path / "store")]) == 0
+    listed = capsys.readouterr().out
+    table, _, apart = listed.partition("\nnever started (1; failed or killed while setting up")
+    assert "general.default.stuck~" not in table, listed
+    (line,) = [row for row in apart.splitlines() if "general.default.stuck~" in row]
+    assert "killed while setting up" in line
 
 
 def test_only_host_zero_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

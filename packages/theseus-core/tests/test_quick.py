@@ -94,7 +94,8 @@ def test_create_returns_a_set_up_job_that_has_not_run(tmp_path: Path) -> None:
         job = q.create()
         assert job.mode is Mode.FRESH and job.node.seq == 0
         assert job.setups == 1
-        assert q.store.values(job.node) == {}
+        recorded = q.store.values(job.node)  # set up, not run: its status and nothing else
+        assert recorded["job/status"] == "ready" and all(k.startswith("job/") for k in recorded)
         assert job() == 8.0
         assert job.setups == 1  # __call__ did not set up again
         assert q.store.values(job.node)["job/status"] == "finished"

@@ -177,8 +177,8 @@ def test_cadence_values_and_checkpoints_land_on_the_right_nodes(root: Path) -> N
 
 def test_train_function_compiles_once(root: Path) -> None:
     trainer = _train(root, jobs.SyntheticTrainer, "compile-once", steps=6)
-    assert trainer._compiled_train()._cache_size() == 1
-    assert trainer._compiled_val()._cache_size() == 1
+    assert trainer.loop.compiled_train()._cache_size() == 1
+    assert trainer.loop.compiled_val()._cache_size() == 1
 
 
 @pytest.mark.slow  # test_strategies keeps fsdp with shard=2 against dp in the default suite

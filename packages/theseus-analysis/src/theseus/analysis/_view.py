@@ -51,11 +51,11 @@ class TrainerView(AnalysisBase[Any, Any]):
     `AnalysisError`): `spec`, `base`, `mode`, `configuration`, `model`, `store`,
     `sharding`, `node`, `state`, `cursor`, `block_size`, `total_steps`,
     `accumulate_steps`, `analysis_failures`, `tokenizer`, `scheduled` (the SLURM job
-    the trainer runs in, or None), and the methods
+    the trainer runs in, or None), `layout`, and the methods
     `batch_geometry()`, `batch(slice)`, `read_batch(position, slice)`, `inspection_batch()`
     (`inspection/prompt`'s batch instead when it is set), `prompt_batch(text)`,
     `step_key()`, `inspection_key()`, `validate()`, `evaluate_batch(rows)`,
-    `generate(...)`, `log(values)`.
+    `generate(...)`, `log(values)`, `learning_rate(step)`.
 
     The view's own: `trainer` (the trainer itself), `borrowed` (True), `args` (the
     analysis's `CONFIG` read from the trainer's configuration), `traces`, and the
@@ -65,7 +65,7 @@ class TrainerView(AnalysisBase[Any, Any]):
     (waits for it), `outcome` (what a result wrote) and `close` (publishes what is
     pending and ends the Comet experiment; the store stays the trainer's).
 
-    Refused with `AnalysisError` (the trainer owns them): `setup`, `on_setup`,
+    Refused with `AnalysisError` (the trainer owns them): its `loop`, `setup`, `on_setup`,
     `before_run`, `tick`, `finish`, `on_finish`, `save_checkpoint`, `data_required`,
     `initial_state`, moving to another checkpoint (`resume_at`, `restore_node`,
     `checkpoint_path`, `read_checkpoint`, `over`) and `__call__` (running the view as
@@ -100,6 +100,8 @@ class TrainerView(AnalysisBase[Any, Any]):
         "scheduled",
         "prompt_batch",
         "log",
+        "layout",
+        "learning_rate",
     )
     OWN: ClassVar[tuple[str, ...]] = (
         "trainer",
@@ -118,6 +120,7 @@ class TrainerView(AnalysisBase[Any, Any]):
         "close",
     )
     REFUSED: ClassVar[tuple[str, ...]] = (
+        "loop",
         "setup",
         "on_setup",
         "before_run",
@@ -222,6 +225,7 @@ class TrainerView(AnalysisBase[Any, Any]):
     analysis_failures = _forwarded("analysis_failures", "Tandem analyses that failed")
     tokenizer = _forwarded("tokenizer", "The tokenizer of the model's ids")
     scheduled = _forwarded("scheduled", "The scheduler job the run is, or None")
+    layout = _forwarded("layout", "Where every part of the state lives")
 
     @property
     def state(self) -> Any:
@@ -280,7 +284,16 @@ class TrainerView(AnalysisBase[Any, Any]):
         """Record scalar values on the trainer's live node (host zero only)."""
         self._trainer.log(values)
 
+    def learning_rate(self, step: int) -> float:
+        """The trainer's learning rate of the update that makes `step`."""
+        return float(self._trainer.learning_rate(step))
+
     # -------------------------------------------------------------- refused
+    @property
+    def loop(self) -> Any:
+        """Refused: the trainer's loop runs the view at validation cadence."""
+        self._refuse("its loop", "it runs the view at validation cadence")
+
     # Refused methods take any arguments, so every call gets the one-line refusal.
     def setup(self, *args: Any, **kwargs: Any) -> Node:
         self._refuse("setup", "it was set up with the trainer", standalone=True)

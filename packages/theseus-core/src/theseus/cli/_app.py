@@ -2,7 +2,8 @@
 
 Every verb accepts ``--import MODULE_OR_FILE`` (repeatable) and ``--debug``.
 Without ``--debug`` an error is printed as one paragraph and the exit code is 1;
-with it the traceback is shown. Extra verbs come from the entry-point group
+with it the traceback is shown. Ctrl-C in a job (which stops it at a step boundary, see
+``theseus.job._signals``) exits with 130, as SIGTERM exits with 143. Extra verbs come from the entry-point group
 ``theseus.cli`` (each entry point is a click command or group), loaded only
 when listed or invoked, so core never imports the packages that add them.
 """
@@ -19,6 +20,7 @@ import click
 
 from theseus.cli._cluster import join_from_context
 from theseus.errors import TheseusError
+from theseus.job import Interrupted
 from theseus.registry import import_module_or_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -166,6 +168,8 @@ class TheseusGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
+        except Interrupted as stopped:  # Ctrl-C in a job: it said where it stopped
+            raise click.exceptions.Exit(stopped.code) from stopped
         except Exception as exc:
             _report(ctx, exc)
 

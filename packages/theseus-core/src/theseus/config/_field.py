@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from theseus.config._errors import ConfigError
+from theseus.config._path import normalize_path
 from theseus.config._range import Number, Rule, range_of
 
 PATH_KEY = "theseus.path"
@@ -15,38 +15,6 @@ HELP_KEY = "theseus.help"
 RANGE_KEY = "theseus.range"
 RULES_KEY = "theseus.rules"
 RESERVED = frozenset({"job"})
-
-_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def normalize_path(key: str) -> str:
-    """Return ``key`` in canonical form: segments joined by ``/``.
-
-    ``"training.batch_size"`` and ``"training/batch_size"`` name the same setting.
-
-    Args:
-        key: a path written with ``/`` or ``.`` separators.
-
-    Returns:
-        The path with ``/`` separators.
-
-    Raises:
-        ConfigError: a segment is empty or is not an identifier.
-    """
-    if not isinstance(key, str):
-        raise ConfigError(
-            f"A configuration path must be a string like 'training/batch_size'; "
-            f"got {key!r} ({type(key).__name__})."
-        )
-    parts = key.replace(".", "/").split("/")
-    for part in parts:
-        if not _SEGMENT.match(part):
-            raise ConfigError(
-                f"Configuration path {key!r} has an invalid segment {part!r}: each segment "
-                "must be an identifier (letters, digits, underscores; not starting with a "
-                "digit), separated by '/' or '.', e.g. 'training/batch_size'."
-            )
-    return "/".join(parts)
 
 
 def field(

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from theseus.config._errors import ConfigError, ConfigRangeError
+from theseus.config._path import normalize_path
 
 Number = int | float
 
@@ -223,8 +224,6 @@ def rule(*paths: str) -> Callable[[Callable[..., str | None]], Rule]:
         >>> enough.check(1, 8)
         '1 < 8'
     """
-    from theseus.config._field import normalize_path
-
     canonical = tuple(normalize_path(p) for p in paths)
 
     def decorate(check: Callable[..., str | None]) -> Rule:

@@ -5,8 +5,11 @@ node in one of three modes and records the run; ``tick()`` moves the live node
 to its successor; ``__call__`` synchronizes hosts, sets up, runs and finishes,
 and records the outcome (``job/name``, ``job/module``, ``job/status`` and, on
 failure, ``job/error``, in one record) on the node where the job started and on its last
-live node; inside it SIGTERM and SIGHUP stop the job as Ctrl-C does (recorded, exit
-code 128 + signum; ``theseus.job._signals``). Only host zero writes to the store.
+live node. A new lineage's node says ``setting up`` while its setup runs and ``ready``
+once it is done, so a process killed while setting up leaves a node that says so.
+Inside setup and ``__call__``, Ctrl-C, SIGTERM and SIGHUP stop the job at a safe point,
+recorded, with exit code 128 + signum (``theseus.job._signals``). Only host zero writes
+to the store.
 """
 
 from __future__ import annotations
@@ -217,21 +220,41 @@ class BasicJob(abc.ABC):
                 "was built without base=. Pass base=NODE (q.find()...resume() does), or "
                 "call setup() for a fresh run."
             )
-        node = self._choose(wanted)
+        with stop_on_signals():  # Ctrl-C or SIGTERM while setting up is recorded too
+            return self._set_up(wanted)
+
+    def _set_up(self, mode: Mode) -> Node:
+        """`setup`'s work: choose the node, then `on_setup`, each outcome recorded.
+
+        A new lineage says `job/status = setting up` before `on_setup` starts and
+        `ready` once it is done, so a process killed in between (out of memory, SIGKILL)
+        leaves a node that says so; what `on_setup` raises is recorded as `failed` with
+        `job/failed_in = setup`. A resumed node keeps its own record either way.
+        """
+        node = self._choose(mode)
         self._node = self._start = node
+        fresh = mode is not Mode.RESUME
         try:
+            if fresh:
+                self._status({"job/status": "setting up"})
             with self.activated():
-                self.on_setup(wanted)
+                self.on_setup(mode)
         except BaseException as exc:
-            # A new lineage that failed to set up says so; a resumed node keeps its record.
-            if wanted is not Mode.RESUME:
-                error = describe(exc)
-                # `job/failed_in: setup`: it never started (`theseus-store runs` lists it apart)
-                self._status({"job/status": "failed", "job/error": error, "job/failed_in": "setup"})
+            if fresh:
+                with deferred_stop(raise_at_end=False):  # `exc` is recorded whole
+                    self._failed_in_setup(exc)
             self._node = self._start = None
             raise
-        self._mode = wanted
+        if fresh:
+            self._status({"job/status": "ready"})
+        self._mode = mode
         return node
+
+    def _failed_in_setup(self, exc: BaseException) -> None:
+        """Record on a new lineage's node that it never started, and why (`theseus-store
+        runs` lists such lineages apart)."""
+        error = describe(exc)
+        self._status({"job/status": "failed", "job/error": error, "job/failed_in": "setup"})
 
     def _choose(self, mode: Mode) -> Node:
         spec, key, text = self.spec, job_key(type(self)), dump(self.configuration)
@@ -324,9 +347,10 @@ class BasicJob(abc.ABC):
     def __call__(self, resume: bool = False) -> Any:
         """Synchronize hosts, set up (unless already set up), run, finish.
 
-        SIGTERM and SIGHUP (a scheduler, preemption, a closed terminal) stop it as
-        Ctrl-C does: inside, they raise :class:`~theseus.job.Terminated` (see
-        ``theseus.job._signals``), recorded like any failure, and the process exits
+        Ctrl-C, SIGTERM and SIGHUP (a person, a scheduler, preemption, a closed
+        terminal) stop it at a safe point: inside, Ctrl-C raises
+        :class:`~theseus.job.Interrupted` and the others :class:`~theseus.job.Terminated`
+        (see ``theseus.job._signals``), recorded like any failure, and the process exits
         with 128 + signum.
 
         Args:
@@ -336,8 +360,9 @@ class BasicJob(abc.ABC):
             Whatever :meth:`run` returns.
 
         Raises:
-            BaseException: whatever setup or run raised (``KeyboardInterrupt`` for
-                Ctrl-C, ``Terminated`` for a stop signal), after recording
+            BaseException: whatever setup or run raised (``Interrupted``, a
+                ``KeyboardInterrupt``, for Ctrl-C; ``Terminated`` for another stop
+                signal), after recording
                 ``job/status: failed`` and ``job/error`` on the job's nodes.
         """
         with stop_on_signals():
@@ -348,8 +373,14 @@ class BasicJob(abc.ABC):
         sync_hosts(f"theseus/job/start/{self.spec.project}.{self.spec.group}.{self.spec.name}")
         if self._mode is None:
             self.setup(resume=resume)  # a failed fresh or branch setup records it itself
-        with self.activated():
-            self.before_run()  # a refusal records nothing: the node's history stays as it was
+        try:
+            with self.activated():
+                self.before_run()  # a refusal leaves a resumed node's history as it was
+        except BaseException as exc:
+            if self._mode is not Mode.RESUME:  # a new lineage never started: it says why
+                with deferred_stop(raise_at_end=False):
+                    self._failed_in_setup(exc)
+            raise
         finished = False
         try:
             self._status({"job/status": "running"})

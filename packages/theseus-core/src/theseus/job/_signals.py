@@ -1,23 +1,31 @@
-"""Stop signals: SIGTERM and SIGHUP end a job the way Ctrl-C does, recorded, with 128+signum.
+"""Stop signals: Ctrl-C, SIGTERM and SIGHUP end a job alike: at a step boundary, recorded.
 
-Schedulers and preemption end a process with SIGTERM (SLURM, Kubernetes, `kill`), and a
-closed terminal sends SIGHUP. Left to their default action they end the process at
-once, and a job's node would say `job/status = running` forever. Inside
-:func:`stop_on_signals` each of them raises :class:`Terminated` in the main thread
-instead, like KeyboardInterrupt for Ctrl-C: the job records `failed` with the error
-(``Terminated: ...``) on its nodes, and an uncaught `Terminated` exits the process with
-the conventional code 128 + signum (143 for SIGTERM, 129 for SIGHUP), since it is a
-`SystemExit`.
+Schedulers and preemption end a process with SIGTERM (SLURM, Kubernetes, `kill`), a
+closed terminal sends SIGHUP, and a person at the terminal presses Ctrl-C (SIGINT). Left
+to their default action the first two end the process at once, and Ctrl-C raises
+KeyboardInterrupt wherever the main thread happens to be: in the middle of a training
+step, or of a store transaction. Inside :func:`stop_on_signals` each of them raises in
+the main thread at a safe point instead: SIGTERM and SIGHUP raise :class:`Terminated`, a
+`SystemExit` whose code is 128 + signum (143 for SIGTERM, 129 for SIGHUP), and Ctrl-C
+raises :class:`Interrupted`, a `KeyboardInterrupt` (so a notebook or a script's
+``except KeyboardInterrupt`` sees what it always saw) whose `code` is 130. Both are
+:class:`StopSignal` exceptions: the job records `failed` with the error on its nodes, and the
+trainer checkpoints the step it stopped after and says how to resume.
 
 Work that must not be cut in the middle (a training step, whose state is donated to
 the compiled update; the final checkpoint) runs inside :func:`deferred_stop`: a signal
 that arrives there is kept and raised when the block ends, so the trainer stops at a
-step boundary with a whole state it can still checkpoint.
+step boundary with a whole state it can still checkpoint. A signal never lands inside
+the store either: one that arrives while the main thread runs `theseus.store`'s code
+(a transaction begun and not yet committed or rolled back, anywhere: a job's status, a
+checkpoint's registration, an analysis's artifact) is kept and raised as soon as that
+code has returned, so every transaction ends whole and the failure can still be recorded.
 
 Handlers are installed only in the main thread (elsewhere both context managers do
-nothing), only over the default action (a signal ignored with `nohup`, or handled by the
-program itself, keeps its handler), and restored when the block ends. On several hosts
-every host gets the signal from its scheduler and stops on its own; host zero records.
+nothing), only over the default action (a signal ignored with `nohup`, or by a shell for
+a background job, or handled by the program itself, keeps its handler), and restored
+when the block ends. On several hosts every host gets the signal from its scheduler and
+stops on its own; host zero records.
 
 A scheduler's warning before a time limit or a preemption is another kind of signal:
 where the environment names one (``THESEUS_PREEMPTION=USR2``, which the script of
@@ -27,11 +35,12 @@ every process of the run agrees on the step at which to stop (a vote, see
 ``theseus.training._preempt``), checkpoints it, and raises :class:`Preempted`.
 
 A Python handler runs only when the main thread runs Python. A process blocked in native
-code (a compiled step that never returns, a collective waiting for a host that died)
-would never see the first signal, so a second stop signal ends the process at once with
-128 + signum (nothing more is recorded): each stop signal's number reaches a watchdog
-thread through `signal.set_wakeup_fd`, which the interpreter writes from its C-level
-handler whatever the main thread is doing.
+code (a compiled step that never returns, a collective waiting for a host that died, an
+allocation the device cannot serve) would never see the first signal, so a second stop
+signal (Ctrl-C included) ends the process at once with 128 + signum (nothing more is
+recorded): each stop signal's number reaches a watchdog thread through
+`signal.set_wakeup_fd`, which the interpreter writes from its C-level handler whatever
+the main thread is doing.
 """
 
 from __future__ import annotations
@@ -39,14 +48,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from types import FrameType
 
 __all__ = [
     "ENV_PREEMPTION",
     "STOP_SIGNALS",
+    "Interrupted",
     "Preempted",
+    "StopSignal",
     "Terminated",
     "deferred_stop",
     "preemption_requested",
@@ -62,8 +75,33 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
 
+#: Where a signal is never raised: the store's code (see the module's notes).
+_STORE = "theseus.store"
+#: ...nor while a context manager is entered or left: a `with store.batch():` begins
+#: and ends its transaction there.
+_ENTER_EXIT = frozenset({"__enter__", "__exit__"})
 
-class Terminated(SystemExit):
+
+class StopSignal:
+    """What :class:`Terminated` and :class:`Interrupted` share: the signal that stopped a job.
+
+    Attributes:
+        signum: the signal's number (the process's exit code for it is 128 + signum:
+            `SystemExit.code` of `Terminated`, `code` of `Interrupted`).
+    """
+
+    signum: int
+
+    @property
+    def signal_name(self) -> str:
+        """The signal's name, e.g. ``SIGTERM``."""
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+
+class Terminated(StopSignal, SystemExit):
     """The process received a stop signal (SIGTERM, SIGHUP) inside :func:`stop_on_signals`.
 
     A `SystemExit` whose code is 128 + signum: uncaught, the process exits with the
@@ -77,19 +115,27 @@ class Terminated(SystemExit):
         super().__init__(128 + signum)
         self.signum = signum
 
-    @property
-    def signal_name(self) -> str:
-        """The signal's name, e.g. ``SIGTERM``."""
-        try:
-            return signal.Signals(self.signum).name
-        except ValueError:
-            return f"signal {self.signum}"
-
     def __str__(self) -> str:
         return (
             f"stopped by {self.signal_name} (a scheduler, preemption, `kill` or a closed "
             f"terminal), exit code {self.code}"
         )
+
+
+class Interrupted(StopSignal, KeyboardInterrupt):
+    """Ctrl-C (SIGINT) inside :func:`stop_on_signals`, raised at a step boundary.
+
+    A `KeyboardInterrupt`, as Ctrl-C raises anywhere else; `code` is 130 (128 + 2),
+    what `theseus run` exits with.
+    """
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__()
+        self.signum = signum
+        self.code: int = 128 + signum
+
+    def __str__(self) -> str:
+        return f"stopped by Ctrl-C ({self.signal_name}), exit code {self.code}"
 
 
 class Preempted(Terminated):
@@ -118,10 +164,11 @@ def preemption_signal() -> signal.Signals | None:
         return None
     name = text if text.startswith("SIG") else f"SIG{text}"
     found = getattr(signal, name, None)
-    if not isinstance(found, signal.Signals) or found in STOP_SIGNALS or name == "SIGKILL":
+    stops = (*STOP_SIGNALS, signal.SIGINT)
+    if not isinstance(found, signal.Signals) or found in stops or name == "SIGKILL":
         raise ValueError(
             f"{ENV_PREEMPTION}={os.environ[ENV_PREEMPTION]!r} names no signal a process can "
-            "be warned with; expected e.g. USR2 or USR1 (not TERM, HUP or KILL)."
+            "be warned with; expected e.g. USR2 or USR1 (not TERM, HUP, INT or KILL)."
         )
     return found
 
@@ -138,7 +185,7 @@ class _State:
     installed: bool = False
     deferring: int = 0  # depth of nested deferred_stop blocks
     pending: int | None = None  # a signal that arrived while deferring
-    stopping: bool = False  # Terminated was raised: later signals leave it to the watchdog
+    stopping: bool = False  # a stop was raised: later signals leave it to the watchdog
     warned: int | None = None  # the preemption signal arrived (it stops nothing by itself)
 
 
@@ -149,13 +196,81 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _handle(signum: int, frame: object) -> None:
+def _module(frame: FrameType) -> str:
+    return str(frame.f_globals.get("__name__", ""))
+
+
+def _cuts(frame: FrameType) -> bool:
+    """Whether a signal raised in `frame` could cut a transaction: the store's code (one
+    may be open), or `contextlib` entering or leaving a context (`store.batch()`)."""
+    module = _module(frame)
+    return module.startswith(_STORE) or (
+        module == "contextlib" and frame.f_code.co_name in _ENTER_EXIT
+    )
+
+
+def _guarded(frame: FrameType | None) -> bool:
+    """Whether `frame` or a frame that called it is one a signal must not cut (`_cuts`)."""
+    while frame is not None:
+        if _cuts(frame):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
     if _state.stopping:
         return
     if _state.deferring:
+        if _state.pending is None:  # say it now: the block may take a while to end
+            _say(f"{signal.Signals(signum).name}: stopping once the work under way is done")
         _state.pending = _state.pending or signum
         return
-    _stop(signum)
+    if _guarded(frame) and _hold(signum):
+        return
+    _stop(_state.pending or signum)
+
+
+def _say(line: str) -> None:
+    """One line on stderr, written to the file descriptor itself: the handler may run
+    while the main thread is inside a write to `sys.stderr` (a progress bar), which
+    Python's buffered streams refuse to re-enter."""
+    with contextlib.suppress(OSError):  # no stderr: nothing to say it on
+        os.write(2, f"\n{line} (a second signal stops the process at once)\n".encode())
+
+
+def _hold(signum: int) -> bool:
+    """Keep `signum` until the main thread has left guarded code (`_release` raises it).
+
+    Returns False where another profiler runs (a developer's `cProfile`): the signal is
+    then raised at once, as Python would.
+    """
+    if sys.getprofile() not in (None, _release):
+        return False
+    _state.pending = _state.pending or signum
+    sys.setprofile(_release)
+    return True
+
+
+def _release(frame: FrameType, event: str, arg: object) -> None:
+    """The main thread's profile function while a signal is held: raise it at the first
+    call made outside guarded code, or where the store's outermost frame returns (what
+    a profile function raises appears at that call's site; a `with store.batch():`
+    body gets it from its first call, so the batch's exit rolls back).
+    """
+    if event == "call":
+        out = not _cuts(frame) and not _guarded(frame.f_back)
+    elif event == "return":
+        out = _module(frame).startswith(_STORE) and not _guarded(frame.f_back)
+    else:
+        return
+    if not out:
+        return
+    sys.setprofile(None)
+    # a deferred block still open keeps the signal for its end
+    held = _state.installed and not _state.deferring and not _state.stopping
+    if held and _state.pending is not None:
+        _stop(_state.pending)
 
 
 def _warn(signum: int, frame: object) -> None:
@@ -164,6 +279,10 @@ def _warn(signum: int, frame: object) -> None:
 
 def _stop(signum: int) -> None:
     _state.pending, _state.stopping = None, True
+    if sys.getprofile() is _release:
+        sys.setprofile(None)
+    if signum == signal.SIGINT:
+        raise Interrupted(signum)
     raise Terminated(signum)
 
 
@@ -215,20 +334,35 @@ def _wakeup_watchdog(signals: Sequence[signal.Signals]) -> Iterator[None]:
         os.close(read_fd)
 
 
-@contextlib.contextmanager
-def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterator[None]:
-    """Inside the block, each of `signals` raises :class:`Terminated` in the main thread.
+def _at_default(s: signal.Signals) -> bool:
+    """Whether `s` does what it does when nobody handles it (Ctrl-C: Python's own
+    KeyboardInterrupt), so that taking it over changes nothing anyone chose."""
+    handler = signal.getsignal(s)
+    return handler is signal.SIG_DFL or (
+        s == signal.SIGINT and handler is signal.default_int_handler
+    )
 
-    Handlers are installed only in the main thread and only over a signal's default
-    action, and the previous ones are restored at the end. Nested blocks use the
-    outer one's handlers. A second stop signal ends the process at once (exit code
-    128 + signum), also while the main thread is blocked in native code.
+
+@contextlib.contextmanager
+def stop_on_signals(
+    signals: Sequence[signal.Signals] = (*STOP_SIGNALS, signal.SIGINT),
+) -> Iterator[None]:
+    """Inside the block, each of `signals` raises a :class:`StopSignal` in the main thread.
+
+    SIGINT (Ctrl-C) raises :class:`Interrupted`, the others :class:`Terminated`; never
+    inside a :func:`deferred_stop` block (it is raised when the block ends) nor inside
+    the store's code (raised once it returns). Handlers are installed only in the main
+    thread and only over a signal's default action, and the previous ones are restored
+    at the end. Nested blocks use the outer one's handlers. A second stop signal ends
+    the process at once (exit code 128 + signum), also while the main thread is blocked
+    in native code.
 
     Args:
-        signals: the signals that stop the process (default :data:`STOP_SIGNALS`).
+        signals: the signals that stop the process (default :data:`STOP_SIGNALS` and
+            SIGINT).
 
     Raises:
-        Terminated: one of `signals` arrived (at the end of a :func:`deferred_stop`
+        StopSignal: one of `signals` arrived (at the end of a :func:`deferred_stop`
             block when it arrived inside one).
     """
     if not _in_main_thread() or _state.installed:
@@ -239,9 +373,7 @@ def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterato
     # must not make this one ignore its signals).
     _state.pending, _state.stopping, _state.deferring, _state.warned = None, False, 0, None
     warning = preemption_signal()
-    previous = {
-        s: signal.signal(s, _handle) for s in signals if signal.getsignal(s) is signal.SIG_DFL
-    }
+    previous = {s: signal.signal(s, _handle) for s in signals if _at_default(s)}
     stops = list(previous)
     if warning is not None and warning not in previous:
         previous[warning] = signal.signal(warning, _warn)
@@ -252,6 +384,8 @@ def stop_on_signals(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterato
         if _state.pending is not None:  # kept by a deferred block that ended in an error
             _stop(_state.pending)
     finally:
+        if sys.getprofile() is _release:
+            sys.setprofile(None)
         for s, handler in previous.items():
             signal.signal(s, handler)
         _state.installed, _state.deferring = False, 0
@@ -271,7 +405,7 @@ def deferred_stop(*, raise_at_end: bool = True) -> Iterator[None]:
             it): the signal stays pending and that error is the one that propagates.
 
     Raises:
-        Terminated: a stop signal arrived inside the block (raised at its end).
+        StopSignal: a stop signal arrived inside the block (raised at its end).
     """
     if not _in_main_thread() or not _state.installed:
         yield

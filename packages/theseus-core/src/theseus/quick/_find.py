@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from theseus.errors import TheseusError
 from theseus.job import from_host_zero, is_primary
-from theseus.store import Node, Query
+from theseus.store import Node, Query, Store
 
-if TYPE_CHECKING:
-    from theseus.quick._session import Quick
+
+class Session(Protocol):
+    """What a finder uses of its quick session (`theseus.quick.Quick`): the store, and
+    where a chosen base node goes."""
+
+    @property
+    def store(self) -> Store: ...
+    def _select(self, node: Node, resume: bool) -> Node: ...
+    def _select_over(self, nodes: list[Node], force: bool) -> list[Node]: ...
 
 
 class _Same:
@@ -37,7 +44,7 @@ class Finder:
     :meth:`over` picks every checkpoint of a lineage for one analysis.
     """
 
-    def __init__(self, session: Quick) -> None:
+    def __init__(self, session: Session) -> None:
         self._session = session
         # The cursor lives on host zero only; the other hosts receive each call's answer.
         self._query: Query | None = session.store.query() if is_primary() else None

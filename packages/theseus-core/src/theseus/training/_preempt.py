@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from theseus.job import preemption_requested, preemption_signal
+from theseus.job import Preempted, preemption_requested, preemption_signal
 
 __all__ = ["StopVote"]
 
@@ -57,3 +57,8 @@ class StopVote:
         votes = jax.make_array_from_single_device_arrays(self._shape, self._sharding, shards)
         self._cast = self._max(votes)
         return earlier is not None and bool(earlier)
+
+    def preempted(self) -> Preempted:
+        """What the run raises once :meth:`stop_now` said to stop."""
+        assert self.signal is not None, "only a run that watches for a warning stops"
+        return Preempted(int(self.signal))

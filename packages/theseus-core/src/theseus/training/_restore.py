@@ -4,29 +4,25 @@ A resumed or branched trainer (and an analysis walking a lineage) finds its base
 checkpoint through the store (`checkpoint_path`, read on host zero and broadcast), reads
 it into the state's layout (`read_checkpoint`, given the layout and the trainer's
 `surgery`), and takes it as the live state with the data cursor the checkpoint sets
-(`cursors`). `BaseTrainer` binds `checkpoint_path` as its method and wraps the others
-(its `read_checkpoint`, `restore_node` and `_take`): nothing here touches the trainer's
-private fields. `restore_node` moves a resumed trainer to another node through the same
-path as setup into the same layout, so programs compiled for the previous node are
-reused (an analysis walking a lineage compiles once). The two refusals of this path
-live here too, each naming the checkpoint to use instead: a node without a checkpoint
-(`no_checkpoint_message`) and a resume that would train over later checkpoints
-(`refuse_later_checkpoints`).
+(`cursors`). `BaseTrainer`'s `checkpoint_path`, `read_checkpoint` and `restore_node`
+call these with what they need; nothing here knows the trainer. `restore_node` moves a
+resumed trainer to another node through the same path as setup into the same layout,
+so programs compiled for the previous node are reused (an analysis walking a lineage
+compiles once). The two refusals of this path live here too, each naming the
+checkpoint to use instead: a node without a checkpoint (`no_checkpoint_message`) and a
+resume that would train over later checkpoints (`refuse_later_checkpoints`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from theseus.job import Mode, from_host_zero
 from theseus.store import Node, Store
 from theseus.training import state as train_state
 from theseus.training._errors import TrainerError
-
-if TYPE_CHECKING:
-    from theseus.training.base import BaseTrainer
 
 __all__ = [
     "checkpoint_path",
@@ -37,17 +33,20 @@ __all__ = [
 ]
 
 
-def checkpoint_path(trainer: BaseTrainer, node: Node, mode: Mode = Mode.RESUME) -> str:
+def checkpoint_path(store: Callable[[], Store], node: Node, mode: Mode = Mode.RESUME) -> str:
     """The folder of `node`'s (last) checkpoint: host zero reads the store, every host
     receives it.
+
+    Args:
+        store: gives the store (called on host zero only, which alone opens it).
 
     Raises:
         TrainerError: `node` has no checkpoint; the message names the closest one
             of its lineage (`mode` words it: resume or branch from).
     """
-    saved = from_host_zero(lambda: trainer.store.checkpoints(node))
+    saved = from_host_zero(lambda: store().checkpoints(node))
     if not saved:
-        raise TrainerError(from_host_zero(lambda: no_checkpoint_message(trainer.store, node, mode)))
+        raise TrainerError(from_host_zero(lambda: no_checkpoint_message(store(), node, mode)))
     return saved[-1].path
 
 

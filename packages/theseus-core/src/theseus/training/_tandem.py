@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from theseus.store import Node
 from theseus.training._errors import TrainerError
 from theseus.training.evaluation import TandemAnalysis, TandemView
-
-if TYPE_CHECKING:
-    from theseus.training.base import BaseTrainer
 
 __all__ = ["analyze", "check_analyses", "drain", "summarize_failures"]
 
@@ -52,40 +49,53 @@ def check_analyses(owner: str, analyses: Sequence[Any]) -> None:
         names[analysis.NAME] = analysis
 
 
-def analyze(trainer: BaseTrainer, views: Sequence[TandemView]) -> None:
-    """Run each of `trainer`'s tandem `views`; a failure is logged and recorded, and
-    training goes on.
+def analyze(
+    views: Sequence[TandemView],
+    names: Sequence[str],
+    *,
+    errors: str,
+    step: int,
+    node: Node,
+    log: Callable[[dict[str, Any]], None],
+    failures: list[tuple[int, str, str]],
+) -> None:
+    """Run each tandem view; a failure is logged and recorded, and training goes on.
 
-    The compiled computation runs here; with `training/analysis_errors = "log"` its
-    `plot()`, file, artifact and Comet copy are published on a background thread in
+    The compiled computation runs here; with `errors = "log"` (`training/analysis_errors`)
+    its `plot()`, file, artifact and Comet copy are published on a background thread in
     cadence order (the views drain it when the run finishes or fails), so a slow
     plot never stalls training. A typo in an analysis's `plot()` must not end a run
     of many days: the error is logged with its traceback, kept on the live node as the
-    string value `analysis/NAME/error`, listed in the run's closing summary, and the
-    analysis is tried again at the next validation. `training/analysis_errors = "raise"`
-    stops the run instead.
+    string value `analysis/NAME/error` (through `log`), appended to `failures` as
+    `(step, NAME, "Type: message")` for the run's closing summary, and the analysis is
+    tried again at the next validation. `errors = "raise"` stops the run instead.
+
+    Args:
+        views: the trainer's tandem views (none when `training/analyze` is off).
+        names: each view's analysis `NAME`, in the same order.
+        step: the step just taken; `node`: the live node (both for the record).
     """
     if not views:  # training/analyze = false, or not attached on this setup
         return
-    background = trainer.args.analysis_errors == "log"  # "raise" must raise right here
-    for analysis, view in zip(trainer.ANALYSIS, views, strict=True):
+    background = errors == "log"  # "raise" must raise right here
+    for name, view in zip(names, views, strict=True):
         try:
             view.run(background=background)
         except Exception as err:
-            if trainer.args.analysis_errors == "raise":
+            if errors == "raise":
                 raise
-            step, message = int(trainer.state.step), f"{type(err).__name__}: {err}"
+            message = f"{type(err).__name__}: {err}"
             logger.error(
                 "Tandem analysis %r failed at step %d of %s; training goes on and it runs "
                 "again at the next validation (training/analysis_errors=raise stops the "
                 "run instead):\n%s",
-                analysis.NAME,
+                name,
                 step,
-                trainer.node.serialize(),
+                node.serialize(),
                 "".join(traceback.format_exception(err)).rstrip(),
             )
-            trainer.log({f"analysis/{analysis.NAME}/error": message})
-            trainer.analysis_failures.append((step, analysis.NAME, message))
+            log({f"analysis/{name}/error": message})
+            failures.append((step, name, message))
 
 
 def drain(views: Sequence[TandemView]) -> None:

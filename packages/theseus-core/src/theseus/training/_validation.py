@@ -1,32 +1,45 @@
 """Validation and the evaluations that run at its cadence, on the live state.
 
-`validate` averages `val_step` over the first `training/validation_steps` batches of
-the `val` split (the same batches every time); `evaluate` runs each `EVALUATION` class
-and logs its value under `eval/NAME`. Both read batches through the trainer's `batch`,
-so a trainer with custom batching validates on its own data.
+`validate` averages the compiled `val_step` over the first `training/validation_steps`
+batches of the `val` split (the same batches every time); `evaluate` runs each
+`EVALUATION` class and logs its value under `eval/NAME`. The loop hands them what they
+use: how to read a validation batch (the trainer's `batch("val")`, so a trainer with
+custom batching validates on its own data), how to run `val_step` on it, and where to
+log.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from theseus.data.batches import Batch
 from theseus.training._steps import scalar_keys
 
-if TYPE_CHECKING:
-    from theseus.training.base import BaseTrainer
+__all__ = ["evaluate", "validate"]
 
-__all__ = ["evaluate", "validate", "validation_batch"]
+#: `run(rows) -> (loss_sum, count, meta)`: the compiled `val_step` on host rows, placed.
+ValStep = Callable[[Batch], tuple[Any, Any, dict[str, Any]]]
 
 
-def validate(trainer: BaseTrainer) -> dict[str, float]:
-    """`val/loss` (and `val/KEY` for each scalar of `val_step`'s metadata), averaged."""
+def validate(read: Callable[[int], Batch], steps: int, run: ValStep) -> dict[str, float]:
+    """`val/loss` (and `val/KEY` for each scalar of `val_step`'s metadata), averaged.
+
+    Args:
+        read: the host rows of validation batch `index` (`[rows, block_size]` arrays).
+        steps: how many batches (`training/validation_steps`).
+        run: `val_step` on those rows: the loss summed over counted targets, their
+            count, and the metadata.
+
+    Returns:
+        `val/loss` = the summed losses over the summed counts (0 targets count as 1);
+        each scalar `KEY` of the metadata, the mean over the batches, as `val/KEY`.
+    """
     total, count, metas = 0.0, 0, []
-    for index in range(trainer.args.validation_steps):
-        placed = trainer.sharding.place_batch(validation_batch(trainer, index))
-        loss_sum, n, meta = trainer._compiled_val()(trainer.state, placed)
+    for index in range(steps):
+        loss_sum, n, meta = run(read(index))
         total, count = total + float(loss_sum), count + int(n)
         metas.append(meta)
     values = {"val/loss": total / max(count, 1)}
@@ -35,24 +48,13 @@ def validate(trainer: BaseTrainer) -> dict[str, float]:
     return values
 
 
-def validation_batch(trainer: BaseTrainer, index: int) -> Batch:
-    """`trainer.batch("val")` for validation batch `index`.
-
-    A trainer's `batch(slice)` override is public API with that one argument, so the
-    index reaches the base method through `_val_index` for the length of this call.
-    """
-    trainer._val_index = index
-    try:
-        return trainer.batch("val")
-    finally:
-        trainer._val_index = 0
-
-
-def evaluate(trainer: BaseTrainer) -> None:
-    """Run each of `trainer.EVALUATION` and log its value(s) under `eval/NAME`."""
-    for evaluation in trainer.EVALUATION:
+def evaluate(
+    evaluations: Sequence[Any], trainer: Any, log: Callable[[dict[str, Any]], None]
+) -> None:
+    """Run each of `evaluations` (classes) on `trainer` and `log` its value(s) under `eval/NAME`."""
+    for evaluation in evaluations:
         result = evaluation().evaluate(trainer)
         if isinstance(result, dict):
-            trainer.log({f"eval/{evaluation.NAME}/{k}": float(v) for k, v in result.items()})
+            log({f"eval/{evaluation.NAME}/{k}": float(v) for k, v in result.items()})
         else:
-            trainer.log({f"eval/{evaluation.NAME}": float(result)})
+            log({f"eval/{evaluation.NAME}": float(result)})

@@ -3,64 +3,55 @@
 A trainer is a job (`BasicJob`) whose declarations (`MODEL`, `CONFIG`, `DATASET`,
 `OPTIMIZER`, `SCHEDULE`, `EVALUATION`, `ANALYSIS`) contribute their settings to one
 composed configuration. Its overridable pieces are `batch`, `forward`, `train_step`,
-`val_step` and `trace`; everything else is the fixed lifecycle:
+`val_step` and `trace`; everything else is the fixed lifecycle, in this module's order:
 
-    each step: batch -> train_step -> report (every `logging/report_interval`)
-               -> validation, evaluations, tandem analyses (every `logging/validation_interval`)
-               -> checkpoint (every `logging/checkpoint_interval`, and at the end) -> tick
+    construct: the configuration and the model (nothing allocated)
+    setup (on_setup): open the data; build the optimizer and the state's layout; refuse a
+        state that cannot fit; initialize (fresh) or restore (resume, branch) the state
+        and the data cursor; attach the tandem views of ANALYSIS
+    run: the loop (`self.loop`, a `TrainingLoop`), each step:
+        batch -> train_step -> report (every `logging/report_interval`)
+              -> validation, evaluations, tandem analyses (every `logging/validation_interval`)
+              -> checkpoint (every `logging/checkpoint_interval`, and at the end) -> tick
+    finish (on_finish): checkpoints committed and registered, views closed
 
 "Every N steps" means after steps N, 2N, ... (and after the last step). The node at seq
 `n` holds the metrics and checkpoint of the update that consumed its batch.
 
-The data cursor is the position of a batch in the data plan. The live node's batch is
-at `cursor = node.seq + offset` (the offset is 0 for a fresh run and is read from the
-checkpoint on resume and branch), and `_next_cursor` is the position the next update
-reads: while the live node's batch is still unread the two are equal; once it is spent
-the loop ticks to a new node first.
-
-This module is the lifecycle, top to bottom. Each part of a step's story is a module
-of functions the trainer calls or binds as methods: `_steps` (a step's arithmetic and
-its jitted programs), `_data` (node-cached batches), `_loop`, `_validation`, `_tandem`
-(the `ANALYSIS` views), `_inspection` (`find`, `debug`, `generate`) and `_restore`
-(a node's checkpoint); `state`, `sharding`, `checkpoints` and `keys` own the state's
-layout, the mesh and strategies, the checkpoint lifecycle and every RNG key.
+The trainer owns its configuration, model, live state and the state's layout; its loop
+(`_loop.py`) owns what lives from one step to the next: the data cursor (the live
+node's batch is at `cursor = node.seq + offset`), the compiled programs, the
+checkpoint keeper, the tandem views. The helper modules take what they use as
+arguments: `_steps` (a step's arithmetic and its jitted programs), `_data`
+(node-cached batches), `_validation`, `_tandem` (the `ANALYSIS` views), `_inspection`
+(`find`, `debug`, `generate`), `_restore` (a node's checkpoint) and `_memory`; `state`,
+`sharding`, `checkpoints` and `keys` own the state's layout, the mesh and strategies,
+the checkpoint lifecycle and every RNG key.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from theseus.config import dump
 from theseus.data.batches import Batch, MixturePlan
 from theseus.data.datasets import Synthetic
 from theseus.data.prepared import DataNotPreparedError
 from theseus.data.tokenizer import Tokenizer, get_tokenizer
-from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
+from theseus.job import BasicJob, Mode, process_count, process_index
 from theseus.model.models import GPT
 from theseus.store import Node
-from theseus.training import (
-    _data,
-    _inspection,
-    _loop,
-    _restore,
-    _steps,
-    _tandem,
-    _validation,
-    keys,
-)
-from theseus.training import checkpoints as ckpt
+from theseus.training import _data, _memory, _restore, _steps, _tandem, keys
 from theseus.training import state as train_state
 from theseus.training._config import BaseTrainerConfig
 from theseus.training._errors import TrainerError
-from theseus.training.evaluation import Evaluation, TandemView
+from theseus.training._inspection import Inspection
+from theseus.training._loop import Cursor, TrainingLoop
+from theseus.training.evaluation import Evaluation
 from theseus.training.flywheel.strategy import DatasetDeclaration, plan
 from theseus.training.optimizers import AdamW, Optimizer
 from theseus.training.schedules import Schedule, constant
@@ -68,15 +59,15 @@ from theseus.training.sharding import ParameterShardingContext
 
 __all__ = ["BaseTrainer", "BaseTrainerConfig", "TrainerError"]
 
-logger = logging.getLogger(__name__)
 
-
-class BaseTrainer(BasicJob):
+class BaseTrainer(Inspection, BasicJob):
     """Trains `MODEL` on `DATASET` with `OPTIMIZER` and `SCHEDULE` (see the module docstring).
 
     Attributes (after setup):
         state: a `flax.training.train_state.TrainState` (params, opt_state, step).
         sharding: the `ParameterShardingContext` (mesh and logical-axis rules).
+        loop: the `TrainingLoop` that runs the steps and owns their state (the data
+            cursor, the compiled programs, the checkpoint keeper, the tandem views).
         node, spec, store, args: from `BasicJob`.
     """
 
@@ -110,22 +101,13 @@ class BaseTrainer(BasicJob):
         # set up by on_setup()
         self._plan: MixturePlan | None = None
         self._missing_data: DataNotPreparedError | None = None  # resumed without its data
-        self._tx: optax.GradientTransformation | None = None
         self._lr: optax.Schedule | None = None
         self._layout: train_state.StateLayout | None = None
-        # data position of the live node's batch is node.seq + _cursor_offset; the next
-        # update reads the batch at _next_cursor (see the module docstring)
-        self._cursor_offset = 0
-        self._next_cursor = 0
         self._batches = _data.NodeBatches()  # host batches of the live node
-        self._val_index = 0  # which validation batch batch("val") returns
-        self._compiled: dict[str, Any] = {}  # "train" and "val": their jitted programs
-        self._keeper: ckpt.CheckpointKeeper | None = None
-        self._config_text: str | None = None  # the configuration's YAML, for checkpoints
-        self._views: list[TandemView] = []
         #: Tandem analyses that failed during this run: `(step, NAME, "Type: message")`.
         self.analysis_failures: list[tuple[int, str, str]] = []
         _tandem.check_analyses(type(self).__name__, self.ANALYSIS)
+        self.loop = TrainingLoop(self)
 
     # ------------------------------------------------------------------- geometry
     @property
@@ -165,7 +147,20 @@ class BaseTrainer(BasicJob):
     @property
     def cursor(self) -> int:
         """Position of the live node's batch in the data plan (survives resume and branch)."""
-        return self.node.seq + self._cursor_offset
+        return self.loop.cursor.at(self.node.seq)
+
+    @property
+    def layout(self) -> train_state.StateLayout:
+        """Where every part of the state lives (`StateLayout`); built by setup."""
+        if self._layout is None:
+            raise TrainerError(f"{type(self).__name__} has no state layout yet; call setup() first")
+        return self._layout
+
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of the update that makes `step` (1 for the first update)."""
+        if self._lr is None:
+            raise TrainerError(f"{type(self).__name__} has no optimizer yet; call setup() first")
+        return float(self._lr(step - 1))
 
     # ------------------------------------------------------------ override points
     def batch(self, slice: str = "train") -> Batch:
@@ -175,7 +170,7 @@ class BaseTrainer(BasicJob):
         ticking advances the cursor. `batch("val")` returns the validation batch that
         `validate()` is reading (the first one outside validation).
         """
-        index = self._val_index if slice == "val" else 0
+        index = self.loop.validation_index if slice == "val" else 0
         position = self.cursor if slice == "train" else index
         return self._batches.get(
             (self.node, slice, index), lambda: self.read_batch(position, slice)
@@ -277,18 +272,7 @@ class BaseTrainer(BasicJob):
         with jax.sharding.use_abstract_mesh(sharding.mesh.abstract_mesh), sharding.rules():
             return cls.forward(state, state.params, batch, key=key)
 
-    # --------------------------------------------------------------- inspection
-    def inspection_batch(self) -> dict[str, jax.Array]:
-        """The live node's first micro-batch, placed on the devices.
-
-        This is what `find`, `debug` and analyses trace: the rows `train_step` uses
-        for its first micro-step (`batch("train")` itself when there is no
-        gradient accumulation), from the node-cached batch. (An analysis traces its
-        `inspection/prompt` instead when one is set.)
-        """
-        rows = _inspection.first_micro_batch(self.batch("train"), self.accumulate_steps)
-        return self.sharding.place_batch(rows)
-
+    # ------------------------------------------------------------ data, keys
     @property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer of the model's ids: `architecture/tokenizer` (`bytes` by default).
@@ -300,19 +284,9 @@ class BaseTrainer(BasicJob):
             return self._plan.sources[0].tokenizer
         return get_tokenizer(name or "bytes", root=self.spec.root)
 
-    # the debugger's and sampling's entry points (code and documentation: _inspection)
-    find = _inspection.find
-    debug = _inspection.debug
-    generate = _inspection.generate
-    prompt_batch = _inspection.prompt_batch
-
     def step_key(self) -> jax.Array:
         """The RNG key of the live node's update: a pure function of seed and cursor."""
         return keys.step_key(self.args.seed, jnp.uint32(self.cursor))
-
-    def inspection_key(self) -> jax.Array:
-        """The dropout key of the live node's first micro-step (what `inspection_batch` saw)."""
-        return keys.micro_key(self.step_key(), 0, self.accumulate_steps)
 
     # -------------------------------------------------------------------- setup
     def on_setup(self, mode: Mode) -> None:
@@ -331,16 +305,18 @@ class BaseTrainer(BasicJob):
             self._plan, self._missing_data = None, missing
         _data.check_data(self._plan, self.configuration, self.block_size)
         self.accumulate_steps  # validate the batch geometry before any work  # noqa: B018
-        self._tx, self._lr = self._optimizer()
-        self._layout = train_state.layout(self.model, self._tx, self.block_size, self.sharding)
+        tx, self._lr = self._optimizer()
+        self._layout = train_state.layout(self.model, tx, self.block_size, self.sharding)
+        # nothing is allocated yet: a state that cannot fit is refused here, in one line
+        _memory.check_fits(self._layout.abstract, self.args.strategy, self.args.shard)
         if mode is Mode.FRESH:
             self.state = self.initial_state()
-            self._cursor_offset, self._next_cursor = 0, 0
+            self.loop.cursor = Cursor()
         else:
             assert self.base is not None
             self._take(self.read_checkpoint(self.checkpoint_path(self.base, mode)), mode)
         if self.args.analyze:  # the tandem views of ANALYSIS (each checks its selection now)
-            self._views = [analysis.from_trainer(self) for analysis in self.ANALYSIS]
+            self.loop.views = [analysis.from_trainer(self) for analysis in self.ANALYSIS]
 
     def _optimizer(self) -> tuple[optax.GradientTransformation, optax.Schedule]:
         """`(tx, lr)`: `OPTIMIZER` built with `SCHEDULE` (constant `optimization/lr` if None)."""
@@ -369,7 +345,15 @@ class BaseTrainer(BasicJob):
 
     # ------------------------------------------------------------------ restore
     # where a resumed or branched state comes from (the details: _restore)
-    checkpoint_path = _restore.checkpoint_path
+    def checkpoint_path(self, node: Node, mode: Mode = Mode.RESUME) -> str:
+        """The folder of `node`'s (last) checkpoint: host zero reads the store, every host
+        receives it.
+
+        Raises:
+            TrainerError: `node` has no checkpoint; the message names the closest one
+                of its lineage (`mode` words it: resume or branch from).
+        """
+        return _restore.checkpoint_path(lambda: self.store, node, mode)
 
     def read_checkpoint(self, path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
         """`(state, meta)` of the checkpoint folder `path` in this trainer's layout (and `surgery`)."""
@@ -389,7 +373,7 @@ class BaseTrainer(BasicJob):
     def _take(self, saved: tuple[Any, dict[str, Any]], mode: Mode) -> None:
         """Make a read checkpoint the live state, with the data cursor it sets."""
         self.state, meta = saved
-        self._cursor_offset, self._next_cursor = _restore.cursors(meta, mode, self.node.seq)
+        self.loop.cursor = Cursor.restored(meta, mode, self.node.seq)
 
     # --------------------------------------------------------------------- loop
     def before_run(self) -> None:
@@ -406,101 +390,32 @@ class BaseTrainer(BasicJob):
         # The check for later checkpoints runs under the lock, so no other process can
         # register one between the check and the first save.
         refuse = self._refuse_training_over_later_checkpoints
-        self._open_keeper(check=refuse if self.mode is Mode.RESUME else None)
+        self.loop.open_keeper(check=refuse if self.mode is Mode.RESUME else None)
 
     def _refuse_training_over_later_checkpoints(self) -> None:
         """Raise if the base's lineage has checkpoints after it (host zero, under the lock)."""
         _restore.refuse_later_checkpoints(self.store, self.node)
 
     def run(self) -> Any:
-        """Train until `training/tokens` are consumed; returns the final state."""
-        return _loop.run(self)
-
-    def _compiled_train(self) -> Any:
-        """`fn(state, batch, cursor) -> (state, loss, meta, grad_norm)`, compiled once."""
-        if "train" not in self._compiled:
-            assert self._layout is not None, "setup() builds the state layout"
-            self._compiled["train"] = _steps.compile_train(
-                type(self).train_step,
-                self.args.seed,
-                self.accumulate_steps,
-                self.sharding,
-                self._layout.shardings,
-            )
-        return self._compiled["train"]
-
-    _after_step = _loop.after_step  # report, validate, checkpoint: each when due
-
-    # ---------------------------------------- validation, evaluations, analyses
-    def _compiled_val(self) -> Any:
-        if "val" not in self._compiled:
-            self._compiled["val"] = _steps.compile_val(type(self).val_step, self.sharding)
-        return self._compiled["val"]
+        """Train until `training/tokens` are consumed (`self.loop`); returns the final state."""
+        if self._missing_data is not None and int(self.state.step) < self.total_steps:
+            raise self._missing_data
+        return self.loop.run()
 
     def validate(self) -> dict[str, float]:
         """Validation loss (and `val_step` metadata) over `training/validation_steps` batches."""
-        return _validation.validate(self)
+        return self.loop.validate()
 
     def evaluate_batch(self, rows: Batch) -> tuple[float, int]:
         """`(loss_sum, count)` of `val_step` on host rows (used by evaluations)."""
-        loss_sum, count, _ = self._compiled_val()(self.state, self.sharding.place_batch(rows))
+        loss_sum, count, _ = self.loop.compiled_val()(self.state, self.sharding.place_batch(rows))
         return float(loss_sum), int(count)
-
-    def _evaluate(self) -> None:
-        _validation.evaluate(self)
-
-    def _analyze(self) -> None:
-        """Run each tandem view; a failure is logged and recorded, and training goes on."""
-        _tandem.analyze(self, self._views)
-
-    # -------------------------------------------------------------- checkpoints
-    def _open_keeper(self, check: Callable[[], None] | None = None) -> ckpt.CheckpointKeeper:
-        if self._keeper is None:
-            directory = ckpt.checkpoint_dir(self.spec.root, self.node)
-            store = self.store if is_primary() else None
-            self._keeper = ckpt.CheckpointKeeper(directory, store, check=check)
-        return self._keeper
-
-    def _release_keeper(self) -> None:
-        """After a failed run: finish and register started saves, free the lineage folder."""
-        keeper, self._keeper = self._keeper, None
-        if keeper is not None:
-            try:
-                keeper.close()
-            except Exception:  # the run's own error is the one to report
-                logger.warning(
-                    "Closing the checkpoint keeper after a failed run failed", exc_info=True
-                )
 
     def save_checkpoint(self, *, copy: bool = True) -> None:
         """Start an asynchronous checkpoint of the live node (registered once committed);
         `copy=False`: from the live state itself (it must not change until written)."""
-        keeper = self._open_keeper()
-        step = int(self.state.step)
-        meta = {
-            "cursor": self.cursor,
-            "step": step,
-            "seed": self.args.seed,
-            "rng": np.asarray(jax.random.key_data(self.step_key())).tolist(),
-            "node": self.node.serialize(),
-            "config": self._configuration_text(),
-        }
-        keeper.save(step, self.node, train_state.checkpoint_arrays(self.state), meta, copy=copy)
-
-    def _configuration_text(self) -> str:
-        """The configuration as YAML, for every checkpoint's metadata (dumped once: the
-        configuration is fixed at construction, and dumping it takes milliseconds that
-        the training loop would wait for at every save)."""
-        if self._config_text is None:
-            self._config_text = dump(self.configuration)
-        return self._config_text
+        self.loop.save(copy=copy)
 
     def on_finish(self) -> None:
-        """Wait for checkpoints to commit and register them."""
-        if self._keeper is not None:
-            self._keeper.close()
-            self._keeper = None
-        for view in self._views:
-            view.close()
-        if self.analysis_failures:
-            _tandem.summarize_failures(self.node, self.analysis_failures)
+        """Wait for checkpoints to commit and register them; close the tandem views."""
+        self.loop.close()

@@ -12,14 +12,11 @@ import abc
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from theseus.config import field
 from theseus.data.batches import MixturePlan
 from theseus.registry import DATASETS
-
-if TYPE_CHECKING:
-    from theseus.training.base import BaseTrainer
 
 __all__ = ["Evaluation", "Perplexity", "PerplexityConfig", "TandemAnalysis", "TandemView"]
 
@@ -71,8 +68,14 @@ class Evaluation(abc.ABC):
     CONFIG: ClassVar[type | None] = None
 
     @abc.abstractmethod
-    def evaluate(self, trainer: BaseTrainer) -> float | dict[str, float]:
-        """Measure the trainer's current state; called on every host at validation cadence."""
+    def evaluate(self, trainer: Any) -> float | dict[str, float]:
+        """Measure `trainer`'s current state; called on every host at validation cadence.
+
+        `trainer` is the `BaseTrainer` that validates (this module does not import it:
+        the trainer imports its evaluations). Its public methods serve an evaluation:
+        `evaluate_batch(rows)`, `batch_geometry()`, `configure(...)`, `model`, `state`,
+        `tokenizer`.
+        """
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class Perplexity(Evaluation):
     NAME = "perplexity"
     CONFIG = PerplexityConfig
 
-    def evaluate(self, trainer: BaseTrainer) -> float:
+    def evaluate(self, trainer: Any) -> float:
         cfg = trainer.configure(PerplexityConfig)
         data = DATASETS[cfg.dataset].open(trainer.spec.root)  # type: ignore[attr-defined]
         plan = MixturePlan([data], [1.0], ["pmd"], seed=trainer.args.data_seed)

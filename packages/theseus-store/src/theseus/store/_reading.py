@@ -209,7 +209,7 @@ class StoreReader(abc.ABC):
         return _resolve.resolve(self, text)
 
     def never_started(self, run: Mapping[str, Any]) -> str | None:
-        """The error of a lineage whose job failed while setting up, else None.
+        """Why a lineage's job never started (failed or killed while setting up), else None.
 
         ``run`` is one of :meth:`runs`' summaries (see ``_resolve.never_started``).
         """

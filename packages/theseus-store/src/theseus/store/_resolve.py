@@ -119,16 +119,27 @@ def resolve_run(store: Named, text: str) -> Node:
     return Node(mine[0]["name"], mine[0]["nonce"], mine[0]["last_seq"])
 
 
+#: What `never_started` says of a lineage whose node still says ``setting up``.
+KILLED_IN_SETUP = (
+    "no outcome recorded after `setting up`: the process was killed while setting up "
+    "(out of memory, SIGKILL), or is setting up now"
+)
+
+
 def never_started(store: Named, run: Mapping[str, Any]) -> str | None:
-    """The error of a lineage whose job failed while setting up, else None.
+    """Why a lineage's job never started (failed or was killed while setting up), else None.
 
     `run` is one of ``Store.runs()``' summaries. theseus-core records
-    ``job/status = failed`` and ``job/failed_in = setup`` on the one node a failed
-    setup chose; such a lineage has that node only and no checkpoint.
+    ``job/status = setting up`` on a new lineage's one node before its setup runs, then
+    ``ready`` when it is done, or ``failed`` with ``job/failed_in = setup`` and the error
+    when it raised; such a lineage has that node only and no checkpoint. A node still
+    ``setting up`` gives :data:`KILLED_IN_SETUP`.
     """
     if run["nodes"] != 1 or run["checkpoints"]:
         return None
     values = store.values(Node(run["name"], run["nonce"], run["last_seq"]))
+    if values.get("job/status") == "setting up":
+        return KILLED_IN_SETUP
     if values.get("job/status") != "failed" or values.get("job/failed_in") != "setup":
         return None
     return str(values.get("job/error", ""))

@@ -84,8 +84,8 @@ def _runs(store: Store, args: argparse.Namespace) -> int:
     print(_table(header, rows) if rows else f"{store.root}: no runs yet")
     if failed:
         print(
-            f"\nnever started ({len(failed)}; failed while setting up, nothing trained or "
-            "saved; `theseus-store show ROOT NODE` has the whole error)"
+            f"\nnever started ({len(failed)}; failed or killed while setting up, nothing "
+            "trained or saved; `theseus-store show ROOT NODE` has the whole error)"
         )
         print(_table(("  lineage", "when", "error"), failed))
     return 0

@@ -18,9 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import jax
-import numpy as np
-
 from theseus.config import dump
 from theseus.job import Mode, is_primary
 from theseus.registry import job_key
@@ -73,8 +70,7 @@ class RevisionWriter(BaseTrainer):
         return self._revision_state(self.plan[0])
 
     def _revision_state(self, planned: Planned) -> Any:
-        assert self._layout is not None
-        return planned.load(self._layout)
+        return planned.load(self.layout)
 
     def run(self) -> Any:
         """Fresh: write every planned revision, in order. Resumed or branched: train."""
@@ -91,14 +87,4 @@ class RevisionWriter(BaseTrainer):
     def _save_revision(self, planned: Planned) -> None:
         """Start saving the live state as `planned.step` of the live node (as
         `save_checkpoint` does, with the revision's step naming the folder)."""
-        keeper = self._open_keeper()
-        meta = {
-            "cursor": self.cursor,
-            "step": planned.step,
-            "seed": self.args.seed,
-            "rng": np.asarray(jax.random.key_data(self.step_key())).tolist(),
-            "node": self.node.serialize(),
-            "config": self._configuration_text(),
-        }
-        arrays = train_state.checkpoint_arrays(self.state)
-        keeper.save(planned.step, self.node, arrays, meta, copy=False)  # the next is new arrays
+        self.loop.save(copy=False, step=planned.step)  # the next revision is new arrays

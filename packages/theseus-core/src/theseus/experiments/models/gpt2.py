@@ -49,8 +49,7 @@ class GPT2(ImportedWeights):
         into its state layout (no optimizer state: a resume starts a fresh one)."""
         folder = read_gpt2(self.source())
         check_settings(self.configuration, folder)
-        assert self._layout is not None
-        return load_state(self._layout, folder)
+        return load_state(self.layout, folder)
 
 
 def import_gpt2(

@@ -85,8 +85,7 @@ class HF(ImportedWeights):
         """The folder's weights, streamed into this job's state layout."""
         folder = read_hf(self.source())
         check_settings(self.configuration, folder)
-        assert self._layout is not None
-        return load_state(self._layout, folder)
+        return load_state(self.layout, folder)
 
 
 def write_revision(job: HF, folder: HFFolder) -> None:
@@ -104,8 +103,7 @@ def write_revision(job: HF, folder: HFFolder) -> None:
         HFFolderError: a tensor could not be read.
     """
     check_settings(job.configuration, folder)
-    assert job._layout is not None, "the job is set up (quick's create() does it)"
-    job.state = load_state(job._layout, folder)
+    job.state = load_state(job.layout, folder)  # the job is set up (quick's create() does it)
     job.save_checkpoint(copy=False)
 
 
