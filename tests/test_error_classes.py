@@ -31,6 +31,8 @@ CONTROL_FLOW = {
     "theseus.job._signals.Terminated",
     # The scheduler's warning signal: a Terminated whose exit code asks for a requeue.
     "theseus.job._signals.Preempted",
+    # Ctrl-C's stop at a step boundary: a KeyboardInterrupt, as Ctrl-C raises anywhere else.
+    "theseus.job._signals.Interrupted",
     # The hooks' private signals: stop a forward at the last listened call, restart it.
     "theseus.model.hooks._Stop",
     "theseus.model.hooks._Restart",

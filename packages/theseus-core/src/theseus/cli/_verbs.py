@@ -15,7 +15,14 @@ from theseus.cli._next import resume_command
 from theseus.cli._root import root_argument
 from theseus.cli._suite import REVISIONS_HELP, suite_import
 from theseus.config import ConfigError, dump, load, parse_overrides
-from theseus.job import BasicJob, CheckpointWalker, Terminated, from_host_zero, is_primary
+from theseus.job import (
+    BasicJob,
+    CheckpointWalker,
+    Interrupted,
+    Terminated,
+    from_host_zero,
+    is_primary,
+)
 from theseus.job._slurm import ScheduledJob, scheduled_here
 from theseus.quick import quick
 from theseus.registry import JOBS, resolve_job
@@ -301,7 +308,11 @@ def run_command(
             job = q.create()
             try:
                 result = job()
-            except Terminated:  # the exact command that goes on (a requeued job resumes itself)
+            except (
+                Terminated,
+                Interrupted,
+            ):  # SIGTERM, SIGHUP or Ctrl-C: the exact command that goes on
+                # (a requeued job resumes itself)
                 if is_primary() and scheduled is None:
                     lineage = f"{job.node.name}~{job.node.nonce}"
                     click.echo(
