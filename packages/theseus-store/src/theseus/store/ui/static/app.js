@@ -150,7 +150,7 @@ function draw(canvas, series, opts) {
     ctx.stroke();
     if (pts.length <= MARKERS_UP_TO) {  // few points: each one marked, so none hides in a line
       ctx.fillStyle = ctx.strokeStyle;
-      for (const [x, y] of pts) { ctx.beginPath(); ctx.arc(px(x), py(y), 3.5, 0, 2 * Math.PI); ctx.fill(); }
+      for (const [x, y] of pts) { ctx.beginPath(); ctx.arc(px(x), py(y), 4, 0, 2 * Math.PI); ctx.fill(); }
     }
   });
 }
