@@ -69,7 +69,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
             store.put(node, f"{SAE}/sae_weights.safetensors", "sae_weights.safetensors", b"\0" * 64)
             store.log(node, {"eval/score": 0.5})
         node = Node.new("long", project="lm", group="base")
-        for seq in range(30):
+        for _ in range(30):
             store.log(node, {"eval/score": 0.5})
             node = node.next()
     return base / "root", lineage
@@ -171,7 +171,7 @@ def _pixels(page: Page) -> tuple[int, int, list[int]]:
 
 
 def _blue(data: list[int], width: int, x: int, y: int) -> bool:
-    r, g, b = data[4 * (y * width + x) : 4 * (y * width + x) + 3]
+    r, _, b = data[4 * (y * width + x) : 4 * (y * width + x) + 3]
     return b - r > 60 and b > 120  # the series' blue, antialiased; no grid line or text is
 
 

@@ -105,9 +105,7 @@ def test_an_unknown_slider_artifact_is_a_404_naming_the_artifacts(
     assert unknown.status_code == 404
 
 
-def test_the_slider_offers_the_artifacts_that_are_pictures_only(
-    client: TestClient, built
-) -> None:
+def test_the_slider_offers_the_artifacts_that_are_pictures_only(client: TestClient, built) -> None:
     """The base holds a PDF ``picture``, JSON ``metrics`` and text ``notes``: only the PDF is
     a slider's frame, on the slider and on the lineage page; a JSON artifact asked for by
     name is a page saying it is not a picture, with no frames to step through."""
@@ -116,7 +114,7 @@ def test_the_slider_offers_the_artifacts_that_are_pictures_only(
     page = client.get("/slider?" + urlencode({"l": lineage}))
     (select,) = re.findall(r'<select name="name">(.*?)</select>', page.text, re.S)
     assert re.findall(r'<option value="([^"]*)"', select) == ["picture"]
-    links = re.findall(r'>slider: ([^<]*)</a>', client.get(f"/lineage/{lineage}").text)
+    links = re.findall(r">slider: ([^<]*)</a>", client.get(f"/lineage/{lineage}").text)
     assert links == ["picture"]
     json_page = client.get("/slider?" + urlencode({"l": lineage, "name": "metrics"}))
     assert json_page.status_code == 200

@@ -19,8 +19,8 @@ from theseus.store._records import Artifact
 from theseus.store._store import Store
 from theseus.store.ui._downsample import _kept, downsample
 from theseus.store.ui._imports import job_starts
-from theseus.store.ui._render import is_picture
 from theseus.store.ui._memory import Lineage, memory_of
+from theseus.store.ui._render import is_picture
 
 __all__ = [
     "Lineage",
