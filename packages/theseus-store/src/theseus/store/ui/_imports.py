@@ -12,6 +12,8 @@ and is a real run again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from theseus.store._node import Node
 from theseus.store._store import Store
 
@@ -25,7 +27,7 @@ IMPORT_STEP = "import/step"
 APPLIED = ("job", "architecture")
 
 
-def imported(values: dict[str, object]) -> bool:
+def imported(values: Mapping[str, object]) -> bool:
     """Whether a node's ``values`` are an imported revision's (they hold ``import/revision``)."""
     return IMPORT in values
 
