@@ -86,6 +86,7 @@ def test_a_lineage_its_branch_and_what_they_hold(stores, tmp_path: Path) -> None
         (1, [(1, "plot.json")]),
         (4, [(1, "plot.json"), (2, "plot-2.json")]),
     ]
+    assert reader.artifact_files(base.name, base.nonce) == {"plot": ["plot-2.json", "plot.json"]}
     growth = {(g.name, g.nonce): g for g in reader.lineage_growth()}
     assert growth[(base.name, base.nonce)].nodes == 6
     assert growth[(branch.name, branch.nonce)].last_seq == 1
@@ -96,6 +97,12 @@ def test_a_lineage_its_branch_and_what_they_hold(stores, tmp_path: Path) -> None
     assert reader.holding_totals()["checkpoints"][0] == 1
     with pytest.raises(QueryError, match="table must be one of checkpoints, artifacts"):
         reader.holdings_by_lineage("vals")
+    writer.put(branch, "map", "map.png", b"png")
+    # along the chain: the base's plot up to the branch point (seq 1's, not seq 4's)
+    assert reader.artifact_files(branch.name, branch.nonce) == {
+        "map": ["map.png"],
+        "plot": ["plot.json"],
+    }
 
 
 def test_what_changed_since_a_mark(stores) -> None:
@@ -158,3 +165,27 @@ def test_numeric_keys_are_the_keys_holding_a_plain_number(store: Store, held: di
     want = sorted(prefix + k for k, values in held.items() if any(map(plain, values)))
     assert [k for k in store.numeric_keys() if k.startswith(prefix)] == want
     assert set(want) <= set(store.held_keys([prefix + k for k in held]))
+
+
+def test_a_frames_step_is_the_imported_then_the_trained_step_then_the_seq(stores) -> None:
+    """An imported revision's ``import/step`` wins over ``train/step``, which wins over the
+    seq (a node that logged neither)."""
+    writer, reader = stores
+    node = Node.new("suite")
+    logged = [
+        {"import/step": 1000, "train/step": 7},
+        {"train/step": 20},
+        {},
+        {"import/step": 4, "val/loss": 0.5},
+    ]
+    for seq, values in enumerate(logged):
+        node = node.next() if seq else node
+        writer.log(node, values)
+        writer.put(node, "map", "map.pdf", b"%PDF-1.4")
+    frames = reader.artifact_frames(node.name, node.nonce, "map")
+    assert [(f["seq"], f["step"], f["val_loss"]) for f in frames] == [
+        (0, 1000, None),
+        (1, 20, None),
+        (2, 2, None),
+        (3, 4, 0.5),
+    ]

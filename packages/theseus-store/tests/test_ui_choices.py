@@ -11,6 +11,7 @@ mechanical check that the browser holds no SQL of its own.
 from __future__ import annotations
 
 import ast
+import doctest
 import json
 import re
 from pathlib import Path
@@ -102,6 +103,23 @@ def test_an_unknown_slider_artifact_is_a_404_naming_the_artifacts(
     assert "&#39;picture&#39;" in got.text
     unknown = client.get("/slider?" + urlencode({"l": "lm.base.nope~abcdef", "name": "picture"}))
     assert unknown.status_code == 404
+
+
+def test_the_slider_offers_the_artifacts_that_are_pictures_only(client: TestClient, built) -> None:
+    """The base holds a PDF ``picture``, JSON ``metrics`` and text ``notes``: only the PDF is
+    a slider's frame, on the slider and on the lineage page; a JSON artifact asked for by
+    name is a page saying it is not a picture, with no frames to step through."""
+    _, nodes = built
+    lineage = _key(nodes["base0"])
+    page = client.get("/slider?" + urlencode({"l": lineage}))
+    (select,) = re.findall(r'<select name="name">(.*?)</select>', page.text, re.S)
+    assert re.findall(r'<option value="([^"]*)"', select) == ["picture"]
+    links = re.findall(r">slider: ([^<]*)</a>", client.get(f"/lineage/{lineage}").text)
+    assert links == ["picture"]
+    json_page = client.get("/slider?" + urlencode({"l": lineage, "name": "metrics"}))
+    assert json_page.status_code == 200
+    assert 'id="not-picture"' in json_page.text and "metrics is not a picture" in json_page.text
+    assert 'id="frame"' not in json_page.text and 'data-name=""' in json_page.text
 
 
 @pytest.fixture(scope="module")
@@ -228,3 +246,44 @@ def test_the_data_module_imports_no_private_name_of_the_memory() -> None:
             private = [a.name for a in node.names if a.name.startswith("_")]
             assert not private, private
     assert len((UI / "_memory.py").read_text().splitlines()) < 500
+
+
+# -- an imported suite's revisions are no resumes, and only their own settings applied -------
+
+CONFIG = "job: hf/suite\ntraining:\n  lr: 0.001  # peak\narchitecture:\n  n_layers: 2  # blocks\n"
+
+
+def test_imported_revisions_then_a_real_resume(tmp_path: Path) -> None:
+    """Nodes holding ``import/revision`` (each with a job record, as ``theseus import hf
+    --revisions`` writes them; ``main`` without a step) are named as imported revisions, a
+    job started after them is a resume; an imported node shows the import's keys and the
+    architecture only, the resumed node its whole configuration."""
+    from theseus.store.ui import _imports
+
+    result = doctest.testmod(_imports)
+    assert result.attempted > 0 and result.failed == 0
+    root = tmp_path / "store"
+    node = Node.new("tiny", project="p", group="g")
+    with Store(root) as store:
+        for k, (seq, revision) in enumerate([(1, "step1"), (2, "step2"), (5, "main")]):
+            node = Node(node.name, node.nonce, seq, parent=None if k == 0 else node)
+            store.record_job(node, "hf/suite", CONFIG)
+            values = {"import/revision": revision, "import/sha256": "ab" * 32}
+            if revision != "main":
+                values["import/step"] = seq
+            store.log(node, values)
+        resumed = Node(node.name, node.nonce, 6, parent=node)
+        store.record_job(resumed, "hf/suite", CONFIG)
+        store.log(resumed, {"train/loss": 2.5})
+    reader = theseus.store.ui.open_readonly(root)
+    with reader, TestClient(create_app(reader)) as client:
+        tree = client.get(f"/lineage/{_key(node)}").text
+        assert "imported revisions: step 1, 2, main</span>" in tree
+        assert "resumed at seq 6</span>" in tree
+        imported = client.get(f"/node/{node.name}~{node.nonce}~2").text
+        assert 'id="imported"' in imported and "<th>import/sha256</th>" in imported
+        (shown,) = re.findall(r'<pre class="yaml">(.*?)</pre>', imported, re.S)
+        assert shown == "job: hf/suite\narchitecture:\n  n_layers: 2  # blocks\n"
+        whole = client.get(f"/node/{resumed.serialize()}").text
+        assert 'id="imported"' not in whole
+        assert re.findall(r'<pre class="yaml">(.*?)</pre>', whole, re.S) == [CONFIG]

@@ -11,7 +11,7 @@ mark: ``WrittenNode``), ``lineage_growth`` (``LineageGrowth``), ``holding_totals
 ``holdings_by_lineage``, ``last_statuses``, ``status_values``, ``numeric_keys``,
 ``held_keys``, ``last_value``, ``branch_point``, ``lineage_end``, ``lineage_chain``,
 ``numeric_series``, ``numeric_values``, ``job_in_lineage``, ``lineage_outline``,
-``artifact_frames`` and ``artifact_names``.
+``artifact_frames``, ``artifact_files`` and ``artifact_names``.
 
 Example:
     >>> import tempfile

@@ -354,7 +354,9 @@ def artifact_frames(conn: Connection, name: str, nonce: str, artifact: str) -> l
     """Every node along the stitched lineage (:func:`chain`) that holds ``artifact``, oldest first.
 
     Each frame: ``node`` (serialized), ``seq``, ``versions`` (``[(version, filename)]``,
-    oldest first), and the node's ``train/step`` and ``val/loss`` (None when absent).
+    oldest first), ``step`` (the node's training step: its ``import/step``, an imported
+    revision's, else its ``train/step``, else its seq) and ``val_loss`` (its ``val/loss``,
+    None when absent).
     """
     frames = []
     for part_name, part_nonce, upto in chain(conn, name, nonce):
@@ -372,7 +374,7 @@ def artifact_frames(conn: Connection, name: str, nonce: str, artifact: str) -> l
                 k: decode_value(v, kind)
                 for k, v, kind in conn.execute(
                     "SELECT key, value, kind FROM vals WHERE node = ? "
-                    "AND key IN ('train/step', 'val/loss')",
+                    "AND key IN ('import/step', 'train/step', 'val/loss')",
                     (nid,),
                 )
             }
@@ -381,11 +383,30 @@ def artifact_frames(conn: Connection, name: str, nonce: str, artifact: str) -> l
                     "node": Node(part_name, part_nonce, seq).serialize(),
                     "seq": seq,
                     "versions": versions,
-                    "step": values.get("train/step"),
+                    "step": _first(values.get("import/step"), values.get("train/step"), seq),
                     "val_loss": values.get("val/loss"),
                 }
             )
     return frames
+
+
+def _first(*found: Any) -> Any:
+    """The first of ``found`` that is not None (the last when all are)."""
+    return next((value for value in found if value is not None), found[-1])
+
+
+def artifact_files(conn: Connection, name: str, nonce: str) -> dict[str, list[str]]:
+    """Each artifact name anywhere along the stitched lineage (:func:`chain`), sorted, with
+    the filenames its versions were stored under (sorted)."""
+    found: dict[str, set[str]] = {}
+    for part_name, part_nonce, upto in chain(conn, name, nonce):
+        for artifact, filename in conn.execute(
+            "SELECT DISTINCT a.name, a.filename FROM artifacts a JOIN nodes n ON n.id = a.node "
+            "WHERE n.name = ? AND n.nonce = ? AND n.seq <= ?",
+            (part_name, part_nonce, upto),
+        ):
+            found.setdefault(str(artifact), set()).add(str(filename))
+    return {artifact: sorted(found[artifact]) for artifact in sorted(found)}
 
 
 def artifact_names(conn: Connection, name: str, nonce: str) -> list[str]:

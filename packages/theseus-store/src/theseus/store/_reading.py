@@ -311,6 +311,10 @@ class StoreReader(abc.ABC):
         ``[(version, filename)]``, train/step and val/loss (see ``_browse.artifact_frames``)."""
         return self.read(lambda conn: _browse.artifact_frames(conn, name, nonce, artifact))
 
+    def artifact_files(self, name: str, nonce: str) -> dict[str, list[str]]:
+        """Each artifact name along the stitched lineage, with its versions' filenames."""
+        return self.read(lambda conn: _browse.artifact_files(conn, name, nonce))
+
     def artifact_names(self, name: str, nonce: str) -> list[str]:
         """The artifact names anywhere along the stitched lineage, sorted."""
         return self.read(lambda conn: _browse.artifact_names(conn, name, nonce))

@@ -38,6 +38,7 @@ from theseus.store._records import Artifact
 from theseus.store._scheduler import scheduler_state
 from theseus.store._store import Store
 from theseus.store.ui import _data, _feature_page, _render
+from theseus.store.ui._imports import applied_settings, imported
 from theseus.store.ui._web import (
     choices,
     environment,
@@ -190,6 +191,7 @@ class Browser:
             family=family,
             lineage=f"{name}~{nonce}",
             artifacts=artifacts,
+            pictures=_data.picture_names(self.store, name, nonce),
             scheduled=None if scheduled is None else str(scheduled),
         )
 
@@ -202,13 +204,20 @@ class Browser:
         current = self.store.get(node)
         artifacts = [(name, self.store.history(node, name)) for name in current]
         record = _data.job(self.store, node)
+        config = None if record is None else record[1]
+        revision = imported(values)
+        own = [k for k in values if k.startswith("import/")]
+        if revision and config is not None:  # only what applied to the weights brought in
+            config = applied_settings(config)
         return self.page(
             "node.html",
             node=node,
             lineage=f"{node.name}~{node.nonce}",
-            values=values,
+            # an imported revision's import/* keys are shown with its settings instead
+            values={k: v for k, v in values.items() if not (revision and k in own)},
             job=None if record is None else record[0],
-            config=None if record is None else record[1],
+            config=config,
+            imported={k: values[k] for k in own} if revision else None,
             checkpoints=self.store.checkpoints(node),
             artifacts=artifacts,
             parents=self.store.parents(node),
@@ -328,19 +337,23 @@ class Browser:
             return self.page("slider_pick.html", lineages=found)
         name, nonce = self.known_lineage(request.query_params.get("l"))
         names = _data.artifact_names(self.store, name, nonce)
-        artifact = request.query_params.get("name") or (names[0] if names else "")
+        pictures = _data.picture_names(self.store, name, nonce)
+        artifact = request.query_params.get("name") or (pictures[0] if pictures else "")
         self.known_artifact(name, nonce, artifact, names)
         version = self.version(request)
-        every = _data.artifact_frames(self.store, name, nonce, artifact) if artifact else []
+        drawn = artifact in pictures  # else no frames: the page says what the slider shows
+        every = _data.artifact_frames(self.store, name, nonce, artifact) if drawn else []
         held = sorted({v for frame in every for v in frame["versions"]})
-        if version is not None and version not in held:
+        if drawn and version is not None and version not in held:
             raise HTTPException(404, no_version(artifact, f"{name}~{nonce}", held, version))
         newest = collections.Counter(frame["version"] for frame in every)
         return self.page(
             "slider.html",
             lineage=f"{name}~{nonce}",
-            names=names,
+            names=pictures,
+            held=names,
             artifact=artifact,
+            drawn=drawn,
             version="" if version is None else str(version),
             versions=held,
             newest=sorted(newest.items()),

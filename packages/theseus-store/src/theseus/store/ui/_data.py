@@ -18,7 +18,9 @@ from theseus.store._node import Node
 from theseus.store._records import Artifact
 from theseus.store._store import Store
 from theseus.store.ui._downsample import _kept, downsample
+from theseus.store.ui._imports import job_starts
 from theseus.store.ui._memory import Lineage, memory_of
+from theseus.store.ui._render import is_picture
 
 __all__ = [
     "Lineage",
@@ -30,6 +32,7 @@ __all__ = [
     "lineage_family",
     "lineage_keys",
     "lineages",
+    "picture_names",
     "series",
     "statuses",
     "stitched_series",
@@ -116,7 +119,8 @@ def lineage_family(store: Store, name: str, nonce: str) -> dict[str, Any]:
         ``{"key", "name", "nonce", "kind" (fresh/branch), "from" (the parent node a
         branch left, serialized, or None), "seqs", "checkpoints", "artifacts" (seqs of
         the nodes that hold one), "resumes" (seqs where a job started again),
-        "children": [trees]}``.
+        "revisions" (the steps of the imported revisions, whose job records are no
+        resumes: :mod:`theseus.store.ui._imports`), "children": [trees]}``.
     """
     top = (name, nonce)
     seen = {top}
@@ -138,7 +142,7 @@ def _tree(store: Store, name: str, nonce: str, seen: set[str]) -> dict[str, Any]
     branch = outline["branch"]
     seqs, saved, held = outline["seqs"], outline["checkpoints"], outline["artifacts"]
     points = outline["branch_points"]
-    resumes = [s for s in outline["jobs"] if s > (0 if branch is None else branch[0])]
+    resumes, revisions = job_starts(store, name, nonce, seqs, outline["jobs"])
     return {
         "key": key,
         "name": name,
@@ -151,6 +155,7 @@ def _tree(store: Store, name: str, nonce: str, seen: set[str]) -> dict[str, Any]
         "artifacts": held,
         "branch_points": points,
         "resumes": resumes,
+        "revisions": revisions,
         "children": children,
     }
 
@@ -218,6 +223,17 @@ def stitched_series(store: Store, name: str, nonce: str, key: str) -> list[tuple
 def artifact_names(store: Store, name: str, nonce: str) -> list[str]:
     """The artifact names anywhere along the stitched lineage (the slider's choices)."""
     return store.artifact_names(name, nonce)
+
+
+def picture_names(store: Store, name: str, nonce: str) -> list[str]:
+    """The artifact names along the stitched lineage stored as a picture (a PDF, PNG, JPEG,
+    GIF or SVG file: :func:`~theseus.store.ui._render.is_picture`) at some node, sorted:
+    the time slider's choices (a JSON or weights file is no frame)."""
+    return [
+        artifact
+        for artifact, files in store.artifact_files(name, nonce).items()
+        if any(is_picture(f) for f in files)
+    ]
 
 
 def artifact_frames(

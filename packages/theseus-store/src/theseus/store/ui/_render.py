@@ -16,13 +16,27 @@ import threading
 import zlib
 from typing import Any
 
-__all__ = ["kind_of", "pdf_page_count", "pdf_to_png", "png_bytes"]
+__all__ = ["is_picture", "kind_of", "pdf_page_count", "pdf_to_png", "png_bytes"]
 
-IMAGES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
+# The files a browser draws itself (an <img> of the bytes), by suffix: their media types.
+IMAGES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".svg": "image/svg+xml",  # drawn by <img>, where an SVG runs no script
+}
 # The longest side of a rendered PDF page, in pixels.
 RENDER_PX = 1400
 # Held around every PDFium call: PDFium allows one call at a time in a process.
 _PDFIUM = threading.Lock()
+
+
+def is_picture(filename: str) -> bool:
+    """Whether a file can be drawn as a picture: a PDF (its first page rendered here) or
+    an image a browser draws (:data:`IMAGES`: PNG, JPEG, GIF, SVG), by its suffix."""
+    lower = filename.lower()
+    return lower.endswith(".pdf") or any(lower.endswith(ext) for ext in IMAGES)
 
 
 def kind_of(filename: str, content: bytes) -> str:

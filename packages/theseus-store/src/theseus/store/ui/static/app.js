@@ -68,6 +68,9 @@ function liveLineage() {
 
 // -- curves: a small canvas plot ------------------------------------------------------------
 
+// A series of at most this many points is drawn with a marker at each point too.
+const MARKERS_UP_TO = 20;
+
 const COLORS = ["#2a5db0", "#d9541a", "#1c8a4a", "#7a3fb0", "#b0902a", "#1a9bb0", "#b02a6b", "#555"];
 
 function smooth(ys, weight) {
@@ -121,11 +124,20 @@ function draw(canvas, series, opts) {
   const py = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
   ctx.strokeStyle = "#e3e7ec"; ctx.lineWidth = 1;
   const decades = opts.log && y1 - y0 >= 2;  // a log axis over two decades or more: ticks at powers of ten
+  ctx.textAlign = "right";  // tick labels end at the axis, leaving the margin's left to its label
   for (const t of niceTicks(y0, y1, 6, decades ? 1 : 0)) {
     ctx.beginPath(); ctx.moveTo(L, py(t)); ctx.lineTo(W - R, py(t)); ctx.stroke();
     const label = opts.log ? Number(Math.pow(10, t).toPrecision(3)).toString() : Number(t.toPrecision(4)).toString();
-    ctx.fillText(label, 6, py(t) + 4);
+    ctx.fillText(label, L - 6, py(t) + 4);
   }
+  ctx.textAlign = "left";
+  // the y axis: the value's key, written upwards along the left edge
+  ctx.save();
+  ctx.translate(14, T + (H - T - B) / 2);
+  ctx.rotate(-Math.PI / 2);
+  ctx.textAlign = "center";
+  ctx.fillText(opts.log ? `${opts.key} (log scale)` : opts.key, 0, 0);
+  ctx.restore();
   for (const t of niceTicks(x0, x1, 8, 1)) {
     ctx.beginPath(); ctx.moveTo(px(t), T); ctx.lineTo(px(t), H - B); ctx.stroke();
     ctx.fillText(String(Math.round(t)), px(t) - 8, H - B + 16);
@@ -136,7 +148,10 @@ function draw(canvas, series, opts) {
     ctx.beginPath();
     pts.forEach(([x, y], i) => (i ? ctx.lineTo(px(x), py(y)) : ctx.moveTo(px(x), py(y))));
     ctx.stroke();
-    if (pts.length === 1) { ctx.fillStyle = ctx.strokeStyle; ctx.fillRect(px(pts[0][0]) - 2, py(pts[0][1]) - 2, 4, 4); }
+    if (pts.length <= MARKERS_UP_TO) {  // few points: each one marked, so none hides in a line
+      ctx.fillStyle = ctx.strokeStyle;
+      for (const [x, y] of pts) { ctx.beginPath(); ctx.arc(px(x), py(y), 4, 0, 2 * Math.PI); ctx.fill(); }
+    }
   });
 }
 
@@ -159,7 +174,9 @@ function curves() {
   };
   const redraw = () => {
     document.getElementById("smooth-value").textContent = smoothing.value;
-    draw(canvas, data.series, { log: logy.checked, smooth: Number(smoothing.value) });
+    const key = data.key || form.elements.key.value;
+    canvas.setAttribute("aria-label", `${key} over nodes`);
+    draw(canvas, data.series, { log: logy.checked, smooth: Number(smoothing.value), key });
     legend.replaceChildren(...data.series.map((s, k) => {
       const item = document.createElement("span");
       const swatch = document.createElement("i");
@@ -185,7 +202,7 @@ function curves() {
 
 async function slider() {
   const { lineage, name, version } = document.body.dataset;
-  if (!name) { document.getElementById("frame-info").textContent = "no artifact to show"; return; }
+  if (!name) return;  // no picture to step through: the page says why
   const input = document.getElementById("frame");
   const info = document.getElementById("frame-info");
   const image = document.getElementById("frame-image");
