@@ -361,7 +361,7 @@ class _Bad(SAEBase, PretrainGPT):
         ("ARCHITECTURE", "gated", "sae/bad/architecture (Literal['topk', 'jumprelu', 'relu'],"),
         ("K", 0, "sae/bad/k (int >= 1, default 32)"),
         ("WIDTH", (64, -1), "sae/bad/width (list[int] >= 1, default [])"),
-        ("L1", math.nan, "sae/bad/l1 (float >= 0, default 5.0)"),
+        ("L1", math.nan, "sae/bad/l1 (float >= 0, default 1.0)"),
         ("WINDOW", (4,), "sae/bad/window (tuple[int, int] >= 0, default (12, 3))"),
         ("TOKENS", 1.5, "sae/bad/tokens (int >= 1, default 262144)"),
         ("LEARNING_RATE", 0, "sae/bad/lr (float > 0, default 0.001)"),

@@ -65,7 +65,13 @@ class SAEBase(AnalysisBase[C, M]):
       feature, `L0` penalty) or `"relu"` (`L1` penalty scaled by decoder norms).
     - `WIDTH` (features; an int or a tuple: one SAE per width, all trained from one
       activation pass) or, when `WIDTH` is None, `EXPANSION` x the site's width.
-    - `K`, `L1`, `L0`, `THRESHOLD`, `BANDWIDTH`: each architecture's sparsity.
+    - `K`, `L1`, `L0`, `THRESHOLD`, `BANDWIDTH`: each architecture's sparsity. `K` is
+      topk's active features per token and jumprelu's L0 target: its thresholds start
+      where each feature fires on `K / width` of the buffer's tokens (at least
+      `THRESHOLD`), then learn against the `L0` penalty (`BANDWIDTH` 0.05 and `L0` 1.0
+      are SAELens 6's JumpReLU defaults, on activations scaled as SAELens scales them).
+      `L1` = 1.0: Anthropic's 5.0 is for wide models; at d = 64 it keeps shrinking the
+      features node after node.
     - `LEARNING_RATE` (Adam), `TOKENS` (tokens each SAE trains on at a node), `BUFFER`
       (forwards the shuffling buffer holds), `EVAL_BATCHES` (held-out `val` batches the
       measures read), `CONTEXTS` and `WINDOW` (top contexts kept per feature and the
@@ -84,14 +90,14 @@ class SAEBase(AnalysisBase[C, M]):
     WIDTH: ClassVar[int | tuple[int, ...] | None] = None
     EXPANSION: ClassVar[int | tuple[int, ...]] = 8
     K: ClassVar[int] = 32
-    L1: ClassVar[float] = 5.0
-    L0: ClassVar[float] = 1e-3
+    L1: ClassVar[float] = 1.0
+    L0: ClassVar[float] = 1.0
     THRESHOLD: ClassVar[float] = 1e-3
-    BANDWIDTH: ClassVar[float] = 1e-3
+    BANDWIDTH: ClassVar[float] = 0.05
     LEARNING_RATE: ClassVar[float] = 1e-3
     TOKENS: ClassVar[int] = 1 << 18
     BUFFER: ClassVar[int] = 8
-    EVAL_BATCHES: ClassVar[int] = 2
+    EVAL_BATCHES: ClassVar[int] = 16
     CONTEXTS: ClassVar[int] = 8
     WINDOW: ClassVar[tuple[int, int]] = (12, 3)
     SEED: ClassVar[int] = 0
@@ -272,7 +278,6 @@ class SAEBase(AnalysisBase[C, M]):
                     row_o.append(fresh_opts[i][j])
                     continue
                 chained[label] = before
-                self._chain.pop(label, None)  # its optimizer state is donated to the step
                 # the features carry over; the decoder bias moves to this node's mean
                 # (early in training the activations' mean moves far more than their
                 # spread, and a bias left behind would be all the SAE reconstructs)
@@ -281,8 +286,11 @@ class SAEBase(AnalysisBase[C, M]):
                     "b_dec": fresh[i][j]["b_dec"],
                 }
                 row_s.append(jax.device_put(inner, self.sharding.replicated()))
-                kept = before.get("opt")
-                row_o.append(kept if kept is not None else fresh_opts[i][j])
+                # Adam starts afresh at every node: its moments belong to the previous
+                # node's scale and parametrization (`unfold` renormalizes the decoder),
+                # and a chain read back from the store has none, so a walk in memory and
+                # a new process train the same SAEs
+                row_o.append(fresh_opts[i][j])
             saes.append(row_s)
             opts.append(row_o)
 
@@ -379,7 +387,7 @@ class SAEBase(AnalysisBase[C, M]):
                 "contexts": found["saes"][i][j],
             }
             out["saes"][sae]["alive"] = alive
-            self._chain[sae] = {"node": node, "params": params, "opt": opts[i][j], "alive": alive}
+            self._chain[sae] = {"node": node, "params": params, "alive": alive}
         out["seconds"] = time.perf_counter() - began
         out["train_seconds"] = train_seconds
         return out
@@ -435,7 +443,7 @@ class SAEBase(AnalysisBase[C, M]):
                     assert memory is not None
                     previous[label] = memory
                 else:
-                    previous[label] = {"node": at, "params": params, "opt": None, "alive": alive}
+                    previous[label] = {"node": at, "params": params, "alive": alive}
             elif usable:
                 assert memory is not None
                 previous[label] = memory

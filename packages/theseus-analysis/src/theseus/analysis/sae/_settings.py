@@ -114,10 +114,11 @@ def _schema(name: str, module: str, prefix: str, values: dict[str, Any]) -> type
          "expansion x the site's width", ge=1, rules=[some])),
         ("expansion", list[int], setting("EXPANSION", "width = expansion x the site's width, "
          "one SAE per entry (when width is [])", ge=1)),
-        ("k", int, setting("K", "active features per token (topk)", ge=1, rules=[fits])),
-        ("l1", float, setting("L1", "L1 penalty (relu)", ge=0)),
-        ("l0", float, setting("L0", "L0 penalty (jumprelu)", ge=0)),
-        ("threshold", float, setting("THRESHOLD", "initial threshold (jumprelu)", gt=0)),
+        ("k", int, setting("K", "active features per token (topk), the L0 target "
+         "(jumprelu: the thresholds start where each feature fires on k / width of the tokens)", ge=1, rules=[fits])),
+        ("l1", float, setting("L1", "L1 penalty, each feature weighted by its decoder norm (relu)", ge=0)),
+        ("l0", float, setting("L0", "L0 penalty (jumprelu; SAELens's l0_coefficient)", ge=0)),
+        ("threshold", float, setting("THRESHOLD", "the least initial threshold (jumprelu)", gt=0)),
         ("bandwidth", float, setting("BANDWIDTH", "the threshold gradient's kernel width "
          "(jumprelu)", gt=0)),
         ("lr", float, setting("LEARNING_RATE", "Adam's learning rate", gt=0)),

@@ -36,7 +36,7 @@ from theseus.analysis._sites import Outcome
 from theseus.analysis.sae._model import SAEConfig, decode, encode, init_params, make_train_step
 from theseus.training.sharding import ParameterShardingContext
 
-__all__ = ["Bank", "Programs", "activations", "fold", "unfold"]
+__all__ = ["Bank", "Programs", "activations", "calibrate", "fold", "unfold"]
 
 Params = dict[str, Any]
 
@@ -85,6 +85,23 @@ def unfold(params: Params, scale: float, config: SAEConfig) -> Params:
         "W_enc": np.asarray(inner["W_enc"]) * norms[None, :],
         "b_enc": np.asarray(inner["b_enc"]) * norms,
     }
+
+
+def calibrate(params: Params, x: jax.Array, config: SAEConfig) -> Params:
+    """`jumprelu`'s thresholds set so that each feature fires on `k / width` of `x`
+    (`[n, d_in]`, the scaled activations), so the SAE starts at its L0 target `k`.
+
+    Each threshold is its feature's `1 - k / width` quantile of the ReLU'd
+    pre-activations, at least `config.threshold`. (A threshold learned in log space by
+    Adam moves about the learning rate a step: from SAELens's fixed start, 1e-3, it would
+    need thousands of steps to reach the activations' scale, and until then JumpReLU is
+    a ReLU with half the features active.)
+    """
+    pre = jax.nn.relu((x - params["b_dec"]) @ params["W_enc"] + params["b_enc"])  # [n, width]
+    share = min(1.0, config.k / config.width)
+    threshold = jnp.quantile(pre, 1.0 - share, axis=0)
+    threshold = jnp.maximum(threshold, config.threshold)
+    return {**params, "log_threshold": jnp.log(threshold).astype(jnp.float32)}
 
 
 def activations(
@@ -213,7 +230,8 @@ class Programs:
         }
 
     def _start(self, buffers: Any, scales: Any, key: jax.Array) -> Any:
-        """Fresh SAEs: `init_params`, the decoder bias at the scaled buffer's mean."""
+        """Fresh SAEs: `init_params`, the decoder bias at the scaled buffer's mean, and
+        `jumprelu`'s thresholds calibrated on the buffer (`calibrate`)."""
         self.count("start")
         saes = []
         for i, site in enumerate(self.bank.sites):
@@ -222,7 +240,10 @@ class Programs:
             row = []
             for j, config in enumerate(self.bank.configs[i]):
                 params = init_params(config, jax.random.fold_in(jax.random.fold_in(key, i), j))
-                row.append({**params, "b_dec": mean})
+                params = {**params, "b_dec": mean}
+                if config.architecture == "jumprelu":
+                    params = calibrate(params, b.reshape(-1, b.shape[-1]) * scales[site], config)
+                row.append(params)
             saes.append(row)
         return saes
 
