@@ -94,6 +94,7 @@ def _single_process(root: Path) -> tuple[object, list, object]:
     return single, tandem, result, patched
 
 
+@pytest.mark.slow  # the default suite's budget: nox -s slow runs it
 @pytest.mark.multiprocess
 def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
     Synthetic.prepare(tmp_path, tokens=40_000, val_tokens=6_000)

@@ -132,6 +132,7 @@ def _shown(root: Path, run: str, line: str) -> None:
             assert polled["scheduled"] == line
 
 
+@pytest.mark.slow  # the default suite's budget: nox -s slow runs it
 def test_a_warned_run_checkpoints_and_its_requeued_run_ends_bit_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

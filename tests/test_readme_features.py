@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from theseus.cli import main
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 jobs = import_module_or_file(str(ROOT / "packages/theseus-analysis/tests/analysis_jobs.py"))
 
 
+@pytest.mark.slow  # the default suite's budget: nox -s slow runs it
 def test_the_readme_commands_chain_features_over_a_lineage(tmp_path: Path) -> None:
     root = tmp_path / "root"
     Synthetic.prepare(root, tokens=40_000, val_tokens=6_000)

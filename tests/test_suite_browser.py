@@ -192,6 +192,7 @@ def _marked_columns(page: Page) -> tuple[list[int], int]:
     return marked, text
 
 
+@pytest.mark.slow  # the default suite's budget: nox -s slow runs it
 def test_curves_label_the_y_axis_and_mark_few_points(suite, tab, shots: Path) -> None:
     root, lineage = suite
     page, problems = tab

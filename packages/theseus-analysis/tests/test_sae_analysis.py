@@ -179,6 +179,7 @@ def decode(w: dict[str, np.ndarray], f: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------- tests
+@pytest.mark.slow  # the default suite's budget: nox -s slow runs it
 def test_a_chain_over_unchanged_checkpoints_keeps_every_feature_compiled_once(root) -> None:
     with quick(root) as q:
         q.build(Features, "chain")

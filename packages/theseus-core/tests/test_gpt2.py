@@ -187,6 +187,7 @@ def _gpt2_yaml(folder: Path) -> Path:
     return folder / "gpt2.yaml"
 
 
+@pytest.mark.slow  # the default suite's budget: nox -s slow runs it
 def test_fine_tuning_a_branch_on_text_in_gpt2s_tokens(
     imported: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -169,6 +169,7 @@ def _crash_trials(root: Path, trials: int, steps: int, seed: int) -> None:
         restore(path, abstract)  # every registered checkpoint is complete
 
 
+@pytest.mark.slow  # the default suite's budget: nox -s slow runs it
 def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path: Path) -> None:
     # One random kill here; the slow set kills twenty times over a longer run.
     _crash_trials(tmp_path, trials=1, steps=40, seed=int(time.time()) % 10_000)

@@ -89,6 +89,7 @@ def _crash_trials(root: Path, trials: int, seed: int) -> dict[str, int]:
     return totals
 
 
+@pytest.mark.slow  # the default suite's budget: nox -s slow runs it
 def test_sigkill_never_loses_an_acknowledged_write(tmp_path: Path) -> None:
     totals = _crash_trials(tmp_path / "store", trials=20, seed=1)
     assert totals["acked"] >= 20  # the writer got through real work before the kills

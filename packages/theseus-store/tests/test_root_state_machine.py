@@ -22,7 +22,7 @@ every step the test checks that
   leftovers in the lineage folders it owns;
 * a resume of a lineage folder another root owns is refused with nothing changed.
 
-The default suite runs 200 examples (``THESEUS_ROOT_EXAMPLES`` sets another
+The default suite runs 100 examples (``THESEUS_ROOT_EXAMPLES`` sets another
 number); ``nox -s slow`` runs 5,000 more.
 """
 
@@ -323,7 +323,7 @@ SETTINGS = {
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
 }
 TwoRoots.TestCase.settings = settings(
-    max_examples=int(os.environ.get("THESEUS_ROOT_EXAMPLES", "200")), **SETTINGS
+    max_examples=int(os.environ.get("THESEUS_ROOT_EXAMPLES", "100")), **SETTINGS
 )
 test_two_roots = TwoRoots.TestCase
 
