@@ -110,11 +110,18 @@ TPU_BENCHMARKS = (
         ("--ours-only", "--rounds", "2"),
         limit_s=480,
     ),
+    Benchmark(
+        "kernels",
+        "attention and loss kernels, one layer: JAX's Pallas splash/flash and theseus's "
+        "chunked loss vs tokamax (where installed)",
+        limit_s=300,
+    ),
 )
 #: Seconds each entry is expected to take on a v5e (start, compile, measure): estimates.
 EXPECTED_S = {"train_124m_b8": 150, "train_124m_b32": 90, "train_124m_b32_remat": 90,
               "train_354m_b8": 120, "generation_b1": 75, "generation_b8": 75,
-              "analysis_tandem": 120, "analysis_debugger": 45, "sae": 90, "harness": 120}  # fmt: skip
+              "analysis_tandem": 120, "analysis_debugger": 45, "sae": 90, "harness": 120,
+              "kernels": 90}  # fmt: skip
 
 
 PROBE = (

@@ -32,9 +32,14 @@ from theseus.job import from_host_zero, is_primary, process_count, store_root
 from theseus.store import Artifact, Node, Store
 from theseus.training.reporting import Reporter, format_duration
 
+from theseus.analysis._result import AnalysisResult
+
 if TYPE_CHECKING:
-    from theseus.analysis._base import AnalysisBase, AnalysisResult
     from theseus.config import Tree
+
+#: The analysis a walk moves (an `AnalysisBase`; typed loosely so that `_base`, which
+#: calls this module, is not imported back).
+Job = Any
 
 __all__ = ["OverResult", "configuration_digest", "stamp", "walk"]
 
@@ -112,7 +117,7 @@ def _done(store: Store, node: Node, name: str, digest: str) -> bool:
     return values.get(config) == digest and values.get(version) == artifact.version
 
 
-def check_plan(job: AnalysisBase[Any, Any], nodes: Sequence[Node]) -> list[Node]:
+def check_plan(job: Job, nodes: Sequence[Node]) -> list[Node]:
     """The nodes of `job.over(nodes)`, checked: one lineage, seq order, set up at the first.
 
     Raises:
@@ -143,7 +148,7 @@ def check_plan(job: AnalysisBase[Any, Any], nodes: Sequence[Node]) -> list[Node]
 
 
 def walk(
-    job: AnalysisBase[Any, Any],
+    job: Job,
     nodes: Sequence[Node],
     force: bool,
     run_one: Callable[[], AnalysisResult],
@@ -230,7 +235,7 @@ def walk(
     return outcome
 
 
-def outcome_lines(job: AnalysisBase[Any, Any], result: OverResult) -> list[str]:
+def outcome_lines(job: Job, result: OverResult) -> list[str]:
     """What `theseus run --over` prints after a walk."""
     name = job.NAME
     first = result.nodes[0]

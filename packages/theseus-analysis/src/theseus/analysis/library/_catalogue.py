@@ -46,3 +46,6 @@ def by_name() -> dict[str, type[LibraryAnalysis[Any, Any]]]:
         for cls in CATALOGUE.values()
         if isinstance(cls, type) and issubclass(cls, LibraryAnalysis)
     }
+
+
+FirstAnalyses.KNOWN = by_name()

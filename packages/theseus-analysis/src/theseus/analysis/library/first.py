@@ -11,7 +11,7 @@ settings.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from theseus.analysis._errors import AnalysisError
 from theseus.analysis.library._base import LibraryAnalysis, LibraryBase
@@ -31,6 +31,9 @@ class FirstAnalyses(LibraryBase, PretrainGPT):
     """The library's analyses in one program: one forward per batch kind at each node."""
 
     NAME = "first-analyses"
+    #: The analyses it can run, by `NAME`: the catalogue's `LibraryAnalysis` classes
+    #: (`_catalogue.py` fills it, so this module never imports the catalogue).
+    KNOWN: ClassVar[dict[str, type[LibraryAnalysis[Any, Any]]]] = {}
     SETTINGS = (SetSettings, ValidationSettings, InductionSettings, ICLSettings, FrequencySettings)
 
     def members(self) -> tuple[type[LibraryAnalysis[Any, Any]], ...]:
@@ -41,9 +44,7 @@ class FirstAnalyses(LibraryBase, PretrainGPT):
                 of the library's analyses (the message lists them).
         """
         if "members" not in self._library:
-            from theseus.analysis.library._catalogue import by_name
-
-            known = by_name()
+            known = self.KNOWN
             names = list(self.configure(SetSettings).analyses)
             unknown = [n for n in names if n not in known]
             if not names or unknown or len(set(names)) < len(names):
