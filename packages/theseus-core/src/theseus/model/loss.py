@@ -208,9 +208,12 @@ def _logits_and_grad(
     lse = jax.nn.logsumexp(wide, axis=-1)
     picked = jnp.take_along_axis(wide, labels[..., None], axis=-1)[..., 0]
     total = jnp.where(valid, lse - picked, 0.0).sum()
+    # softmax - one_hot where counted, as one elementwise chain (nothing of [batch, per,
+    # vocab] is made but the result, in the logits' dtype)
     probs = jnp.exp(wide - lse[..., None])
-    one_hot = jax.nn.one_hot(labels, wide.shape[-1], dtype=jnp.float32)
-    d_logits = (jnp.where(valid[..., None], probs - one_hot, 0.0)).astype(logits.dtype)
+    hit = jnp.arange(wide.shape[-1]) == labels[..., None]
+    d_logits = jnp.where(valid[..., None], jnp.where(hit, probs - 1.0, probs), 0.0)
+    d_logits = d_logits.astype(logits.dtype)
     if tied:  # logits = h @ E.T: dh = d @ E, dE = d.T @ h
         d_h = jnp.dot(d_logits, matrix)
         d_matrix = jnp.einsum("bpv,bpc->vc", d_logits, h_cast, preferred_element_type=jnp.float32)
