@@ -30,7 +30,7 @@ import numpy as np
 from theseus.analysis import _comet, _over
 from theseus.analysis._engine import Selection, compile_analysis, to_host
 from theseus.analysis._errors import AnalysisError, AnalysisSelectionError
-from theseus.analysis._publish import figure_of, render, write_atomic
+from theseus.analysis._publish import PlotHelper, figure_of, render, write_atomic
 from theseus.analysis._result import AnalysisResult
 from theseus.analysis._settings import AnalysisSettings
 from theseus.job import Mode, is_primary, process_count, store_root
@@ -50,22 +50,6 @@ M = TypeVar("M")
 log = logging.getLogger("theseus.analysis")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class _PlotHelper:
-    """`self.heatmap` etc.: theseus-plot's function itself, imported on first use.
-
-    The helpers pull in seaborn (seconds to import); an analysis that never plots
-    with them, and every host but zero, never pays for it.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, instance: object, owner: type | None = None) -> Any:
-        import theseus.plot
-
-        return getattr(theseus.plot, self.name)
 
 
 class AnalysisBase(abc.ABC, Generic[C, M]):
@@ -88,10 +72,10 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
     STOCHASTIC: ClassVar[bool] = False
     RESUME_ATTACHES: ClassVar[bool] = True  # a resumed node is another run's checkpoint
 
-    heatmap = _PlotHelper("heatmap")
-    bar = _PlotHelper("bar")
-    line = _PlotHelper("line")
-    scatter = _PlotHelper("scatter")
+    heatmap = PlotHelper("heatmap")
+    bar = PlotHelper("bar")
+    line = PlotHelper("line")
+    scatter = PlotHelper("scatter")
 
     if TYPE_CHECKING:  # provided by the trainer this analysis extends
         spec: JobSpec

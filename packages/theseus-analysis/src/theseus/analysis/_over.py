@@ -28,11 +28,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from theseus.analysis._result import AnalysisResult
 from theseus.job import from_host_zero, is_primary, process_count, store_root
 from theseus.store import Artifact, Node, Store
 from theseus.training.reporting import Reporter, format_duration
-
-from theseus.analysis._result import AnalysisResult
 
 if TYPE_CHECKING:
     from theseus.config import Tree

@@ -8,6 +8,9 @@ over the target, so a reader sees the old file or the new one, never a part.
 `Publisher` runs publishing off the training thread: one worker per trainer takes
 tasks in the order they were submitted (the cadence order), a few at most waiting, so
 a slow `plot()` delays only the next submission, never a step, until the queue is full.
+
+`PlotHelper` makes theseus-plot's helpers methods of an analysis (`self.heatmap`),
+imported on first use.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 
 from theseus.analysis._errors import AnalysisError
 
-__all__ = ["Publisher", "figure_of", "render", "write_atomic"]
+__all__ = ["PlotHelper", "Publisher", "figure_of", "render", "write_atomic"]
 
 log = logging.getLogger("theseus.analysis")
 
@@ -200,3 +203,19 @@ class Publisher:
                 log.exception("a publishing task failed in %s", self._name)
             finally:
                 self._queue.task_done()
+
+
+class PlotHelper:
+    """`self.heatmap` etc.: theseus-plot's function itself, imported on first use.
+
+    The helpers pull in seaborn (seconds to import); an analysis that never plots
+    with them, and every host but zero, never pays for it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        import theseus.plot
+
+        return getattr(theseus.plot, self.name)

@@ -35,19 +35,19 @@ from theseus.analysis._base import AnalysisBase, C, M
 from theseus.analysis._engine import Selection
 from theseus.analysis._errors import AnalysisError
 from theseus.analysis._publish import write_atomic
+from theseus.analysis.sae._chain import previous_saes
 from theseus.analysis.sae._match import match
 from theseus.analysis.sae._model import SAEConfig
 from theseus.analysis.sae._records import (
     MATCH,
-    alive_features,
     changes,
     features_document,
     plain,
 )
-from theseus.analysis.sae._saelens import read_saelens, saelens_files
+from theseus.analysis.sae._saelens import saelens_files
 from theseus.analysis.sae._settings import ATTRIBUTES, check, schema, segment
 from theseus.analysis.sae._stream import Bank, Programs, activations, fold, unfold
-from theseus.job import from_host_zero, is_primary
+from theseus.job import is_primary
 from theseus.store import Artifact, Node
 from theseus.training.reporting import Reporter, format_duration
 
@@ -393,61 +393,8 @@ class SAEBase(AnalysisBase[C, M]):
         return out
 
     def _previous(self, node: Node, digest: str, labels: list[str]) -> dict[str, dict[str, Any]]:
-        """Each SAE's previous one: the latest earlier node of the lineage (through its
-        branch points) whose SAE this configuration made, from memory or the store."""
-        name = type(self).NAME
-
-        def stored() -> dict[str, tuple[Node, dict[str, np.ndarray] | None, Any]]:
-            found: dict[str, tuple[Node, dict[str, np.ndarray] | None, Any]] = {}
-            for label in labels:
-                frames = self.store.artifact_frames(
-                    node.name, node.nonce, f"{name}/{label}/sae_weights.safetensors"
-                )
-                for frame in reversed(frames):
-                    at = Node.deserialize(frame["node"])
-                    if (at.name, at.nonce) == (node.name, node.nonce) and at.seq >= node.seq:
-                        continue
-                    if self.store.values(at).get(f"sae/{name}/config") != digest:
-                        continue
-                    memory = self._chain.get(label)
-                    if memory is not None and memory["node"] == at:
-                        found[label] = (at, None, None)  # the one in memory
-                    else:
-                        held = self.store.get(at)
-                        files = {
-                            f: held[f"{name}/{label}/{f}"].content
-                            for f in ("cfg.json", "sae_weights.safetensors")
-                        }
-                        found[label] = (
-                            at,
-                            read_saelens(files)[1],
-                            alive_features(held, name, label),
-                        )
-                    break
-            return found
-
-        from_store = from_host_zero(stored)
-        previous: dict[str, dict[str, Any]] = {}
-        for label in labels:
-            memory = self._chain.get(label)
-            usable = (
-                memory is not None
-                and (memory["node"].name, memory["node"].nonce) == (node.name, node.nonce)
-                and memory["node"].seq < node.seq
-            )
-            if label in from_store:
-                at, params, alive = from_store[label]
-                if params is None or (
-                    usable and memory is not None and memory["node"].seq > at.seq
-                ):
-                    assert memory is not None
-                    previous[label] = memory
-                else:
-                    previous[label] = {"node": at, "params": params, "alive": alive}
-            elif usable:
-                assert memory is not None
-                previous[label] = memory
-        return previous
+        """Each SAE's previous one, from memory or the store (`_chain.previous_saes`)."""
+        return previous_saes(self.store, type(self).NAME, node, digest, labels, self._chain)
 
     # --------------------------------------------------------------- recording
     def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None, Any]:
