@@ -55,6 +55,27 @@ def _relative(got: Any, want: Any) -> float:
     return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
 
 
+def _measured(
+    what: str, step: Any, inputs: tuple[Any, ...], want: Any, calls: int, device: str
+) -> tuple[Any, list[float] | None]:
+    """`step(*inputs)` timed and checked against `want` (gradients): its row, and its
+    times (None when the kernel refused the call: the row says why)."""
+    try:
+        got, times = _timed(step, *inputs, calls=calls)
+    except Exception as exc:  # a kernel that refuses the shape: a note, not a crash
+        note = f"did not run: {type(exc).__name__}: {str(exc)[:160]}"
+        return _report.info_row(what, "—", [], unit="ms", note=note), None
+    error = max(_relative(a, b) for a, b in zip(got, want, strict=True))
+    row = _report.info_row(
+        what,
+        f"{statistics.median(times):.3f} ms",
+        times,
+        unit="ms",
+        note=f"{device}; gradients vs the float32 reference: {error:.1e} relative",
+    )
+    return row, times
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _report.add_arguments(p)
@@ -107,29 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         shape = f"{batch} x {seq} tokens, {heads} heads ({kv_heads} kv) x {width}"
         times: dict[str, list[float]] = {}
         for name, fn in candidates.items():
-            try:
-                got, times[name] = _timed(grads(fn), q, k, v, calls=calls)
-            except Exception as exc:  # a kernel that refuses the shape: a note
-                rows.append(
-                    _report.info_row(
-                        f"kernels: attention fwd+bwd, {name}, {shape}",
-                        "—",
-                        [],
-                        unit="ms",
-                        note=f"did not run: {type(exc).__name__}: {str(exc)[:160]}",
-                    )
-                )
-                continue
-            error = max(_relative(a, b) for a, b in zip(got, want, strict=True))
-            rows.append(
-                _report.info_row(
-                    f"kernels: attention fwd+bwd, {name}, {shape}",
-                    f"{statistics.median(times[name]):.3f} ms",
-                    times[name],
-                    unit="ms",
-                    note=f"{device}; gradient vs float32 reference: {error:.1e} relative",
-                )
-            )
+            what = f"kernels: attention fwd+bwd, {name}, {shape}"
+            row, taken = _measured(what, grads(fn), (q, k, v), want, calls, device)
+            rows.append(row)
+            if taken is not None:
+                times[name] = taken
         if "tokamax mosaic" in times and "theseus splash" in times:
             rows.append(
                 _report.compare(
@@ -177,33 +180,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         shape = f"{batch} x {seq} tokens, width {width}, vocabulary {vocab}"
-        times = {}
+        times: dict[str, list[float]] = {}
         for name, fn in candidates.items():
-            try:
-                got, times[name] = _timed(
-                    jax.jit(jax.grad(fn, argnums=(0, 1))), h, table, calls=calls
-                )
-            except Exception as exc:
-                rows.append(
-                    _report.info_row(
-                        f"kernels: loss and gradients, {name}, {shape}",
-                        "—",
-                        [],
-                        unit="ms",
-                        note=f"did not run: {type(exc).__name__}: {str(exc)[:160]}",
-                    )
-                )
-                continue
-            error = max(_relative(a, b) for a, b in zip(got, want, strict=True))
-            rows.append(
-                _report.info_row(
-                    f"kernels: loss and gradients, {name}, {shape}",
-                    f"{statistics.median(times[name]):.3f} ms",
-                    times[name],
-                    unit="ms",
-                    note=f"{device}; gradients vs float32 reference: {error:.1e} relative",
-                )
-            )
+            what = f"kernels: loss and gradients, {name}, {shape}"
+            step = jax.jit(jax.grad(fn, argnums=(0, 1)))
+            row, taken = _measured(what, step, (h, table), want, calls, device)
+            rows.append(row)
+            if taken is not None:
+                times[name] = taken
         if "tokamax mosaic_tpu" in times:
             rows.append(
                 _report.compare(
