@@ -34,6 +34,7 @@ class Gate(AnalysisBase, PretrainGPT):
     NAME = "gate"
     opened: threading.Event
     seen: list[tuple[str, int]]
+    steps: list[int]
     fail_at: int | None = None
 
     def select(self, paths):
@@ -43,7 +44,10 @@ class Gate(AnalysisBase, PretrainGPT):
         return inputs.x[0, :2, :2]
 
     def plot(self, values):
-        step = int(self.trainer.state.step)
+        # The step this plot belongs to, as the training thread recorded it before the
+        # validation (plots publish in cadence order). Reading `self.trainer.state` here
+        # would race the next train step, which donates that state's buffers.
+        step = type(self).steps.pop(0)
         if not type(self).opened.wait(WAIT):
             raise TimeoutError("the trainer never went past the validation")
         type(self).seen.append(("plot done", step))
@@ -64,6 +68,7 @@ class GatedTrainer(PretrainGPT):
         view.run = functools.partial(self._gated, view.run)  # what the loop calls
 
     def _gated(self, run, **kwargs):  # type: ignore[no-untyped-def]
+        Gate.steps.append(int(self.state.step))  # on the training thread, before the step goes on
         if self.inline:
             Gate.opened.set()  # inline, the plot runs inside run()
         result = run(**kwargs)
@@ -85,7 +90,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train(root: Path, run: str, **extra: object):  # type: ignore[no-untyped-def]
-    Gate.opened, Gate.seen = threading.Event(), []
+    Gate.opened, Gate.seen, Gate.steps = threading.Event(), [], []
     with quick(root) as q:
         q.build(GatedTrainer, run)
         jobs.tiny(q.config, steps=4, **{"logging/checkpoint_interval": 4, **extra})
@@ -125,7 +130,7 @@ def test_a_failed_publish_is_recorded_on_its_node(root: Path) -> None:
 
 
 def test_a_run_that_dies_still_publishes_what_it_computed(root: Path) -> None:
-    Gate.opened, Gate.seen = threading.Event(), []
+    Gate.opened, Gate.seen, Gate.steps = threading.Event(), [], []
     GatedTrainer.crash_at = 3
     try:
         with quick(root) as q, pytest.raises(RuntimeError, match="the run dies"):
@@ -144,7 +149,7 @@ def test_analysis_errors_raise_publishes_inline(root: Path) -> None:
     class Inline(GatedTrainer):
         inline = True
 
-    Gate.opened, Gate.seen = threading.Event(), []
+    Gate.opened, Gate.seen, Gate.steps = threading.Event(), [], []
     with quick(root) as q:
         q.build(Inline, "gated-inline")
         jobs.tiny(q.config, steps=2, **{"training/analysis_errors": "raise"})
