@@ -217,6 +217,7 @@ def test_results_against_numpy(trained, walked) -> None:
 
 
 def test_the_browser_shows_the_heatmap_and_the_curves(trained, walked) -> None:
+    pytest.importorskip("starlette", reason="the browser is theseus-store's [ui] extra")
     from starlette.testclient import TestClient
 
     from theseus.store.ui import create_app, open_readonly
