@@ -37,6 +37,7 @@ from theseus.store import Node, Store
 
 jobs = import_module_or_file(str(Path(__file__).parents[1] / "analysis_jobs.py"))
 lj = import_module_or_file(str(Path(__file__).with_name("planted_jobs.py")))
+walks = import_module_or_file(str(Path(__file__).with_name("walks.py")))
 
 STEPS = 4
 BLOCK = 32  # analysis_jobs.TINY
@@ -92,21 +93,11 @@ def root(trained: tuple[Path, list[Node]], tmp_path: Path) -> Path:
 
 
 def _snapshot(root: Path) -> dict[str, object]:
-    with Store(root / "store") as store:
-        return {
-            n.serialize(): (store.values(n), {k: a.version for k, a in store.get(n).items()})
-            for n in store.query().all()
-        }
+    return walks.snapshot(root)
 
 
 def _walk(root: Path, cls: type, **settings: object):  # type: ignore[no-untyped-def]
-    with quick(root) as q:
-        q.build(cls, "look")
-        q.find().spec(run="trained").over()
-        for key, value in settings.items():
-            q.config[key] = value
-        job = q.create()
-        return job, job()
+    return walks.walk(root, "trained", cls, **settings)
 
 
 def test_in_tandem_each_validation_compares_with_the_previous_and_tests_what_was_seen(

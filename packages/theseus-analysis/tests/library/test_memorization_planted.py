@@ -37,6 +37,7 @@ from theseus.registry import import_module_or_file
 from theseus.store import Node, Store
 
 lj = import_module_or_file(str(Path(__file__).with_name("planted_jobs.py")))
+walks = import_module_or_file(str(Path(__file__).with_name("walks.py")))
 
 pytestmark = pytest.mark.slow
 
@@ -89,21 +90,11 @@ def root(planted: tuple[Path, dict[str, np.ndarray], list[Node]], tmp_path: Path
 
 
 def _snapshot(root: Path) -> dict[str, object]:
-    with Store(root / "store") as store:
-        return {
-            n.serialize(): (store.values(n), {k: a.version for k, a in store.get(n).items()})
-            for n in store.query().all()
-        }
+    return walks.snapshot(root)
 
 
 def _walk(root: Path, cls: type, **settings: object):  # type: ignore[no-untyped-def]
-    with quick(root) as q:
-        q.build(cls, "look")
-        q.find().spec(run="planted").over()
-        for key, value in settings.items():
-            q.config[key] = value
-        job = q.create()
-        return job, job()
+    return walks.walk(root, "planted", cls, **settings)
 
 
 def test_in_tandem_each_validation_compares_with_the_previous_and_tests_what_was_seen(
