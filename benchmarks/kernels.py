@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         import tokamax
+        from absl import flags
+
+        # tokamax reads absl flags, which parse sys.argv (this script's --json) on first use.
+        flags.FLAGS.mark_as_parsed()
     except ImportError:
         tokamax = None
     on_cpu = jax.default_backend() == "cpu"

@@ -78,5 +78,5 @@ def test_a_head_ablation_sweep_matches_the_eager_losses(trained: tuple[Path, Any
     assert got.shape == want.shape == (2, 4, *clean.shape)
     scale = float(np.abs(clean).max())
     assert_close(got, want, "reference", what="per-head loss changes", scale=scale)
-    assert np.abs(want).max() > 10 * tolerance("reference") * scale, "nothing changed"
+    assert np.abs(want).max() > 4 * tolerance("reference") * scale, "nothing changed"
     assert job.traces == 1
