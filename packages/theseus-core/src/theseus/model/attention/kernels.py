@@ -242,14 +242,18 @@ def _per_device(
     return sharded(q, k, v)
 
 
-def _splash_kernel(heads: int, seq: int, interpret: bool) -> Callable[..., jax.Array]:
-    """The causal splash kernel for `heads` heads of `seq` tokens, mapped over the batch.
+def _splash_kernel(
+    heads: int, seq: int, interpret: bool, block: int = BLOCK, fused_backward: bool = True
+) -> Callable[..., jax.Array]:
+    """The causal splash kernel for `heads` heads of `seq` tokens, mapped over the batch,
+    in blocks of `min(seq, block)` tokens (`block` and `fused_backward` other than the
+    defaults: benchmarks/kernels.py's sweep).
 
     Made anew in each trace: its mask tables become constants of the program being traced.
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-    block = min(seq, BLOCK)
+    block = min(seq, block)
     blocks = splash.BlockSizes(
         block_q=block,
         block_kv=block,
@@ -257,7 +261,8 @@ def _splash_kernel(heads: int, seq: int, interpret: bool) -> Callable[..., jax.A
         block_q_dkv=block,
         block_kv_dkv=block,
         block_kv_dkv_compute=block,
-        use_fused_bwd_kernel=True,
+        use_fused_bwd_kernel=fused_backward,
+        **({} if fused_backward else {"block_q_dq": block, "block_kv_dq": block}),
     )
     mask = splash.MultiHeadMask([splash.CausalMask((seq, seq)) for _ in range(heads)])
     kernel = splash.make_splash_mha(
@@ -266,9 +271,15 @@ def _splash_kernel(heads: int, seq: int, interpret: bool) -> Callable[..., jax.A
     return jax.vmap(kernel)
 
 
-def _splash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def _splash(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    block: int = BLOCK,
+    fused_backward: bool = True,
+) -> jax.Array:
     """Causal splash attention on `[batch, seq, heads, head_dim]` (grouped keys as they are)."""
-    kernel = _splash_kernel(q.shape[2], q.shape[1], _interpret())
+    kernel = _splash_kernel(q.shape[2], q.shape[1], _interpret(), block, fused_backward)
     scaled = q * jnp.asarray(1 / q.shape[-1] ** 0.5, q.dtype)
     out = kernel(scaled.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2))
     return out.swapaxes(1, 2)
