@@ -295,7 +295,6 @@ class Analyzer(abc.ABC):
         return path, artifact, figure
 
 
-
 def _names(target: type | tuple[type, ...]) -> str:
     return ", ".join(t.__name__ for t in (target if isinstance(target, tuple) else (target,)))
 

@@ -222,4 +222,3 @@ class AnalysisBase(Analyzer, Generic[C, M]):
         """End the Comet experiment (if any) and close the store if this job opened it."""
         _comet.close()
         super().close()  # type: ignore[misc]
-
