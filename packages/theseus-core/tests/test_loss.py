@@ -218,7 +218,9 @@ def test_the_model_and_its_loss_refuse_with_one_class() -> None:
     loss's) are both `ModelInputError`, caught under the loss's earlier name too."""
     model = GPT.build(n_layers=1, n_embd=32, n_head=2, block_size=8, vocab_size=VOCAB)
     too_long = jnp.zeros((1, 9), jnp.int32)
-    with pytest.raises(ModelInputError, match=r"^sequence length 9 exceeds architecture/block_size 8\b"):
+    with pytest.raises(
+        ModelInputError, match=r"^sequence length 9 exceeds architecture/block_size 8\b"
+    ):
         model.init(jax.random.key(0), too_long)
     case = _inputs(True)
     h, matrix, targets = (jnp.asarray(case[k]) for k in ("h", "matrix", "targets"))
