@@ -121,6 +121,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--trainer-only", action="store_true", help="time the trainer's step alone (no hand loop)"
     )
     p.add_argument(
+        "--profile",
+        type=Path,
+        help="with --trainer-only: trace --steps more steps with JAX's profiler into this "
+        "folder and print the device time by operation",
+    )
+    p.add_argument(
         "--per-device-batch",
         type=int,
         default=0,
@@ -341,6 +347,14 @@ def run_trainer_only(args: argparse.Namespace, trainer: Any, host: list[dict[str
         + (f", loss chunk {args.loss_chunk}" if args.loss_chunk else "")
     )
     info = run_info(args, n_params, flops, tokens)
+    if args.profile is not None:
+        from benchmarks import _profile
+
+        with jax.profiler.trace(str(args.profile)):
+            theseus.steps(args.steps)
+        summary = _profile.lines(args.profile, args.steps)
+        print("\n".join(summary))
+        info["profile"] = summary
     rows = [
         _report.info_row(
             f"train step alone ({shape})",
