@@ -292,6 +292,25 @@ def test_one_analysis_on_one_checkpoint_from_the_command_line(trained, tmp_path)
         assert store.get(node)["logit-lens"].filename == "logit-lens.pdf"
 
 
+def test_the_induction_score_alone_draws_from_the_datas_ids(trained) -> None:
+    """`library/induction/tokens = data` on `InductionHeads` alone (as the demo runs it in
+    tandem), whose settings once lacked the `library/dataset` it reads: the repeated
+    tokens are ids the prepared `train.bin` holds (read here with NumPy)."""
+    from theseus.analysis.library import InductionHeads
+
+    with quick(trained) as q:
+        q.build(InductionHeads, "induction-data")
+        q.find().spec(run="trained").checkpoint().latest().branch()
+        q.config["library/induction/tokens"] = "data"
+        job = q.create()
+        result = job()
+    train = np.fromfile(trained / "data" / "synthetic" / "train.bin", dtype=job.tokenizer.dtype)
+    drawn = job.repeated_batch()["x"]
+    assert set(np.unique(drawn)) <= set(np.unique(train))
+    assert len(np.unique(drawn)) > 1
+    assert result.values["induction"].shape == (2, 2)  # layers x heads
+
+
 def test_a_name_that_is_no_analysis_is_one_line(trained) -> None:
     root = trained
     from theseus.analysis import AnalysisError
