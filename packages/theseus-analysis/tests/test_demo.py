@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +23,7 @@ from theseus.cli import main
 from theseus.data.datasets import Synthetic
 from theseus.job import store_root
 from theseus.quick import quick
-from theseus.store import Store
+from theseus.store import Node, Store
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +42,13 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
     assert match and float(match.group(2)) < float(match.group(1))
     assert "entropy bound" in result.output and str(root / "store") in result.output
     pdfs = [Path(p) for p in re.findall(r"(/\S+\.pdf)", result.output)]
-    assert len(pdfs) == 4  # two tandem analyses, the checkpoint analysis, the intervention
+    assert len(pdfs) == 5  # three tandem analyses, the checkpoint analysis, the intervention
     for pdf in pdfs:
         assert pdf.read_bytes().startswith(b"%PDF")
-    assert "4 PDFs kept as artifacts" in result.output  # 2 analyses x 2 validations
+    assert [pdf.name for pdf in pdfs[:3]] == [
+        "attention-input.pdf", "attention-pattern.pdf", "induction.pdf"
+    ]  # fmt: skip
+    assert "6 PDFs kept as artifacts" in result.output  # 3 analyses x 2 validations
     # three held-out prompts, each continued by 40 tokens of the synthetic alphabet
     samples = re.findall(r"^    ('.*') -> ('.*')$", result.output, flags=re.MULTILINE)
     assert len(samples) == 3
@@ -47,8 +56,7 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
         assert (
             len(eval(prompt).encode()) == 8 and 0 < len(eval(sample)) <= 40
         )  # one char a token at most
-    browse = shlex.split(result.output.strip().splitlines()[-1])  # the demo ends with it
-    browse = browse[2:] if browse[:2] == ["uv", "run"] else browse  # started by `uv run`
+    browse = _browse(result)
     assert Path(browse[0]).name == "theseus-store" and browse[1:] == ["ui", str(root)]
     (command,) = [line for line in result.output.splitlines() if " sample " in line]
     argv = shlex.split(command)
@@ -61,10 +69,12 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
         assert [c.step for c in store.checkpoints(node)] == [2]
         pattern = store.history(node, "attention-pattern")
         assert len(pattern) == 2  # the tandem run's, then the checkpoint analysis's
-        assert pattern[1].content == pdfs[2].read_bytes()
+        assert pattern[1].content == pdfs[3].read_bytes()
         assert pattern[0].content == pattern[1].content  # same weights and batch
         [ablation] = store.history(node, "head-ablation")
-        assert ablation.content == pdfs[3].read_bytes() and pdfs[3].name == "head-ablation.pdf"
+        assert ablation.content == pdfs[4].read_bytes() and pdfs[4].name == "head-ablation.pdf"
+        [induction] = store.history(node, "induction")  # the tandem run's, at the last validation
+        assert induction.content == pdfs[2].read_bytes()
         values = store.values(node)  # the evaluation the demo printed, kept on the node
     printed = re.search(r"synthetic_mc  acc ([\d.]+) \+/- ([\d.]+)", result.output)
     assert printed and float(printed.group(1)) == pytest.approx(
@@ -101,6 +111,105 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
         "run", "features", str(root / "features.yaml"), str(root), "--over", lineage,
         "--import", "theseus.analysis.demo",
     ]  # fmt: skip
+
+
+def _browse(result: Result) -> list[str]:
+    """The `theseus-store ui ROOT` command the demo prints, as a shell would split it."""
+    (line,) = [line for line in result.output.splitlines() if "theseus-store ui " in line]
+    browse = shlex.split(line)
+    return browse[2:] if browse[:2] == ["uv", "run"] else browse  # started by `uv run`
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        assert answer.status == 200, url
+        return bytes(answer.read())
+
+
+def test_demo_prints_the_induction_score_and_pages_that_open_when_pasted(demo) -> None:
+    """The induction score at each validation as the store holds it, and the printed
+    `theseus-store ui` command, started as pasted (on a free port instead of 8765, which
+    a test cannot count on), serving the printed pages: the heatmap's frames at both
+    validations and the highest head's curve."""
+    pytest.importorskip("starlette", reason="the browser is theseus-store's [ui] extra")
+    root, result = demo
+    assert result.exit_code == 0, result.output
+    out = result.output
+    even = re.search(r"induction score \(library/induction, .* a head that attends evenly scores "
+                     r"([\d.]+)\):", out)  # fmt: skip
+    # mean of 1 / (q + 1) over the second half's queries, q = 32 .. 63 (a 64-token block)
+    assert even and float(even.group(1)) == pytest.approx(sum(1 / k for k in range(33, 65)) / 32,
+                                                          abs=5e-4)  # fmt: skip
+    rows = re.findall(
+        r"^    seq +(\d+): highest (L\dH\d) ([\d.]+); loss on the repeat ([\d.]+), on its "
+        r"first occurrence ([\d.]+) nats/token$", out, flags=re.MULTILINE,
+    )  # fmt: skip
+    assert [int(seq) for seq, *_ in rows] == [0, 1]  # the two validations
+    with Store(store_root(root)) as store:
+        last = store.query().spec(run="demo").checkpoint().latest().first()
+        assert last is not None
+        lineage = f"{last.name}~{last.nonce}"
+        for seq, head, score, repeat, first in rows:
+            values = store.values(Node(last.name, last.nonce, int(seq)))
+            heads = {k: v for k, v in values.items() if k.startswith("dynamics/induction/L")}
+            assert len(heads) == 2 * 4  # every head of the demo's 2 layers x 4 heads
+            assert float(score) == pytest.approx(max(heads.values()), abs=5e-4)
+            assert float(score) == pytest.approx(heads[f"dynamics/induction/{head}"], abs=5e-4)
+            assert float(score) == pytest.approx(values["dynamics/induction/max"], abs=5e-4)
+            for printed, key in ((repeat, "second"), (first, "first")):
+                assert float(printed) == pytest.approx(
+                    values[f"dynamics/induction/{key}_half_loss"], abs=5e-4
+                )
+
+    # The pages it names: the slider on `induction` and the curve of its maximum.
+    pages = [line.strip() for line in out.splitlines() if line.strip().startswith("http://")]
+    assert len(pages) == 2, pages
+    slider, curve = (urlsplit(page) for page in pages)
+    assert (slider.path, parse_qs(slider.query)) == (
+        "/slider",
+        {"l": [lineage], "name": ["induction"]},
+    )
+    assert (curve.path, parse_qs(curve.query)) == (
+        "/curves", {"l": [lineage], "key": ["dynamics/induction/max"]}
+    )  # fmt: skip
+    browse = _browse(result)
+    program = browse[0] if "/" in browse[0] else str(Path(sys.executable).with_name(browse[0]))
+    helped = subprocess.run([program, "ui", "--help"], capture_output=True, text=True, timeout=60)
+    assert slider.netloc == "127.0.0.1:8765" and "(default 8765)" in helped.stdout
+    port = _free_port()
+    server = subprocess.Popen(
+        [program, *browse[1:], "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        here = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, server.communicate()[0]
+            try:
+                _get(here + "/api/runs")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "theseus-store ui did not answer in 60 s"
+                time.sleep(0.2)
+        page = _get(f"{here}{slider.path}?{slider.query}").decode()
+        assert 'data-name="induction"' in page
+        frames = json.loads(_get(f"{here}/api/frames?{slider.query}"))["frames"]
+        assert [f["seq"] for f in frames] == [0, 1]
+        assert _get(here + frames[-1]["image"]).startswith(b"\x89PNG")  # the heatmap, drawn
+        assert "dynamics/induction/max" in _get(f"{here}{curve.path}?{curve.query}").decode()
+        series = json.loads(_get(f"{here}/api/series?{curve.query}"))["series"]
+        assert [s["x"] for s in series] == [[0, 1]]
+        assert series[0]["y"] == pytest.approx([float(r[2]) for r in rows], abs=5e-4)
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)  # its output read and its pipe closed
 
 
 def test_demo_refuses_a_step_count_out_of_range(tmp_path: Path) -> None:
