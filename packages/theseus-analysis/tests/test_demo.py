@@ -1,17 +1,26 @@
-"""`theseus demo`: trains, analyzes in tandem and on the latest checkpoint, says where it all is."""
+"""`theseus demo`: trains, analyzes in tandem and on the latest checkpoint, says where it all is.
+
+The browser test drives Debian's Chromium through Playwright (as theseus-store's
+tests/test_ui_browser.py) over a copy of the demo's root with the induction score and the
+logit lens run `--over` its lineage, and saves a screenshot of each frame (under
+`THESEUS_UI_SCREENSHOTS` if set, else the test's temporary folder).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +32,10 @@ from theseus.cli import main
 from theseus.data.datasets import Synthetic
 from theseus.job import store_root
 from theseus.quick import quick
+from theseus.registry import import_module_or_file
 from theseus.store import Node, Store
+
+STORE_TESTS = Path(__file__).parents[2] / "theseus-store" / "tests"
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +256,97 @@ def test_attention_pattern_is_the_layers_own_attention(demo) -> None:
     np.testing.assert_allclose(weights, np.asarray(probs[0]).mean(0), rtol=1e-6, atol=1e-7)
     assert json.loads(json.dumps(weights.tolist()))  # plain numbers, host side
     assert result.path is not None and result.path.name == "attention-pattern.pdf"
+
+
+@pytest.fixture(scope="module")
+def walked(demo, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A copy of the demo's root (its own nodes stay as the demo left them) with the
+    induction score and the logit lens run `--over` the demo's lineage, as README "The
+    first analyses" runs them; the root and the lineage."""
+    root, ran = demo
+    assert ran.exit_code == 0, ran.output
+    copy = tmp_path_factory.mktemp("walked") / "root"
+    shutil.copytree(root, copy)
+    config = copy / "first.yaml"
+    runner = CliRunner()
+    made = runner.invoke(main, ["configure", "library/first", str(config)])
+    assert made.exit_code == 0, made.output
+    over = ["--over", "demo", "library.analyses=[induction,logit-lens]"]
+    walk = runner.invoke(main, ["run", "first", str(config), str(copy), *over,
+                                "library.induction.tokens=data"])  # fmt: skip
+    assert walk.exit_code == 0, walk.output
+    assert "analyzed 2 of 2 checkpoints" in walk.output
+    with Store(store_root(copy)) as store:
+        node = store.query().spec(run="demo").checkpoint().latest().first()
+        assert node is not None
+    return copy, f"{node.name}~{node.nonce}"
+
+
+def _drawn(tab: Any) -> str:
+    """The slider's picture once drawn (a polled evaluate: the page's CSP refuses
+    `wait_for_function`'s string evaluation); its address."""
+    image = tab.locator("#frame-image")
+    deadline = time.monotonic() + 20
+    while not image.evaluate("img => img.complete && img.naturalWidth > 0"):
+        assert time.monotonic() < deadline, "the frame's picture did not load in 20 s"
+        time.sleep(0.05)
+    return str(image.get_attribute("src"))
+
+
+def test_the_browser_steps_the_heatmap_and_the_lens_through_training(walked, tmp_path) -> None:
+    """The time slider on the demo's lineage: the induction heatmap and the logit lens at
+    each of its two checkpoints (the newest version at each node, the walk's), the
+    frame's line on one line; the curves of the highest induction score and of the
+    last layer's lens loss, one point per checkpoint; no error logged."""
+    pytest.importorskip("starlette", reason="the browser is theseus-store's [ui] extra")
+    pytest.importorskip("playwright", reason="playwright is not installed (the dev group has it)")
+    if not (STORE_TESTS / "_ui_store.py").is_file():  # nox -s isolated: not beside
+        pytest.skip("needs theseus-store's test helpers (the workspace)")
+    from playwright.sync_api import expect, sync_playwright
+
+    from theseus.store.ui import running
+
+    chromium = import_module_or_file(str(STORE_TESTS / "_ui_store.py")).chromium()
+    shots = Path(os.environ.get("THESEUS_UI_SCREENSHOTS", tmp_path / "screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    root, lineage = walked
+    with running(root) as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium, args=["--no-sandbox", "--disable-gpu"]
+        )
+        tab = browser.new_page(viewport={"width": 1280, "height": 1040})
+        problems: list[str] = []
+        tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        tab.on("pageerror", lambda e: problems.append(str(e)))
+        info = tab.locator("#frame-info")
+        for name in ("induction", "logit-lens"):
+            tab.goto(f"{url}/slider?{urlencode({'l': lineage, 'name': name})}")
+            seen = []
+            for seq in (0, 1):
+                if seq:
+                    tab.keyboard.press("ArrowRight")
+                expect(info).to_contain_text(f"{seq + 1}/2 · {lineage}~{seq} · seq {seq} · ")
+                expect(info).to_contain_text(f"step {seq + 1} ·")
+                source = _drawn(tab)
+                shown = parse_qs(urlsplit(source).query)
+                with Store(store_root(root), readonly=True) as store:
+                    newest = store.history(Node(*lineage.split("~"), seq), name)[-1]
+                assert shown == {"node": [f"{lineage}~{seq}"], "name": [name],
+                                 "version": [str(newest.version)]}  # fmt: skip
+                assert newest.content.startswith(b"%PDF")
+                height, font = info.evaluate(
+                    "e => [e.getBoundingClientRect().height, "
+                    "parseFloat(getComputedStyle(e).fontSize)]"
+                )
+                assert height < 1.8 * font, "the frame's line wraps"
+                seen.append(source)
+                tab.screenshot(path=shots / f"demo-{name}-{seq}.png", full_page=True)
+            assert seen[0] != seen[1]
+        tab.set_viewport_size({"width": 1280, "height": 700})
+        for key in ("dynamics/induction/max", "dynamics/logit_lens/L1/loss"):
+            tab.goto(f"{url}/curves?{urlencode({'key': key, 'l': lineage})}")
+            expect(tab.locator("#legend")).to_contain_text(f"{lineage} (2 of 2 points)")
+            expect(tab.locator("#chart")).to_have_attribute("aria-label", f"{key} over nodes")
+            tab.screenshot(path=shots / f"demo-curves-{key.replace('/', '-')}.png")
+        browser.close()
+    assert problems == []
