@@ -121,7 +121,9 @@ class LogitLens(LibraryAnalysis, PretrainGPT):
             ax = figure.axes[0]
             ax.set_xticks(index, layers)
             uniform = results["uniform"]
-            ax.axhline(uniform, color="0.45", linestyle=":", linewidth=1.2, label="uniform guessing")
+            ax.axhline(
+                uniform, color="0.45", linestyle=":", linewidth=1.2, label="uniform guessing"
+            )
             # One scale at every node: 0 to uniform guessing, unless a value lies above it.
             drawn = np.concatenate([results["loss"], results["kl"]])
             top = max(uniform, float(np.nanmax(drawn, initial=0.0))) * 1.05
