@@ -37,7 +37,11 @@ from theseus.analysis._errors import AnalysisError
 from theseus.analysis._publish import render, write_atomic
 from theseus.analysis.library._data import open_plan, repeated_tokens, token_shares
 from theseus.analysis.library._recording import Recording, record
-from theseus.analysis.library._settings import InductionSettings, ValidationSettings
+from theseus.analysis.library._settings import (
+    DataSettings,
+    InductionSettings,
+    ValidationSettings,
+)
 from theseus.data.batches import MixturePlan
 from theseus.model.attention.base import SelfAttention
 from theseus.model.models import Block
@@ -144,7 +148,7 @@ class LibraryBase(AnalysisBase[C, M]):
         """The batch plan the validation analyses read (`library/dataset`, or the
         trainer's own data), opened once."""
         if "plan" not in self._library:
-            st = self.configure(ValidationSettings)
+            st = self.configure(DataSettings)  # declared by every schema that reads data
             if st.dataset:
                 from theseus.registry import DATASETS
 
