@@ -1,6 +1,6 @@
 """The analysis library: all its analyses in one `--over` walk vs one walk each; in tandem.
 
-Run: ``uv run python benchmarks/library.py [--checkpoints 10 --rounds 3 --tandem 12]
+Run: ``uv run python benchmarks/library.py [--checkpoints 10 --rounds 3 --tandem 8]
 [--quick] [--json PATH]`` (about 15 minutes on the shared 2-core CPU machine under load;
 ``--quick``: 1 checkpoint, one round, one tandem round).
 
@@ -86,6 +86,7 @@ MODEL = {  # option -> configuration key
     "block": "architecture/block_size",
     "batch": "training/batch_size",
 }
+DEFAULTS = {"layers": 2, "width": 64, "heads": 4, "block": 64, "batch": 8}
 TRAINING = {  # validation (4 batches, as library/batches reads) only at the end
     "training/analyze": False,
     "logging/report_interval": 5,
@@ -99,8 +100,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoints", type=int, default=10, help="checkpoints in the lineage")
     p.add_argument("--rounds", type=int, default=3, help="paired rounds of the walks")
-    p.add_argument("--tandem", type=int, default=12, help="rounds of the tandem cost")
-    for option, default in (("layers", 2), ("width", 64), ("heads", 4), ("block", 64), ("batch", 8)):
+    p.add_argument("--tandem", type=int, default=8, help="rounds of the tandem cost")
+    for option, default in DEFAULTS.items():
         p.add_argument(f"--{option}", type=int, default=default, help=MODEL[option])
     _report.add_arguments(p)
     args = p.parse_args(argv)
@@ -115,6 +116,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def model_settings(args: argparse.Namespace) -> dict[str, int]:
     return {key: getattr(args, option) for option, key in MODEL.items()}
+
+
+def counted(checkpoints: int) -> str:
+    return f"{checkpoints} checkpoint" + ("" if checkpoints == 1 else "s")
 
 
 def model_text(args: argparse.Namespace) -> str:
@@ -189,7 +194,7 @@ def warm_up() -> None:
 
 
 # ------------------------------------------------------------- 1. one walk vs seven
-def walks(scratch: Path, args: argparse.Namespace) -> tuple[_report.Row, bool]:
+def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], bool]:
     from theseus.analysis.library import CATALOGUE, FirstAnalyses
 
     ours_root, theirs_root = scratch / "ours", scratch / "theirs"
@@ -204,21 +209,28 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[_report.Row, bool]:
     parts: dict[str, dict[str, list[float]]] = {
         name: {"compute": [], "_publish": []} for name in ["ours", *ANALYSES]
     }
+    computing: dict[str, list[float]] = {"ours": [], "theirs": []}  # per round, summed
+
+    def spent(names: list[str]) -> float:
+        return sum(sum(parts[name]["compute"]) for name in names)
 
     def measure_ours() -> None:
+        before = spent(["ours"])
         seconds, job = walk(ours_root, FirstAnalyses, "first", everything, parts["ours"])
         ours.append(seconds)
+        computing["ours"].append(spent(["ours"]) - before)
         traces.append(job.traces)
         print(f"  one walk, all seven: {seconds:.1f} s", flush=True)
 
     def measure_theirs() -> None:
-        total = 0.0
+        total, before = 0.0, spent(list(ANALYSES))
         for name, registered in ANALYSES.items():
             cls = CATALOGUE[registered]
             seconds, _ = walk(theirs_root, cls, name, SETTINGS, parts[name])
             total += seconds
             print(f"    {name}: {seconds:.1f} s", flush=True)
         theirs.append(total)
+        computing["theirs"].append(spent(list(ANALYSES)) - before)
         print(f"  seven walks: {total:.1f} s", flush=True)
 
     for index in range(args.rounds):
@@ -229,7 +241,7 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[_report.Row, bool]:
 
     same, compared, worst = same_values(ours_root, theirs_root)
     print(
-        f"check: {compared} dynamics/ values on {args.checkpoints} nodes equal in the two "
+        f"check: {compared} dynamics/ values on {counted(args.checkpoints)} equal in the two "
         f"stores: {same} (largest difference {worst:.2e})",
         flush=True,
     )
@@ -241,8 +253,8 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[_report.Row, bool]:
         flush=True,
     )
     row = _report.compare(
-        f"library: all seven analyses in one --over walk vs seven walks ({args.checkpoints} "
-        f"checkpoints, {model_text(args)})",
+        f"library: all seven analyses in one --over walk vs seven walks "
+        f"({counted(args.checkpoints)}, {model_text(args)})",
         ours,
         theirs,
         unit="s",
@@ -264,11 +276,28 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[_report.Row, bool]:
             "ms together: publishing is the same work on both sides and cannot be shared"
         ),
     )
+    computation = _report.compare(
+        f"library: the walks' computation alone, one vs seven ({counted(args.checkpoints)}, "
+        f"{model_text(args)})",
+        computing["ours"],
+        computing["theirs"],
+        unit="s",
+        fmt="{:.1f} s",
+        ratio="theirs/ours",
+        meaning="theirs compute() time / ours; above 1: sharing saves computation",
+        note=(
+            "the same walks as the row above, only their compute() at every node, summed "
+            "(the forwards, the logit lens's unembeddings, CKA, greedy decoding; the first "
+            "node's compile included): what one forward per batch kind saves; the rest of a "
+            "walk is its setup, checkpoint reads and publishing"
+        ),
+    )
     print(
         f"one walk {row.ours}, seven walks {row.theirs}: {statistics.median(row.ratios):.2f}x "
-        f"(goal >= {GOAL:g}, {'met' if row.met else 'NOT met'})"
+        f"(goal >= {GOAL:g}, {'met' if row.met else 'NOT met'}); the computation alone "
+        f"{computation.ours} vs {computation.theirs}: {statistics.median(computation.ratios):.2f}x"
     )
-    return row, same and max(traces) == 1
+    return [row, computation], same and max(traces) == 1
 
 
 def same_values(ours: Path, theirs: Path) -> tuple[bool, int, float]:
@@ -403,14 +432,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     scratch = Path(tempfile.mkdtemp(prefix="library-"))
     try:
-        print(f"training {args.checkpoints} steps of a {model_text(args)}, a checkpoint after each ...")
+        print(
+            f"training {args.checkpoints} steps of a {model_text(args)}, a checkpoint after each ..."
+        )
         train(scratch / "root", args)
-        row, same = walks(scratch, args)
+        walked, same = walks(scratch, args)
         print("\ntandem cost ...", flush=True)
-        rows = [row, *tandem(scratch / "root", args)]
+        rows = [*walked, *tandem(scratch / "root", args)]
         _report.write(args.json, "library", args.quick, rows, {"model": model_text(args)})
         return _report.exit_status(
-            [row],
+            walked,
             checks=[(same, "the one walk and the seven wrote different values, or it retraced")],
         )
     finally:

@@ -90,9 +90,7 @@ class FirstAnalyses(LibraryBase, PretrainGPT):
 
     def plot(self, results: Any) -> dict[str, dict[str, Any]]:
         """`first-analyses.json`: each analysis's values, by its NAME."""
-        out: dict[str, dict[str, Any]] = {
-            m.NAME: m.values(results[m.NAME]) for m in self.members()
-        }
+        out: dict[str, dict[str, Any]] = {m.NAME: m.values(results[m.NAME]) for m in self.members()}
         for companion in self.companions():
             out[companion.NAME] = companion.node_values(results[companion.NAME])
         return out
