@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from theseus.analysis.library import FirstAnalyses, LossByFrequency
+from theseus.analysis.library import FirstAnalyses, InductionHeads, LossByFrequency
 from theseus.cli import main
 from theseus.data.datasets import Synthetic
 from theseus.experiments.models.gpt import PretrainGPT
@@ -321,7 +321,8 @@ def test_a_name_that_is_no_analysis_is_one_line(trained) -> None:
         q.config["library/analyses"] = ["induction", "attention"]
         with pytest.raises(
             AnalysisError,
-            match=r"library/analyses names 'induction', 'attention'; expected distinct names among induction, icl",
+            match=r"library/analyses names 'induction', 'attention'; expected distinct names among "
+            r"induction, icl, logit-lens, loss-by-position, loss-by-frequency, drift, memorization,",
         ):
             q.create()
 
@@ -355,6 +356,19 @@ def test_the_logit_lens_frames_share_one_scale() -> None:
     fig.canvas.draw()
     box, axes = legend.get_window_extent(), early.get_window_extent()
     assert box.x0 >= axes.x1  # beside the axes, not over the curves
+
+
+def test_the_induction_scores_alone_draw_from_the_data_s_ids(trained) -> None:
+    """`library.induction.tokens=data` reads the ids of the data the validation analyses
+    read (`library/dataset`): the analysis alone declares that setting too."""
+    with quick(trained) as q:
+        q.build(InductionHeads, "heads")
+        q.find().spec(run="trained").checkpoint().latest().resume()
+        q.config["library/induction/tokens"] = "data"
+        job = q.create()
+        used = set(np.unique(job.repeated_batch()["x"]).tolist())
+        shares = job.token_shares()
+    assert used and all(shares[i] > 0 for i in used)
 
 
 def test_buckets_hold_equal_shares() -> None:

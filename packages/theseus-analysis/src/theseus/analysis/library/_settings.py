@@ -128,5 +128,6 @@ class SetSettings:
         "library/analyses",
         default_factory=lambda: list(FIRST),
         help="the analyses run together, one forward per batch kind at each node (their "
-        "names: " + ", ".join(FIRST) + ")",
+        "names: " + ", ".join(FIRST) + "), and beside them, on the same checkpoint, drift "
+        "and memorization",
     )
