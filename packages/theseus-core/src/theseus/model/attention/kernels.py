@@ -262,7 +262,8 @@ def _splash_kernel(
         block_kv_dkv=block,
         block_kv_dkv_compute=block,
         use_fused_bwd_kernel=fused_backward,
-        **({} if fused_backward else {"block_q_dq": block, "block_kv_dq": block}),
+        block_q_dq=None if fused_backward else block,
+        block_kv_dq=None if fused_backward else block,
     )
     mask = splash.MultiHeadMask([splash.CausalMask((seq, seq)) for _ in range(heads)])
     kernel = splash.make_splash_mha(
