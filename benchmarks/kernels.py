@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from theseus.model.attention.kernels import _splash, attend
+    from theseus.model.attention.kernels import attend, splash
     from theseus.model.loss import chunked_cross_entropy
 
     try:
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if not on_cpu:  # the splash kernel's settings, swept (attend uses blocks of BLOCK)
             for block in sorted({256, 1024} & set(range(128, seq + 1, 128))):
-                candidates[f"splash blocks {block}"] = functools.partial(_splash, block=block)
-            candidates["splash unfused backward"] = functools.partial(_splash, fused_backward=False)
+                candidates[f"splash blocks {block}"] = functools.partial(splash, block=block)
+            candidates["splash unfused backward"] = functools.partial(splash, fused_backward=False)
         if tokamax is not None and not on_cpu:
             candidates["tokamax mosaic"] = lambda q, k, v: tokamax.dot_product_attention(
                 q, k, v, is_causal=True, implementation="mosaic"

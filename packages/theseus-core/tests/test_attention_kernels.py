@@ -95,7 +95,7 @@ def test_splash_in_several_blocks_equals_the_reference(
     probe = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
 
     def splash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return kernels._splash(q, k, v, block=128, fused_backward=fused_backward)
+        return kernels.splash(q, k, v, block=128, fused_backward=fused_backward)
 
     def reference(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         return attend(q, k, v, implementation="reference")

@@ -47,6 +47,7 @@ __all__ = [
     "choose",
     "probabilities",
     "repeat_kv",
+    "splash",
 ]
 
 Implementation = Literal["auto", "reference", "splash", "flash", "cudnn"]
@@ -219,7 +220,7 @@ def attend(
         return reference(q, k, v, mask, dropout)
     if name == "cudnn":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-    kernel = _splash if name == "splash" else _flash
+    kernel = splash if name == "splash" else _flash
     return _per_device(kernel, q, k, v)
 
 
@@ -272,14 +273,19 @@ def _splash_kernel(
     return jax.vmap(kernel)
 
 
-def _splash(
+def splash(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
     block: int = BLOCK,
     fused_backward: bool = True,
 ) -> jax.Array:
-    """Causal splash attention on `[batch, seq, heads, head_dim]` (grouped keys as they are)."""
+    """Causal splash attention on `[batch, seq, heads, head_dim]` (grouped keys as they are),
+    on one device (`attend` maps it over a mesh), in blocks of `min(seq, block)` tokens.
+
+    `attend(..., implementation="splash")` is the way in; this takes the kernel's own
+    settings too (`benchmarks/kernels.py` sweeps them).
+    """
     kernel = _splash_kernel(q.shape[2], q.shape[1], _interpret(), block, fused_backward)
     scaled = q * jnp.asarray(1 / q.shape[-1] ** 0.5, q.dtype)
     out = kernel(scaled.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2))
