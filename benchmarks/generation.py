@@ -72,10 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     from theseus.model.generation import generate
     from theseus.model.models import GPT
 
-    model = GPT.build(
-        n_layers=args.layers, n_embd=args.width, n_head=args.heads or max(1, args.width // 32),
-        block_size=args.block, vocab_size=args.vocab, dtype=args.dtype,
-    )  # fmt: skip
+    def build(dtype: str) -> GPT:
+        return GPT.build(
+            n_layers=args.layers, n_embd=args.width, n_head=args.heads or max(1, args.width // 32),
+            block_size=args.block, vocab_size=args.vocab, dtype=dtype,
+        )  # fmt: skip
+
+    model = build(args.dtype)
     params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))["params"]
     params = jax.tree.map(lambda x: x * 4.0, params)  # tokens that vary from step to step
     prompts = [[(7 * i + 3 * b) % args.vocab for i in range(16)] for b in range(args.batch)]
@@ -121,10 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return np.asarray(jnp.stack(out, axis=1)).tolist()
 
     exact = jax.default_backend() == "cpu" and args.dtype == "float32"
-    reference = GPT.build(
-        n_layers=args.layers, n_embd=args.width, n_head=args.heads or max(1, args.width // 32),
-        block_size=args.block, vocab_size=args.vocab, dtype="float32",
-    )  # fmt: skip
+    reference = build("float32")
 
     @jax.jit
     def reference_logits(params: dict, padded: jax.Array) -> jax.Array:
