@@ -209,19 +209,27 @@ def _big_source(folder: Path) -> dict[str, float]:
 
 def test_ctrl_c_during_a_copy_is_one_line_and_a_second_run_finishes_it(tmp_path: Path) -> None:
     values = _big_source(tmp_path / "a" / "store")
-    command = [
-        sys.executable,
-        "-m",
-        "theseus.store.cli",
-        "copy",
-        str(tmp_path / "a"),
-        str(tmp_path / "b"),
-    ]
+    paths = [str(tmp_path / "a"), str(tmp_path / "b")]
+    # The interrupted run holds still between the values and the blobs until the signal
+    # comes, so Ctrl-C lands inside the copy however fast or loaded the machine is.
+    held = (
+        "import sys, time\n"
+        "from theseus.store import _copy\n"
+        "bring = _copy._copy_bytes\n"
+        "def held(*args):\n"
+        "    print('  holding before the blobs', flush=True)\n"
+        "    time.sleep(120)\n"
+        "    return bring(*args)\n"
+        "_copy._copy_bytes = held\n"
+        "from theseus.store.cli import main\n"
+        "sys.exit(main(['copy', *sys.argv[1:]]))\n"
+    )
+    command = [sys.executable, "-c", held, *paths]
     copying = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert copying.stdout is not None
-    first = copying.stdout.readline()  # "copying A into B": the copy has begun
-    nodes = copying.stdout.readline()  # its first stage is done; the values take a while
-    assert first.startswith("copying") and nodes.startswith("  nodes: 1 (1 added)"), first
+    lines = [copying.stdout.readline() for _ in range(4)]  # copying, nodes, values, holding
+    assert lines[0].startswith("copying") and lines[1].startswith("  nodes: 1 (1 added)"), lines
+    assert lines[3] == "  holding before the blobs\n", lines
     copying.send_signal(signal.SIGINT)
     out, err = copying.communicate(timeout=120)
     assert copying.returncode == 130, (out, err)
@@ -233,7 +241,8 @@ def test_ctrl_c_during_a_copy_is_one_line_and_a_second_run_finishes_it(tmp_path:
             assert {k: v for k, v in part.values(node).items()} == {
                 k: values[k] for k in part.values(node)
             }
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    again = [sys.executable, "-m", "theseus.store.cli", "copy", *paths]
+    done = subprocess.run(again, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     with Store(tmp_path / "b" / "store", create=False, readonly=True) as copy:
         [node] = copy.query().all()

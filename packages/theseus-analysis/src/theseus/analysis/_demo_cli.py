@@ -39,8 +39,10 @@ DEMO_SETTINGS = {
     "training/validation_steps": 4,
     "optimization/lr": 3e-3,
     "logging/report_interval": 25,
+}  # the model and its training; any GPT trainer takes them
+TANDEM_SETTINGS = {
     "library/induction/tokens": "data",  # the few ids the synthetic language uses
-}
+}  # what only the demo's trainer, with its induction companion, declares
 SAMPLES = 3  # lines the trained model writes at the end
 UI_PORT = 8765  # where `theseus-store ui` serves by default (its --port)
 
@@ -169,7 +171,7 @@ def demo(root: Path, steps: int, progress_bars: bool) -> None:
 
     with quick(root) as q:
         q.build(DemoTrainer, "demo", project="theseus", group="demo")
-        for key, value in DEMO_SETTINGS.items():
+        for key, value in {**DEMO_SETTINGS, **TANDEM_SETTINGS}.items():
             q.config[key] = value
         per_step = q.config["training/batch_size"] * q.config["architecture/block_size"]
         q.config["training/tokens"] = steps * per_step
