@@ -133,12 +133,12 @@ def test_choices_that_share_their_tokens_share_a_row_and_score_as_alone(
     pairs = [(question, [answer]) for answer in range(11)]
     pairs += [([1, 2, 3, 4], [5, 6]), ([1, 2, 3, 4, 5], [7]), ([1, 2, 3], [4, 5, 7])]
     pairs += [([8, 8], [2])]  # alone
-    rows = []
+    reads = []
     real = scoring._score
 
-    def counted(model, params, tokens, last, choices):  # type: ignore[no-untyped-def]
-        rows.append(int((np.asarray(last) > 0).sum()))
-        return real(model, params, tokens, last, choices)
+    def counted(model, params, tokens, segments, targets):  # type: ignore[no-untyped-def]
+        reads.append(sum(len(set(row.tolist()) - {0}) for row in np.asarray(segments)))
+        return real(model, params, tokens, segments, targets)
 
     monkeypatch.setattr(scoring, "_score", counted)
     got = loglikelihoods(model, params, pairs, batch_size=4)
@@ -146,10 +146,36 @@ def test_choices_that_share_their_tokens_share_a_row_and_score_as_alone(
         want_total, want_greedy = _reference(model, params, *pair)
         assert _close(total, want_total), (pair, total, want_total)
         assert greedy == want_greedy, pair
-    # rows that read tokens: 2 for the 11 answers, 1 for the three pairs reading
-    # [1, 2, 3, 4, 5], 1 for [8, 8]: 4 rows in one batch of 4, where 15 pairs were given
-    assert sum(rows) == 4 and len(rows) == 1
+    # reads: 2 for the 11 answers, 1 for the three pairs reading [1, 2, 3, 4, 5], 1 for
+    # [8, 8]: 4 reads in one batch, where 15 pairs were given
+    assert sum(reads) == 4 and len(reads) == 1
     assert sum(greedy for _, greedy in got[:11]) == 1  # exactly one answer is the argmax
+
+
+def test_short_pairs_pack_into_rows_of_one_program(model_and_params, monkeypatch) -> None:
+    """60 short pairs (reads of 2-9 tokens, 8 rows a batch): packed several to a row, in
+    rows as wide as the window, so two forwards of one program score them (60 rows and 8
+    forwards unpacked), each pair as its own forward."""
+    model, params = model_and_params
+    rng = np.random.default_rng(3)
+    pairs = [
+        (rng.integers(0, VOCAB, n).tolist(), rng.integers(0, VOCAB, 2).tolist())
+        for n in rng.integers(1, 9, 60)
+    ]
+    shapes = []
+    real = scoring._score
+
+    def counted(model, params, tokens, segments, targets):  # type: ignore[no-untyped-def]
+        shapes.append(tuple(tokens.shape))
+        return real(model, params, tokens, segments, targets)
+
+    monkeypatch.setattr(scoring, "_score", counted)
+    got = loglikelihoods(model, params, pairs, batch_size=8)
+    tokens = sum(len(c) + 1 for c, _ in pairs)  # each read: the context and one more
+    assert shapes == [(8, BLOCK)] * -(-tokens // (8 * BLOCK)), (shapes, tokens)
+    for pair, (total, greedy) in zip(pairs, got, strict=True):
+        want_total, want_greedy = _reference(model, params, *pair)
+        assert _close(total, want_total) and greedy == want_greedy, pair
 
 
 def test_rolling_windows_predict_every_token_once() -> None:

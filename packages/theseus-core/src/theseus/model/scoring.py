@@ -9,20 +9,26 @@ it. `rolling_windows` splits a document longer than the window into such pairs, 
 token predicted once (a document's loglikelihood is the sum of its windows').
 
 Pairs that read the same tokens (the context and all but the continuation's last
-token), such as the one-token answers of a multiple-choice question, share one row of
-one forward: the row gives the log-probability of its own next tokens and of up to
-`SHARED` candidates for the token after it.
+token), such as the one-token answers of a multiple-choice question, share one read:
+it gives the log-probability of its own next tokens and of up to `SHARED` candidates
+for the token after it.
 
-Compilation: rows are sorted by length and packed into batches of `batch_size` rows,
-right-padded to the length rounded up to a power of two (at least `MIN_BUCKET`, at
-most `block_size`), so a task compiles one program per length bucket, not one per
-request.
-Right padding leaves each row's real positions exactly as they are alone (attention is
-causal and positions start at 0); padded positions weigh 0.
+Packing and compilation: reads are packed into rows of one width (best fit, longest
+first), several short reads a row, each its own segment of the row (`GPT.__call__`'s
+`segments`: a read attends only to itself, its positions start at 0), so each read's
+log-probabilities are those of its own forward, and padding is what the packing leaves
+over. Rows go in batches of `batch_size`. The width is a power of two (`_bucket`: at
+least `MIN_BUCKET`, at most `block_size`) that holds the longest read and is wide
+enough for the call's tokens to fill one batch: a call of many short reads (a
+multiple-choice task) packs them into rows as wide as a document's windows, so one
+program of `[batch_size, block_size]` serves both; a call of a few short reads stays
+narrow. Every program compiled costs a fixed time (about 0.3-0.6 s for a small GPT on a
+CPU), and a task compiles at most one per call.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -50,26 +56,19 @@ SHARED = 8
 
 @functools.partial(jax.jit, static_argnums=0)
 def _score(
-    model: Any, params: Any, tokens: jax.Array, last: jax.Array, choices: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """One forward of `tokens [batch, width]`; per row:
-
-    - `[batch, width]` the log-probability, at each position `j`, of the row's next
-      token `tokens[j + 1]`, and whether it is the argmax there;
-    - `[batch, SHARED]` at position `last`, the log-probability of each of `choices`
-      (the candidates for the token after the row's last), and whether it is the argmax.
+    model: Any, params: Any, tokens: jax.Array, segments: jax.Array, targets: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """One forward of the packed rows `tokens [batch, width]` (`segments [batch, width]`:
+    each read's id, see `GPT.__call__`); `[batch, width, SHARED]`: at each position `j`,
+    the log-probability of each of `targets[:, j]` (the read's next token, or at a read's
+    last position the candidates for the token after it), and whether it is the argmax.
     """
-    logits, _ = model.apply({"params": params}, tokens)
+    logits, _ = model.apply({"params": params}, tokens, segments=segments)
     wide = logits.astype(jnp.float32)
-    norm = jax.nn.logsumexp(wide, axis=-1)  # [batch, width]
-    following = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)  # the last: unused
-    picked = jnp.take_along_axis(wide, following[..., None], axis=-1)[..., 0] - norm
-    hits = jnp.argmax(wide, axis=-1) == following
-    rows = jnp.arange(tokens.shape[0])
-    at_last = wide[rows, last]  # [batch, vocab]
-    chosen = jnp.take_along_axis(at_last, choices, axis=-1) - norm[rows, last][:, None]
-    best = jnp.argmax(at_last, axis=-1)[:, None] == choices
-    return picked, hits, chosen, best
+    norm = jax.nn.logsumexp(wide, axis=-1, keepdims=True)  # [batch, width, 1]
+    picked = jnp.take_along_axis(wide, targets, axis=-1) - norm
+    best = jnp.argmax(wide, axis=-1)[..., None] == targets
+    return picked, best
 
 
 #: the narrowest bucket: short rows cost little padded, and every program compiled costs
@@ -80,6 +79,25 @@ MIN_BUCKET = 32
 def _bucket(longest: int, block: int) -> int:
     """The padded width of a batch whose longest row fills `longest` positions."""
     return prompt_bucket(max(longest, min(MIN_BUCKET, block)), block)
+
+
+def _pack(lengths: Sequence[int], width: int) -> list[list[int]]:
+    """Rows of at most `width` positions holding the reads of `lengths` (indices into
+    it), best fit, longest first: each read goes to the fullest row it fits in."""
+    rows: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (free positions, row), sorted
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[index]
+        at = bisect.bisect_left(room, (n, -1))
+        if at < len(room):
+            free, row = room.pop(at)
+        else:
+            free, row = width, len(rows)
+            rows.append([])
+        rows[row].append(index)
+        if free > n:
+            bisect.insort(room, (free - n, row))
+    return rows
 
 
 def _placed(params: Any, *arrays: np.ndarray) -> list[jax.Array]:
@@ -125,8 +143,8 @@ def loglikelihoods(
         params: its parameters (`state.params`, laid out as the trainer lays them out).
         pairs: `(context, continuation)` token ids; neither may be empty.
         batch_size: rows per compiled call (the last batch is padded with empty rows).
-        width: pad every batch to this many positions instead of its length bucket (one
-            program for a fixed set of pairs scored again and again; at least the
+        width: pack rows of this many positions instead of the call's length bucket
+            (one program for a fixed set of pairs scored again and again; at least the
             longest pair's, at most `block_size`).
 
     Returns:
@@ -140,46 +158,58 @@ def loglikelihoods(
         raise ScoringError(f"batch_size must be a positive int; got {batch_size!r}")
     block = int(model.config.block_size)
     windows = [_window(context, continuation, block) for context, continuation in pairs]
-    lengths = [len(continuation) for _, continuation in pairs]
-    # Pairs that read the same tokens share one row: only their last target differs.
+    if not windows:
+        return []
+    # Pairs that read the same tokens share one read: only their last target differs.
     groups: dict[tuple[int, ...], list[int]] = {}
     for index, window in enumerate(windows):
         groups.setdefault(tuple(window[:-1]), []).append(index)
-    shared = [
+    reads = [
         (read, members[first : first + SHARED])
         for read, members in groups.items()
         for first in range(0, len(members), SHARED)
     ]
-    shared.sort(key=lambda row: -len(row[0]))  # longest first
+    lengths = [len(read) for read, _ in reads]
+    longest = max(lengths)
+    if width is None:
+        width = _bucket(min(block, max(longest, -(-sum(lengths) // batch_size))), block)
+    elif not longest <= width <= block:
+        raise ScoringError(
+            f"width {width} must hold the longest pair ({longest} positions) and fit the "
+            f"model's context ({block})"
+        )
+    rows = _pack(lengths, width)
+    where: list[tuple[int, int]] = [(0, 0)] * len(reads)  # (row, first position) of each read
     pending = []
-    for first in range(0, len(shared), batch_size):
-        batch = shared[first : first + batch_size]
-        longest = len(batch[0][0])
-        if width is not None and not longest <= width <= block:
-            raise ScoringError(
-                f"width {width} must hold the longest pair ({longest} positions) and fit the "
-                f"model's context ({block})"
-            )
-        padded = width if width is not None else _bucket(longest, block)
-        tokens = np.zeros((batch_size, padded), np.int32)
-        last = np.zeros(batch_size, np.int32)
-        choices = np.zeros((batch_size, SHARED), np.int32)
-        for row, (read, members) in enumerate(batch):
-            tokens[row, : len(read)] = read
-            last[row] = len(read) - 1
-            choices[row, : len(members)] = [windows[i][-1] for i in members]
+    for first in range(0, len(rows), batch_size):
+        tokens = np.zeros((batch_size, width), np.int32)
+        segments = np.zeros((batch_size, width), np.int32)  # 0: padding
+        targets = np.zeros((batch_size, width, SHARED), np.int32)
+        for row, packed in enumerate(rows[first : first + batch_size]):
+            at = 0
+            for segment, index in enumerate(packed, start=1):
+                read, members = reads[index]
+                n = len(read)
+                tokens[row, at : at + n] = read
+                segments[row, at : at + n] = segment
+                targets[row, at : at + n - 1, 0] = read[1:]
+                targets[row, at + n - 1, : len(members)] = [windows[i][-1] for i in members]
+                where[index] = (first + row, at)
+                at += n
         # Dispatched without waiting: the host packs the next batch while this one runs.
-        pending.append((batch, _score(model, params, *_placed(params, tokens, last, choices))))
+        pending.append(_score(model, params, *_placed(params, tokens, segments, targets)))
+    fetched = jax.device_get(pending)
+    picked = np.concatenate([p for p, _ in fetched])  # [rows (batches padded), width, SHARED]
+    best = np.concatenate([b for _, b in fetched])
     results: list[tuple[float, bool]] = [(0.0, False)] * len(windows)
-    for batch, outputs in pending:
-        picked, hits, chosen, best = jax.device_get(outputs)
-        for row, (read, members) in enumerate(batch):
-            n = len(read)
-            for slot, index in enumerate(members):
-                start = n - lengths[index]  # the first position whose target is scored
-                total = float(np.sum(picked[row, start : n - 1], dtype=np.float64))
-                greedy = bool(hits[row, start : n - 1].all()) and bool(best[row, slot])
-                results[index] = (total + float(chosen[row, slot]), greedy)
+    for index, (read, members) in enumerate(reads):
+        row, at = where[index]
+        end = at + len(read) - 1  # the read's last position: its candidates' slots
+        for slot, pair in enumerate(members):
+            start = end + 1 - len(pairs[pair][1])  # the first position whose target is scored
+            total = float(np.sum(picked[row, start:end, 0], dtype=np.float64))
+            greedy = bool(best[row, start:end, 0].all()) and bool(best[row, end, slot])
+            results[pair] = (total + float(picked[row, end, slot]), greedy)
     return results
 
 

@@ -3,24 +3,30 @@
 `attend(q, k, v)` computes causal (or masked) scaled dot-product attention of queries
 `[batch, q_len, n_head, head_dim]` over keys and values `[batch, kv_len, n_kv_head,
 head_dim]`, where each key/value head serves `n_head // n_kv_head` consecutive query
-heads (grouped-query attention). Which computation runs is `implementation`:
+heads (grouped-query attention). With `segments` (`[batch, seq]` ids: rows that pack
+several sequences, each a run of one id) it is causal within each segment: a query reads
+the keys of its own segment up to itself, as that sequence would alone. Which
+computation runs is `implementation`:
 
 - `reference`: scores in float32, the causal mask, softmax, then the weighted sum of
   the values; the one path that can also give the probabilities (`probabilities`),
   apply dropout to them, and take any mask. What every analysis reads.
 - `splash`: JAX's own Pallas TPU splash attention (`jax.experimental.pallas.ops.tpu`),
-  causal, grouped-query heads served without repeating keys, the backward fused;
+  causal (segments as its segment ids), grouped-query heads served without repeating
+  keys, the backward fused;
   measured on a TPU v5e (12 heads of 64, 1,024 tokens, bf16) at 1.6 ms for forward and
   backward against the reference's 4.6 ms.
-- `flash`: JAX's Pallas TPU flash attention (keys repeated for grouped-query heads).
-- `cudnn`: `jax.nn.dot_product_attention(..., implementation="cudnn")` on an NVIDIA GPU.
+- `flash`: JAX's Pallas TPU flash attention (keys repeated for grouped-query heads;
+  segments as its segment ids).
+- `cudnn`: `jax.nn.dot_product_attention(..., implementation="cudnn")` on an NVIDIA GPU
+  (causal only: packed segments take the reference).
 - `auto`: the fastest the platform has: `splash` on a TPU, `cudnn` on a GPU (for
   bfloat16 or float16 activations), the reference on a CPU.
 
 A kernel the platform lacks, or a call it cannot serve (a mask other than causal,
-dropout on the probabilities while training, a sequence that does not split into the
-kernel's blocks, float32 for cuDNN), falls back to the reference and says why once per
-reason (logger `theseus.model.attention`). Pallas kernels run in interpret mode on a CPU
+segments for cuDNN, dropout on the probabilities while training, a sequence that does
+not split into the kernel's blocks, float32 for cuDNN), falls back to the reference and
+says why once per reason (logger `theseus.model.attention`). Pallas kernels run in interpret mode on a CPU
 when `THESEUS_ATTENTION_INTERPRET=1` (how the tests check them without a TPU).
 
 Under a mesh of several devices (the trainer's `training/shard` and data parallelism)
@@ -47,6 +53,7 @@ __all__ = [
     "choose",
     "probabilities",
     "repeat_kv",
+    "segment_mask",
 ]
 
 Implementation = Literal["auto", "reference", "splash", "flash", "cudnn"]
@@ -69,6 +76,14 @@ def repeat_kv(kv: jax.Array, n_head: int) -> jax.Array:
     """
     group = n_head // kv.shape[2]
     return kv if group == 1 else jnp.repeat(kv, group, axis=2)
+
+
+def segment_mask(segments: jax.Array) -> jax.Array:
+    """`[batch, seq, seq]`, true where query `i` may read key `j`: `j <= i` and both in
+    one segment (`segments [batch, seq]`, each segment a run of one id)."""
+    seq = segments.shape[-1]
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))[None]
+    return causal & (segments[:, :, None] == segments[:, None, :])
 
 
 def probabilities(q: jax.Array, k: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -123,6 +138,7 @@ def choose(
     kv_len: int,
     dtype: jnp.dtype,
     masked: bool = False,
+    segmented: bool = False,
     dropout: bool = False,
     platform: str | None = None,
 ) -> tuple[str, str | None]:
@@ -133,6 +149,8 @@ def choose(
         q_len, kv_len: the queries' and keys' lengths.
         dtype: the activations' dtype.
         masked: the call passes a mask other than causal.
+        segmented: the call packs segments (causal within each; the Pallas kernels take
+            them as segment ids, cuDNN does not).
         dropout: the call drops attention probabilities (training with dropout).
         platform: `cpu`, `gpu` or `tpu`; None: JAX's default backend.
     """
@@ -161,6 +179,8 @@ def choose(
             "reference",
             f"{wants} attention serves the causal mask only: reference for this call",
         )
+    if segmented and implementation == "cudnn":
+        return "reference", "cuDNN attention takes no packed segments: reference for this call"
     if dropout:
         return "reference", (
             f"{wants} attention has no dropout on the probabilities "
@@ -193,6 +213,7 @@ def attend(
     *,
     implementation: str = "auto",
     mask: jax.Array | None = None,
+    segments: jax.Array | None = None,
     dropout: Callable[[jax.Array], jax.Array] | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention, `[batch, q_len, n_head, head_dim]`.
@@ -203,43 +224,62 @@ def attend(
         v: values, shaped as `k`.
         implementation: one of `IMPLEMENTATIONS` (see the module's docstring).
         mask: `[batch, q_len, kv_len]`, true where a query may read a key; None: causal.
+        segments: `[batch, seq]` ids of the sequences packed in each row (each a run of
+            one id; `q_len == kv_len`): causal within each. None: one sequence a row.
+            Not with `mask`.
         dropout: applied to the probabilities (reference only); None when not training.
     """
+    if mask is not None and segments is not None:
+        raise ValueError("attend takes a mask or segments, not both; fold the segments in")
     name, reason = choose(
         implementation,
         q_len=q.shape[1],
         kv_len=k.shape[1],
         dtype=q.dtype,
         masked=mask is not None,
+        segmented=segments is not None,
         dropout=dropout is not None,
     )
     if reason is not None:
         _say_once(reason)
     if name == "reference":
+        if segments is not None:
+            mask = segment_mask(segments)
         return reference(q, k, v, mask, dropout)
     if name == "cudnn":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
     kernel = _splash if name == "splash" else _flash
-    return _per_device(kernel, q, k, v)
+    return _per_device(kernel, q, k, v, segments)
 
 
 def _per_device(
-    kernel: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    kernel: Callable[[jax.Array, jax.Array, jax.Array, jax.Array | None], jax.Array],
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
+    segments: jax.Array | None,
 ) -> jax.Array:
     """`kernel` on each device's rows and heads: a Pallas call is not split by XLA itself."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return kernel(q, k, v)
+        return kernel(q, k, v, segments)
     axes = nn.logical_to_mesh_axes(("batch", "length", "heads", None))
     batch, _, heads, _ = (None,) * 4 if axes is None else tuple(axes)
     spec = PartitionSpec(batch, None, heads, None)
+    if segments is None:
+        sharded = jax.shard_map(
+            lambda q, k, v: kernel(q, k, v, None),
+            mesh=mesh,
+            in_specs=(spec, spec, spec),
+            out_specs=spec,
+            check_vma=False,
+        )
+        return sharded(q, k, v)
+    rows = PartitionSpec(batch, None)
     sharded = jax.shard_map(
-        kernel, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+        kernel, mesh=mesh, in_specs=(spec, spec, spec, rows), out_specs=spec, check_vma=False
     )
-    return sharded(q, k, v)
+    return sharded(q, k, v, segments)
 
 
 def _splash_kernel(heads: int, seq: int, interpret: bool) -> Callable[..., jax.Array]:
@@ -266,16 +306,25 @@ def _splash_kernel(heads: int, seq: int, interpret: bool) -> Callable[..., jax.A
     return jax.vmap(kernel)
 
 
-def _splash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal splash attention on `[batch, seq, heads, head_dim]` (grouped keys as they are)."""
+def _splash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array | None) -> jax.Array:
+    """Causal splash attention on `[batch, seq, heads, head_dim]` (grouped keys as they are),
+    within each segment of `segments [batch, seq]` when given."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
     kernel = _splash_kernel(q.shape[2], q.shape[1], _interpret())
     scaled = q * jnp.asarray(1 / q.shape[-1] ** 0.5, q.dtype)
-    out = kernel(scaled.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2))
+    q, k, v = scaled.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
+    if segments is None:
+        out = kernel(q, k, v)
+    else:
+        ids = segments.astype(jnp.int32)
+        out = kernel(q, k, v, splash.SegmentIds(q=ids, kv=ids))
     return out.swapaxes(1, 2)
 
 
-def _flash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal flash attention on `[batch, seq, heads, head_dim]` (grouped keys repeated)."""
+def _flash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array | None) -> jax.Array:
+    """Causal flash attention on `[batch, seq, heads, head_dim]` (grouped keys repeated),
+    within each segment of `segments [batch, seq]` when given."""
     from jax.experimental.pallas.ops.tpu import flash_attention as flash
 
     block = min(q.shape[1], BLOCK)
@@ -293,10 +342,12 @@ def _flash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         block_q_dq=block,
     )
     heads = q.shape[2]
+    ids = None if segments is None else segments.astype(jnp.int32)
     out = flash.flash_attention(
         q.swapaxes(1, 2),
         repeat_kv(k, heads).swapaxes(1, 2),
         repeat_kv(v, heads).swapaxes(1, 2),
+        segment_ids=None if segments is None else flash.SegmentIds(q=ids, kv=ids),
         causal=True,
         sm_scale=1 / q.shape[-1] ** 0.5,
         block_sizes=blocks,
