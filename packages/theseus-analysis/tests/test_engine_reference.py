@@ -671,6 +671,7 @@ def test_analyze_may_return_its_inputs(root: Path) -> None:
         "deterministic",
         "cache",
         "segments",
+        "prefixes",
     }
     np.testing.assert_array_equal(whole.x, x)
     rows = np.asarray(job.batch("train")["x"])

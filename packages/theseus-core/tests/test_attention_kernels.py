@@ -167,6 +167,9 @@ def test_a_call_the_kernel_cannot_serve_falls_back_and_says_why(settings: dict, 
 def test_cudnn_needs_a_gpu_and_half_precision() -> None:
     name, reason = choose("cudnn", q_len=64, kv_len=64, dtype=jnp.float32, platform="gpu")
     assert name == "reference" and "bfloat16 or float16" in reason
+    name, reason = choose("splash", q_len=512, kv_len=512, dtype=jnp.bfloat16, platform="tpu",
+                          segmented=True, prefixed=True)  # fmt: skip
+    assert name == "reference" and "no shared prefixes" in reason
     call = {"q_len": 64, "kv_len": 64, "dtype": jnp.bfloat16, "platform": "gpu"}
     name, reason = choose("cudnn", segmented=True, **call)
     assert name == "reference" and "no packed segments" in reason

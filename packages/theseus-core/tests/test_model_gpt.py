@@ -155,6 +155,23 @@ def test_packed_sequences_compute_what_each_computes_alone(positions: str) -> No
             np.asarray(packed[0, at : at + len(part)]), alone, rtol=2e-4, atol=2e-5
         )
         at += len(part)
+    # a context and two continuations after it (`prefixes`): each continuation reads the
+    # context and itself, as context + continuation would alone
+    context, first, second = (rng.integers(0, VOCAB, n) for n in (5, 3, 4))
+    tokens[0] = np.concatenate([context, first, second])
+    segments[0] = np.repeat([1, 2, 3], [5, 3, 4])
+    prefixes = np.ones_like(segments)
+    tree = jax.jit(
+        lambda p, x, s, r: model.apply({"params": p}, x, segments=s, prefixes=r)[0]
+    )(params, jnp.asarray(tokens), jnp.asarray(segments), jnp.asarray(prefixes))  # fmt: skip
+    for branch, span in ((first, slice(5, 8)), (second, slice(8, 12))):
+        whole = np.concatenate([context, branch])[None]
+        if positions == "rotary":
+            alone = _np_gpt(params, whole, tie=True)[0]
+        else:
+            alone = np.asarray(_apply(model, params, jnp.asarray(whole))[0][0])
+        np.testing.assert_allclose(np.asarray(tree[0, :5]), alone[:5], rtol=2e-4, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(tree[0, span]), alone[5:], rtol=2e-4, atol=2e-5)
     with pytest.raises(ValueError, match="segments must be \\[batch, seq\\] like the tokens"):
         model.apply({"params": params}, jnp.asarray(tokens), segments=jnp.asarray(segments[:, :5]))
 

@@ -43,15 +43,20 @@ __all__ = [
 ]
 
 
-def segment_positions(segments: jax.Array) -> jax.Array:
-    """Each token's position within its segment, `[batch, seq]` int32.
+def segment_positions(segments: jax.Array, prefixes: jax.Array | None = None) -> jax.Array:
+    """Each token's position within its segment, `[batch, seq]` int32; a segment that
+    continues a prefix (`prefixes`, see `attend`) starts where that prefix ends.
 
     Args:
         segments: `[batch, seq]` ids, each segment a run of one id.
+        prefixes: None, or `[batch, seq]`: the id of the segment each token's segment
+            continues (its own id where it continues none).
 
     Example:
         >>> segment_positions(jnp.array([[1, 1, 1, 2, 2, 0]])).tolist()
         [[0, 1, 2, 0, 1, 0]]
+        >>> segment_positions(jnp.array([[1, 1, 2, 3, 3]]), jnp.array([[1, 1, 1, 1, 1]])).tolist()
+        [[0, 1, 2, 2, 3]]
     """
     seq = segments.shape[-1]
     index = jnp.arange(seq, dtype=jnp.int32)
@@ -59,7 +64,12 @@ def segment_positions(segments: jax.Array) -> jax.Array:
         [jnp.ones_like(segments[:, :1], bool), segments[:, 1:] != segments[:, :-1]], axis=1
     )
     first = jax.lax.cummax(jnp.where(begins, index[None, :], 0), axis=1)
-    return index[None, :] - first
+    positions = index[None, :] - first
+    if prefixes is None:
+        return positions
+    continued = prefixes != segments  # [batch, seq]: tokens after a prefix of another id
+    prefix_length = jnp.sum(prefixes[:, :, None] == segments[:, None, :], axis=-1)
+    return positions + jnp.where(continued, prefix_length, 0).astype(jnp.int32)
 
 
 class SelfAttention(nn.Module, Component):
@@ -183,6 +193,7 @@ class SelfAttention(nn.Module, Component):
         deterministic: bool = True,
         cache: KVCache | None = None,
         segments: jax.Array | None = None,
+        prefixes: jax.Array | None = None,
     ) -> Any:
         """Attend causally within `x` (within each of its segments), or from `x` over a
         key-value cache.
@@ -198,6 +209,8 @@ class SelfAttention(nn.Module, Component):
             segments: None, or (without a cache) `[batch, seq]` ids of the sequences each
                 row packs, each a run of one id: a token reads only its own segment's
                 tokens, and rotary positions count from the segment's first token.
+            prefixes: None, or with `segments` the shared prefix each token's segment
+                continues (see `attend`): read whole, and the positions go on from it.
 
         Returns:
             `[batch, seq, n_embd]`; with a cache, `(out, cache)` with `x`'s keys and
@@ -206,12 +219,20 @@ class SelfAttention(nn.Module, Component):
         batch, seq, width = x.shape
         implementation = self.config.attention
         if cache is None:
-            positions = None if segments is None else segment_positions(segments)
+            positions = None if segments is None else segment_positions(segments, prefixes)
             q, k, v = self.project(x, positions)
             drop = None
             if self.config.dropout > 0 and not deterministic:  # rate first: may be traced
                 drop = partial(self.attn_dropout, deterministic=False)
-            out = attend(q, k, v, implementation=implementation, segments=segments, dropout=drop)
+            out = attend(
+                q,
+                k,
+                v,
+                implementation=implementation,
+                segments=segments,
+                prefixes=prefixes,
+                dropout=drop,
+            )
         else:
             if segments is not None:
                 raise ValueError("attention takes packed segments or a cache, not both")

@@ -5,8 +5,11 @@
 head_dim]`, where each key/value head serves `n_head // n_kv_head` consecutive query
 heads (grouped-query attention). With `segments` (`[batch, seq]` ids: rows that pack
 several sequences, each a run of one id) it is causal within each segment: a query reads
-the keys of its own segment up to itself, as that sequence would alone. Which
-computation runs is `implementation`:
+the keys of its own segment up to itself, as that sequence would alone. With `prefixes`
+as well (`[batch, seq]`: for each token, the id of a segment before its own that it also
+reads, or its own id), segments that continue one shared prefix read it whole and not
+each other (the choices of a question after its one context). Which computation runs is
+`implementation`:
 
 - `reference`: scores in float32, the causal mask, softmax, then the weighted sum of
   the values; the one path that can also give the probabilities (`probabilities`),
@@ -20,6 +23,8 @@ computation runs is `implementation`:
   segments as its segment ids).
 - `cudnn`: `jax.nn.dot_product_attention(..., implementation="cudnn")` on an NVIDIA GPU
   (causal only: packed segments take the reference).
+
+Shared prefixes are the reference's alone: a kernel falls back for them.
 - `auto`: the fastest the platform has: `splash` on a TPU, `cudnn` on a GPU (for
   bfloat16 or float16 activations), the reference on a CPU.
 
@@ -78,12 +83,16 @@ def repeat_kv(kv: jax.Array, n_head: int) -> jax.Array:
     return kv if group == 1 else jnp.repeat(kv, group, axis=2)
 
 
-def segment_mask(segments: jax.Array) -> jax.Array:
-    """`[batch, seq, seq]`, true where query `i` may read key `j`: `j <= i` and both in
-    one segment (`segments [batch, seq]`, each segment a run of one id)."""
+def segment_mask(segments: jax.Array, prefixes: jax.Array | None = None) -> jax.Array:
+    """`[batch, seq, seq]`, true where query `i` may read key `j`: `j <= i`, and `j` in
+    `i`'s segment or in the segment `prefixes[i]` names (`segments [batch, seq]`, each
+    segment a run of one id; `prefixes` None: its own segment only)."""
     seq = segments.shape[-1]
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))[None]
-    return causal & (segments[:, :, None] == segments[:, None, :])
+    same = segments[:, :, None] == segments[:, None, :]
+    if prefixes is not None:
+        same = same | (prefixes[:, :, None] == segments[:, None, :])
+    return causal & same
 
 
 def probabilities(q: jax.Array, k: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -139,6 +148,7 @@ def choose(
     dtype: jnp.dtype,
     masked: bool = False,
     segmented: bool = False,
+    prefixed: bool = False,
     dropout: bool = False,
     platform: str | None = None,
 ) -> tuple[str, str | None]:
@@ -151,6 +161,7 @@ def choose(
         masked: the call passes a mask other than causal.
         segmented: the call packs segments (causal within each; the Pallas kernels take
             them as segment ids, cuDNN does not).
+        prefixed: packed segments also read a shared prefix (the reference alone).
         dropout: the call drops attention probabilities (training with dropout).
         platform: `cpu`, `gpu` or `tpu`; None: JAX's default backend.
     """
@@ -181,6 +192,8 @@ def choose(
         )
     if segmented and implementation == "cudnn":
         return "reference", "cuDNN attention takes no packed segments: reference for this call"
+    if prefixed:
+        return "reference", f"{wants} attention takes no shared prefixes: reference for this call"
     if dropout:
         return "reference", (
             f"{wants} attention has no dropout on the probabilities "
@@ -214,6 +227,7 @@ def attend(
     implementation: str = "auto",
     mask: jax.Array | None = None,
     segments: jax.Array | None = None,
+    prefixes: jax.Array | None = None,
     dropout: Callable[[jax.Array], jax.Array] | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention, `[batch, q_len, n_head, head_dim]`.
@@ -227,10 +241,14 @@ def attend(
         segments: `[batch, seq]` ids of the sequences packed in each row (each a run of
             one id; `q_len == kv_len`): causal within each. None: one sequence a row.
             Not with `mask`.
+        prefixes: with `segments`, `[batch, seq]`: for each token the id of an earlier
+            segment it reads whole as well (a prefix its segment continues), or its own.
         dropout: applied to the probabilities (reference only); None when not training.
     """
     if mask is not None and segments is not None:
         raise ValueError("attend takes a mask or segments, not both; fold the segments in")
+    if prefixes is not None and segments is None:
+        raise ValueError("attend takes prefixes only with segments")
     name, reason = choose(
         implementation,
         q_len=q.shape[1],
@@ -238,13 +256,14 @@ def attend(
         dtype=q.dtype,
         masked=mask is not None,
         segmented=segments is not None,
+        prefixed=prefixes is not None,
         dropout=dropout is not None,
     )
     if reason is not None:
         _say_once(reason)
     if name == "reference":
         if segments is not None:
-            mask = segment_mask(segments)
+            mask = segment_mask(segments, prefixes)
         return reference(q, k, v, mask, dropout)
     if name == "cudnn":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
