@@ -286,19 +286,19 @@ def _per_device(
     batch, _, heads, _ = (None,) * 4 if axes is None else tuple(axes)
     spec = PartitionSpec(batch, None, heads, None)
     if segments is None:
-        sharded = jax.shard_map(
+        plain = jax.shard_map(
             lambda q, k, v: kernel(q, k, v, None),
             mesh=mesh,
             in_specs=(spec, spec, spec),
             out_specs=spec,
             check_vma=False,
         )
-        return sharded(q, k, v)
+        return plain(q, k, v)
     rows = PartitionSpec(batch, None)
-    sharded = jax.shard_map(
+    packed = jax.shard_map(
         kernel, mesh=mesh, in_specs=(spec, spec, spec, rows), out_specs=spec, check_vma=False
     )
-    return sharded(q, k, v, segments)
+    return packed(q, k, v, segments)
 
 
 def _splash_kernel(heads: int, seq: int, interpret: bool) -> Callable[..., jax.Array]:
@@ -361,12 +361,14 @@ def _flash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array | None)
         block_q_dq=block,
     )
     heads = q.shape[2]
-    ids = None if segments is None else segments.astype(jnp.int32)
+    ids = None
+    if segments is not None:
+        ids = flash.SegmentIds(q=segments.astype(jnp.int32), kv=segments.astype(jnp.int32))
     out = flash.flash_attention(
         q.swapaxes(1, 2),
         repeat_kv(k, heads).swapaxes(1, 2),
         repeat_kv(v, heads).swapaxes(1, 2),
-        segment_ids=None if segments is None else flash.SegmentIds(q=ids, kv=ids),
+        segment_ids=ids,
         causal=True,
         sm_scale=1 / q.shape[-1] ** 0.5,
         block_sizes=blocks,
