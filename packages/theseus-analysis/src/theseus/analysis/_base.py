@@ -243,18 +243,13 @@ class AnalysisBase(abc.ABC, Generic[C, M]):
     def _prompt_batch(self) -> dict[str, Any] | None:
         """`inspection/prompt` placed as a batch, or None when it is '' (or, for a trainer
         whose `config()` left out its analyses' settings, not declared)."""
-        prompt = (
-            self.configuration.get("inspection/prompt", "")
-            if "inspection/prompt" in self.configuration
-            else ""
-        )
-        if not prompt:
-            return None
+        declared = "inspection/prompt" in self.configuration
+        prompt = self.configuration.get("inspection/prompt", "") if declared else ""
         placed = self.__dict__.get("_placed_prompt")  # a walk's nodes share it: encode once
-        if placed is None or placed[0] != prompt:
+        if prompt and (placed is None or placed[0] != prompt):
             placed = (prompt, self.sharding.place_batch(self.prompt_batch(prompt)))
             self.__dict__["_placed_prompt"] = placed
-        return placed[1]
+        return placed[1] if prompt and placed is not None else None
 
     def _not_while_analyzing(self, what: str) -> None:
         method = self.__dict__.get("_in_analyze")
