@@ -34,6 +34,7 @@ is refused with nothing in it changed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -356,9 +357,13 @@ HELD = "theseus/shapes"
 
 
 def _meta(step_dir: Path) -> dict[str, Any]:
-    """The `meta` item of a step folder (JSON)."""
-    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as reader:
-        return dict(reader.restore(step_dir / "meta", args=ocp.args.JsonRestore()))
+    """The `meta` item of a step folder: the JSON file orbax's `JsonCheckpointHandler`
+    writes (`meta/metadata`), read directly (through the handler where it is not there)."""
+    try:
+        return dict(json.loads((step_dir / "meta" / "metadata").read_text()))
+    except (OSError, ValueError):
+        with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as reader:
+            return dict(reader.restore(step_dir / "meta", args=ocp.args.JsonRestore()))
 
 
 def _reader() -> ocp.Checkpointer:
