@@ -17,11 +17,15 @@ the same GPT and parameters:
   far, padded to ``block`` tokens so it compiles once, its argmax at the last real
   position; what a loop without a cache does.
 
-Ours's tokens are checked against the plain forward by teacher forcing: at every new
-position the token it chose has the largest logit of the full forward on its own
-sequence, up to a tolerance (exactly on CPU in float32; within 1% of the logits' scale
-in bfloat16 or on an accelerator, where the fused attention and the cache round
-differently: a near-tie may pick either token). After a warm-up run of each
+Ours's tokens are checked by teacher forcing. On a CPU in float32: at every new position
+the token it chose has exactly the largest logit of the full forward on its own sequence.
+Elsewhere (bfloat16, or an accelerator's fused attention) the cache and the forward round
+differently, and a deep random network amplifies rounding (the 124M GPT's bfloat16
+forward is ~50% of the logits' scale away from its float32 one, on a CPU too), so both
+are held to a float32 forward at 'highest' matmul precision instead: the cache's logits,
+fed ours's tokens one at a time, must be no further from it than the bfloat16 forward's
+(``ACCURACY`` times as far at most, plus 1e-3 of the scale).
+After a warm-up run of each
 (compilation), the sides alternate for ``--rounds`` rounds (rotating order). Rows: ours
 vs hand (goal >= 1.0), ours vs recompute (goal >= 5) and ours's per-token latency.
 """
@@ -39,6 +43,7 @@ from benchmarks import _report
 
 TARGET = 5.0  # ours vs recompute
 HAND_TARGET = 1.0  # ours vs the hand-written loop
+ACCURACY = 1.5  # the cache's error vs float32 / the plain forward's, at most
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,10 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     from theseus.model.generation import generate
     from theseus.model.models import GPT
 
-    model = GPT.build(
-        n_layers=args.layers, n_embd=args.width, n_head=args.heads or max(1, args.width // 32),
-        block_size=args.block, vocab_size=args.vocab, dtype=args.dtype,
-    )  # fmt: skip
+    def build(dtype: str) -> GPT:
+        return GPT.build(
+            n_layers=args.layers, n_embd=args.width, n_head=args.heads or max(1, args.width // 32),
+            block_size=args.block, vocab_size=args.vocab, dtype=dtype,
+        )  # fmt: skip
+
+    model = build(args.dtype)
     params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))["params"]
     params = jax.tree.map(lambda x: x * 4.0, params)  # tokens that vary from step to step
     prompts = [[(7 * i + 3 * b) % args.vocab for i in range(16)] for b in range(args.batch)]
@@ -116,29 +124,69 @@ def main(argv: list[str] | None = None) -> int:
         return np.asarray(jnp.stack(out, axis=1)).tolist()
 
     exact = jax.default_backend() == "cpu" and args.dtype == "float32"
+    reference = build("float32")
 
-    def check(tokens: list[list[int]]) -> int:
-        """Teacher forcing: raise if a chosen token is not the full forward's argmax (up to
-        the tolerance); return how many were not its exact argmax."""
+    @jax.jit
+    def reference_logits(params: dict, padded: jax.Array) -> jax.Array:
+        with jax.default_matmul_precision("highest"):
+            return reference.apply({"params": params}, padded)[0]
+
+    @jax.jit
+    def forced_prefill(params: dict, tokens: jax.Array) -> tuple[jax.Array, object]:
+        cache = model.empty_cache(tokens.shape[0], args.block)
+        logits, cache = model.apply({"params": params}, tokens, cache=cache)
+        return logits[:, -1].astype(jnp.float32), cache
+
+    @functools.partial(jax.jit, donate_argnums=1)
+    def forced_step(params: dict, cache: object, token: jax.Array) -> tuple[jax.Array, object]:
+        logits, cache = model.apply({"params": params}, token[:, None], cache=cache)
+        return logits[:, 0].astype(jnp.float32), cache
+
+    def cached_logits(tokens: np.ndarray) -> np.ndarray:
+        """[batch, new, vocab]: the cache's logits at each new position, fed `tokens`."""
+        logits, cache = forced_prefill(params, jnp.asarray(prompts, jnp.int32))
+        out = [logits]
+        for n in range(args.new - 1):
+            logits, cache = forced_step(params, cache, jnp.asarray(tokens[:, n], jnp.int32))
+            out.append(logits)
+        return np.asarray(jnp.stack(out, axis=1))
+
+    def check(tokens: list[list[int]]) -> str:
+        """Teacher forcing (see the module's docstring): raise if the cache disagrees with
+        the forward; what was checked, for the rows' notes."""
+        chosen_ids = np.asarray(tokens)
         seqs = np.zeros((args.batch, args.block), np.int32)
         seqs[:, :16] = np.asarray(prompts)
-        seqs[:, 16 : 16 + args.new] = np.asarray(tokens)
-        logits = np.asarray(full_logits(params, jnp.asarray(seqs)))[:, 15 : 15 + args.new]
-        chosen = np.take_along_axis(logits, np.asarray(tokens)[..., None], -1)[..., 0]
-        gap = logits.max(-1) - chosen
-        scale = float(np.abs(logits).max())
-        worst = float(gap.max()) / max(scale, 1e-30)
-        if worst > (0.0 if exact else 1e-2):
+        seqs[:, 16 : 16 + args.new] = chosen_ids
+        window = slice(15, 15 + args.new)
+        logits = np.asarray(full_logits(params, jnp.asarray(seqs)))[:, window]
+        if exact:
+            chosen = np.take_along_axis(logits, chosen_ids[..., None], -1)[..., 0]
+            if (logits.max(-1) > chosen).any():
+                raise SystemExit(
+                    "generation: a cached token is not the full forward's argmax in float32 "
+                    "on a CPU: the cache and the forward disagree"
+                )
+            return "the full forward's argmax exactly"
+        truth = np.asarray(reference_logits(params, jnp.asarray(seqs)))[:, window]
+        scale = float(np.abs(truth).max())
+        cache_error = float(np.abs(cached_logits(chosen_ids) - truth).max()) / scale
+        forward_error = float(np.abs(logits - truth).max()) / scale
+        if cache_error > ACCURACY * forward_error + 1e-3:
             raise SystemExit(
-                f"generation: a cached token is {worst:.2e} (of the logits' scale) below the "
-                "full forward's best: the cache and the forward disagree"
+                f"generation: the cache's logits are {cache_error:.2e} of the scale from a "
+                f"float32 forward, the {args.dtype} forward's {forward_error:.2e}: the cache "
+                "is less accurate than the forward"
             )
-        return int((gap > 0).sum())
+        return (
+            f"teacher-forced cache logits {cache_error:.1e} of the scale from a float32 "
+            f"forward, the {args.dtype} forward {forward_error:.1e} (at most {ACCURACY}x)"
+        )
 
     first = ours()  # also compiles
     if hand() != first:
         raise SystemExit("generation: the hand-written loop and theseus's generate disagree")
-    near_ties = check(first)
+    checked_how = check(first)
     recompute()  # compiles
     sides = {"ours": ours, "hand": hand, "recompute": recompute}
     speeds: dict[str, list[float]] = {name: [] for name in sides}
@@ -158,9 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         f"GPT {args.layers}x{args.width}, vocab {args.vocab}, block {args.block}, "
         f"batch {args.batch}, {args.dtype}"
     )
-    checked = "greedy; ours's tokens equal the hand loop's and are the full forward's argmax " + (
-        "exactly" if exact else f"within 1% of the logits' scale ({near_ties} near-ties)"
-    )
+    checked = "greedy; ours's tokens equal the hand loop's; " + checked_how
     rows = [
         _report.compare(
             f"generation: decode tokens/s, theseus generate vs a hand-written JAX loop with "

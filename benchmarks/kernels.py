@@ -9,7 +9,9 @@ causal, the gradient of a fixed random projection of the output): theseus's ``at
 with ``splash`` (the default on a TPU) and ``flash``, against ``tokamax.dot_product_attention``
 with ``implementation="mosaic"``. The loss, value and gradients: theseus's
 ``chunked_cross_entropy`` (default chunks) against ``tokamax.linear_softmax_cross_entropy_loss``
-(``mosaic_tpu``). Each candidate is timed as the median of 20 calls after 3 warm-up calls
+(``mosaic_tpu``). On a TPU the splash kernel's own settings are swept too (blocks of 256
+and 1024 tokens against ``attend``'s 512; the backward in separate dq and dkv kernels
+instead of the fused one), for choosing ``BLOCK``. Each candidate is timed as the median of 20 calls after 3 warm-up calls
 and checked against the float32 reference at highest precision (its largest relative
 gradient error is in the row's note). Rows: each candidate's time; where tokamax ran,
 ours / tokamax per shape (above 1: tokamax faster; issue 44 adopts it only if it is).
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from theseus.model.attention.kernels import attend
+    from theseus.model.attention.kernels import attend, splash
     from theseus.model.loss import chunked_cross_entropy
 
     try:
@@ -125,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             f"theseus {name}": functools.partial(attend, implementation=name)
             for name in ("splash", "flash")
         }
+        if not on_cpu:  # the splash kernel's settings, swept (attend uses blocks of BLOCK)
+            for block in sorted({256, 1024} & set(range(128, seq + 1, 128))):
+                candidates[f"splash blocks {block}"] = functools.partial(splash, block=block)
+            candidates["splash unfused backward"] = functools.partial(splash, fused_backward=False)
         if tokamax is not None and not on_cpu:
             candidates["tokamax mosaic"] = lambda q, k, v: tokamax.dot_product_attention(
                 q, k, v, is_causal=True, implementation="mosaic"

@@ -100,6 +100,11 @@ BENCHMARKS = (
     Benchmark("evaluation", "tandem multiple choice in the validation step vs plain validation"),
     Benchmark("harness", "lm-eval requests/s: theseus's model vs the harness's hf model"),
     Benchmark("sae", "SAE training tokens/s vs a hand-written JAX + optax loop; tandem SAE cost"),
+    Benchmark(
+        "library",
+        "analysis library: seven analyses in one --over walk vs seven walks; each in tandem",
+        limit_s=1800,  # 3 rounds of 8 walks over 10 checkpoints, each node drawing 7 figures
+    ),
 )
 
 

@@ -43,7 +43,9 @@ check; the row is the trainer's tokens/s per round, without a ratio);
 
 Memory: each row's note gives the device's peak bytes in use (``memory_stats()``; the CPU
 backend reports none, and the note says so), and ``--trainer-only`` adds it as a row of its
-own where it is known. The comparison holds both sides' state at once: for the 124M GPT
+own where it is known, and a row of what XLA planned for the compiled step (arguments,
+outputs, temporaries: ``_memory.program_bytes``), which on a TPU is the one that counts
+the activations. The comparison holds both sides' state at once: for the 124M GPT
 of the TPU plan (123,587,328 parameters) that is 2 x 12 bytes a parameter (float32
 parameters and AdamW's two moments) = 3.0 GB, plus a step's gradients (0.5 GB) and
 activations; at batch 8 the hand loop's float32 logits ``[8, 1024, 50304]`` add 1.6 GB
@@ -117,6 +119,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--trainer-only", action="store_true", help="time the trainer's step alone (no hand loop)"
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="with --trainer-only: trace --steps more steps with JAX's profiler into this "
+        "folder and print the device time by operation",
     )
     p.add_argument(
         "--per-device-batch",
@@ -339,6 +347,14 @@ def run_trainer_only(args: argparse.Namespace, trainer: Any, host: list[dict[str
         + (f", loss chunk {args.loss_chunk}" if args.loss_chunk else "")
     )
     info = run_info(args, n_params, flops, tokens)
+    if args.profile is not None:
+        from benchmarks import _profile
+
+        with jax.profiler.trace(str(args.profile)):
+            theseus.steps(args.steps)
+        summary = _profile.lines(args.profile, args.steps)
+        print("\n".join(summary))
+        info["profile"] = summary
     rows = [
         _report.info_row(
             f"train step alone ({shape})",
@@ -359,7 +375,23 @@ def run_trainer_only(args: argparse.Namespace, trainer: Any, host: list[dict[str
                 [info["peak_bytes"]],
                 unit="bytes",
                 note=f"memory_stats()['peak_bytes_in_use'] of {info['device_kind']} after "
-                "the timed steps (the process's peak: setup included)",
+                "the timed steps (the process's peak: setup included; on a TPU without "
+                "the step's temporaries: see the next row)",
+            )
+        )
+    planned = _memory.program_bytes(theseus.compiled())
+    if planned is not None:
+        info["program_bytes"] = planned
+        parts = ", ".join(f"{k} {_memory.gigabytes(v)}" for k, v in planned.items() if k != "total")
+        print(f"the compiled step's memory: {_memory.gigabytes(planned['total'])} ({parts})")
+        rows.append(
+            _report.info_row(
+                f"device memory the compiled train step needs ({shape})",
+                _memory.gigabytes(planned["total"]),
+                [planned["total"]],
+                unit="bytes",
+                note=f"XLA's memory_analysis() of the step on {info['device_kind']}: {parts} "
+                "(outputs less those aliased to the donated state)",
             )
         )
     _report.write(args.json, "train_step", args.quick, rows, info)
@@ -436,6 +468,13 @@ class TheseusSide:
         calls = timed_calls(self.step, n)
         block_until_ready(self.trainer.state, self.loss)
         return calls
+
+    def compiled(self) -> Any:
+        """The step compiled again for its current arguments (`memory_analysis()`)."""
+        import numpy as np
+
+        t = self.trainer
+        return self.train.lower(t.state, self.placed[0], np.uint32(t.cursor)).compile()
 
     @property
     def params(self) -> Any:

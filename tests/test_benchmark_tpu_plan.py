@@ -75,6 +75,19 @@ def test_the_cpu_backend_reports_no_peak() -> None:
     assert _memory.peak_bytes() is None
 
 
+def test_program_bytes_counts_arguments_and_leaves_out_donated_outputs() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((256, 512), jnp.float32)  # 524,288 bytes
+    kept = _memory.program_bytes(jax.jit(lambda a: a * 2).lower(x).compile())
+    donated = jax.jit(lambda a: a * 2, donate_argnums=0).lower(x).compile()
+    assert kept is not None and kept["arguments"] == 256 * 512 * 4
+    assert kept["outputs"] == 256 * 512 * 4  # a fresh buffer for the result
+    assert _memory.program_bytes(donated)["outputs"] == 0  # written over the argument
+    assert kept["total"] == sum(kept[k] for k in ("arguments", "outputs", "temporaries"))
+
+
 def test_tiny_replaces_only_the_sizes() -> None:
     args = ("--layers", "12", "--batch", "8", "--d-model", "768", "--checks", "tandem")
     assert tpu_plan.shrink(args) == (

@@ -149,3 +149,29 @@ def test_builtin_bases_stay(name: str, builtin: type[BaseException]) -> None:
     module, _, attr = name.rpartition(".")
     cls = getattr(importlib.import_module(module), attr)
     assert issubclass(cls, builtin) and issubclass(cls, TheseusError), cls.__mro__
+
+
+# Classes no caller told apart, folded into the class callers catch; each old name is
+# that class itself, so `except OLD` and `isinstance(err, OLD)` hold for what is raised now.
+@pytest.mark.parametrize(
+    ("old", "new", "builtin"),
+    [
+        ("theseus.job.HostZeroError", "theseus.job.JobError", RuntimeError),
+        ("theseus.job.ClusterJoinError", "theseus.job.JobError", RuntimeError),
+        ("theseus.job.JobTypeError", "theseus.job.JobError", RuntimeError),
+        ("theseus.training.CheckpointMismatchError", "theseus.training.TrainerError", ValueError),
+        ("theseus.model.loss.LossInputError", "theseus.model.ModelInputError", ValueError),
+    ],
+)
+def test_folded_names_catch_what_is_raised_now(
+    old: str, new: str, builtin: type[BaseException]
+) -> None:
+    def named(name: str) -> type[BaseException]:
+        module, _, attr = name.rpartition(".")
+        return getattr(importlib.import_module(module), attr)
+
+    alias, cls = named(old), named(new)
+    assert alias is cls, (alias, cls)
+    assert issubclass(cls, builtin) and issubclass(cls, TheseusError), cls.__mro__
+    with pytest.raises(alias):
+        raise cls("raised under the new name")

@@ -29,7 +29,7 @@ from click.testing import CliRunner, Result
 import theseus.cli._cluster as cli_cluster
 from theseus.cli import main
 from theseus.data.datasets import Synthetic
-from theseus.job import ClusterJoinError, ClusterPlan, ClusterUsageError, plan_cluster, store_root
+from theseus.job import ClusterPlan, ClusterUsageError, JobError, plan_cluster, store_root
 from theseus.job._cluster import _never_joined
 from theseus.registry import import_module_or_file
 from theseus.store import Store
@@ -303,7 +303,7 @@ def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
     assert time.monotonic() - began < 2 + 50, log
     [error] = [line for line in log.splitlines() if line.startswith("Error (")]
     assert error.startswith(
-        f"Error (ClusterJoinError): Process 0 of 2 waited 2 s as the coordinator "
+        f"Error (JobError): Process 0 of 2 waited 2 s as the coordinator "
         f"(127.0.0.1:{port}), but process 1 never joined."
     ), error
     assert "its own --process-id (0 to 1)" in error and "--join-timeout" in error
@@ -447,7 +447,7 @@ def test_the_verb_joins_before_its_imports_run(monkeypatch: pytest.MonkeyPatch) 
 
     def join(plan: ClusterPlan) -> None:
         joined.append(plan)
-        raise ClusterJoinError("stopped before anything else")
+        raise JobError("stopped before anything else")
 
     monkeypatch.setattr(cli_cluster, "join_cluster", join)
     result = CliRunner().invoke(
@@ -459,7 +459,7 @@ def test_the_verb_joins_before_its_imports_run(monkeypatch: pytest.MonkeyPatch) 
     )
     assert result.exit_code == 1
     assert result.stderr.startswith(
-        "Error (ClusterJoinError): stopped before anything else (Run with --debug"
+        "Error (JobError): stopped before anything else (Run with --debug"
     )
     assert joined == [ClusterPlan("options", "127.0.0.1:1234", 2, 1, 300)]
 

@@ -18,13 +18,14 @@ import pytest
 from click.testing import CliRunner
 
 from theseus.analysis import AnalysisBase
+from theseus.analysis.library import InductionHeads
 from theseus.cli import main
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.experiments.models.suite import import_suite
 from theseus.model.attention.base import SelfAttention
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
-from theseus.store import Store
+from theseus.store import Node, Store
 from theseus.store.cli import main as store_main
 
 pytestmark = pytest.mark.tokenizers
@@ -175,8 +176,9 @@ def test_the_watch_a_circuit_form_in_pythia_section_runs(
     """The README's commands, verbatim, on a tiny random GPT-NeoX suite of four revisions
     (step2000 a copy of step1000, which the import must flag) in a Hugging Face cache
     under a HOME of the test's own; `theseus-store ui` is served by Starlette's test
-    client instead of a socket. Each revision's attention is then checked against
-    GPT-NeoX written in float64 NumPy from its definition."""
+    client instead of a socket. Each revision's induction and previous-token scores are
+    then checked against GPT-NeoX's attention written in float64 NumPy from its
+    definition, on the analysis's own rows of repeated random tokens, within 1e-5."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     seeds = {"step0": 0, "step1000": 1, "step2000": 1, "step3000": 3}
@@ -192,6 +194,7 @@ def test_the_watch_a_circuit_form_in_pythia_section_runs(
     outputs = []
     for line in _section():
         argv = shlex.split(line)
+        assert "--import" not in argv, "the induction score is built in"
         if argv[0] == "theseus":
             result = runner.invoke(main, argv[1:])
             assert result.exit_code == 0, result.output
@@ -209,21 +212,39 @@ def test_the_watch_a_circuit_form_in_pythia_section_runs(
     assert lineage is not None
     assert f"analyzed 4 of 4 checkpoints of {lineage.group(1)} (seq 0 to 3000)" in outputs[2]
     assert f"{lineage.group(1)}~3000" in outputs[3]  # theseus-store lineage
-    assert outputs[4] == [f"{lineage.group(1)}~{s}" for s in (0, 1000, 2000, 3000)]
+    frames, curve = outputs[4]
+    assert frames == [f"{lineage.group(1)}~{s}" for s in (0, 1000, 2000, 3000)]
+
+    # The reference: each revision's attention on the rows the analysis read.
     with quick(Path("results")) as q:
-        q.build(LastLayer, "look")
-        q.find().spec(run="pythia-160m").over()
-        q.config["inspection/prompt"] = PROMPT
-        job = q.create()
-        ids = job.tokenizer.encode(PROMPT).tolist()
-        walked = job()
-    for answer, name in zip(walked.results, seeds, strict=True):
-        reference = suites.neox_attention(revisions[name], ids)[-1].mean(axis=0)
-        np.testing.assert_allclose(answer.values, reference, atol=1e-5)
+        q.build(InductionHeads, "rows")
+        q.find().spec(run="pythia-160m").checkpoint().latest().branch()
+        rows = q.create().repeated_batch()["x"]  # [rows, 2n]: n random tokens, then again
+    n = rows.shape[1] // 2
+    assert (rows[:, :n] == rows[:, n:]).all() and n == 32  # the 64-position model's half
+    later, after = np.arange(n, 2 * n), np.arange(1, 2 * n)
+    run, nonce = lineage.group(1).split("~")
+    maxima = []
+    with Store(Path("results") / "store") as store:
+        for name in seeds:
+            values = store.values(Node(run, nonce, int(name.removeprefix("step"))))
+            per_row = [suites.neox_attention(revisions[name], row.tolist()) for row in rows]
+            attention = np.stack([np.stack(layers) for layers in per_row])  # [row, l, h, q, k]
+            induction = attention[..., later, later - n + 1].mean(axis=(0, 3))  # [l, h]
+            previous = attention[..., after, after - 1].mean(axis=(0, 3))
+            for (layer, head), score in np.ndenumerate(induction):
+                got = values[f"dynamics/induction/L{layer}H{head}"]
+                assert got == pytest.approx(score, abs=1e-5), (name, layer, head)
+                got = values[f"dynamics/previous_token/L{layer}H{head}"]
+                assert got == pytest.approx(previous[layer, head], abs=1e-5), (name, layer, head)
+            assert values["dynamics/induction/max"] == pytest.approx(induction.max(), abs=1e-5)
+            maxima.append(values["dynamics/induction/max"])
+    assert curve == maxima  # the browser's curve: the values the nodes hold
 
 
-def _slider(root: Path) -> list[str]:
-    """What `theseus-store ui ROOT` serves: the time slider's frames of the sweep."""
+def _slider(root: Path) -> tuple[list[str], list[float]]:
+    """What `theseus-store ui ROOT` serves: the time slider's frames of the induction
+    heatmap (each drawn), and the curve of `dynamics/induction/max`."""
     from starlette.testclient import TestClient
 
     from theseus.store.ui import create_app, open_readonly
@@ -234,9 +255,17 @@ def _slider(root: Path) -> list[str]:
             (row,) = client.get("/api/runs").json()["rows"]  # the one lineage
             name = row["lineage"]
             assert row["checkpoints"] == 4
-            assert client.get("/slider", params={"l": name}).status_code == 200
-            frames = client.get("/api/frames", params={"l": name, "name": "head-ablation"})
+            page = client.get("/slider", params={"l": name, "name": "induction"})
+            assert page.status_code == 200 and 'data-name="induction"' in page.text
+            frames = client.get("/api/frames", params={"l": name, "name": "induction"})
             assert frames.status_code == 200, frames.text
-            return [frame["node"] for frame in frames.json()["frames"]]
+            for frame in frames.json()["frames"]:
+                drawn = client.get(frame["image"])  # the heatmap, a PNG rendered from its PDF
+                assert drawn.status_code == 200 and drawn.content.startswith(b"\x89PNG")
+            key = "dynamics/induction/max"
+            assert client.get("/curves", params={"l": name, "key": key}).status_code == 200
+            (series,) = client.get("/api/series", params={"l": name, "key": key}).json()["series"]
+            assert series["x"] == [0, 1000, 2000, 3000]
+            return [frame["node"] for frame in frames.json()["frames"]], series["y"]
     finally:
         store.close()

@@ -2,8 +2,7 @@
 
 The import graph is the one `packages/theseus-core/tests/test_trainer_modules.py` builds
 (every import statement counted: at the top, inside a function or under TYPE_CHECKING),
-here over each of the four packages. One cycle is known and named, with its reason; a
-new one fails.
+here over each of the four packages: none may have a cycle.
 """
 
 from __future__ import annotations
@@ -18,11 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["theseus-plot", "theseus-store", "theseus-core", "theseus-analysis"]
 LIMIT = 500
 GRAPH = import_module_or_file(str(ROOT / "packages/theseus-core/tests/test_trainer_modules.py"))
-KNOWN_CYCLES = [
-    # `AnalysisBase.from_trainer()` (the seeds' API) makes a `TrainerView`, which is an
-    # AnalysisBase subclass: `_base` imports `_view` inside `from_trainer`.
-    ["theseus.analysis._base", "theseus.analysis._view"],
-]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -37,8 +31,8 @@ def test_every_module_is_under_500_lines(package: str) -> None:
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_no_import_cycle_but_the_known_one(package: str) -> None:
+def test_no_import_cycle(package: str) -> None:
     modules = GRAPH._modules(ROOT / "packages" / package / "src")
     assert modules, package
     graph = {name: GRAPH._imports(name, path, modules) for name, path in modules.items()}
-    assert [c for c in GRAPH._cycles(graph) if c not in KNOWN_CYCLES] == []
+    assert GRAPH._cycles(graph) == []

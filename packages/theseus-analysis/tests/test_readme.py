@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -10,15 +9,16 @@ import pytest
 
 from theseus.data.datasets import Synthetic
 from theseus.job import store_root
+from theseus.registry import import_module_or_file
 from theseus.store import Store
 
 README = Path(__file__).parents[1] / "README.md"
+readme = import_module_or_file(str(Path(__file__).with_name("readme_commands.py")))
 
 
 @pytest.mark.slow  # trains the default model for 20 steps: about a minute on 2 cores
 def test_the_engine_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    section = README.read_text().split("## The analysis engine", 1)[1].split("\n## ", 1)[0]
-    define, run, over = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)[:3]
+    define, run, over = readme.blocks(README, "## The analysis engine", "python")[:3]
     monkeypatch.chdir(tmp_path)
     Synthetic.prepare("results", tokens=60_000, val_tokens=8_000)
     namespace: dict[str, object] = {"__name__": "readme_example"}

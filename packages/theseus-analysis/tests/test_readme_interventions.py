@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -11,17 +10,18 @@ import pytest
 
 from theseus.data.datasets import Synthetic
 from theseus.job import store_root
+from theseus.registry import import_module_or_file
 from theseus.store import Store
 
 README = Path(__file__).parents[1] / "README.md"
+readme = import_module_or_file(str(Path(__file__).with_name("readme_commands.py")))
 
 
 @pytest.mark.slow  # trains the default model (2 layers) for 40 steps: about 40 s on 2 cores
 def test_the_intervention_example_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    section = README.read_text().split("## Interventions", 1)[1].split("\n## ", 1)[0]
-    define, run = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)[:2]
+    define, run = readme.blocks(README, "## Interventions", "python")[:2]
     monkeypatch.chdir(tmp_path)
     Synthetic.prepare("results", tokens=120_000, val_tokens=12_000)
     namespace: dict[str, object] = {"__name__": "readme_interventions"}

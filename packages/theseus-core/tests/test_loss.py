@@ -29,7 +29,7 @@ import pytest
 from flax.training import train_state
 
 from theseus.config import ConfigRangeError
-from theseus.model import GPT, cross_entropy
+from theseus.model import GPT, ModelInputError, cross_entropy
 from theseus.model.loss import (
     LOGITS_PER_CHUNK,
     LossInputError,
@@ -211,6 +211,25 @@ def test_bad_shapes_and_chunks_are_refused_in_one_line() -> None:
         assert "\n" not in str(raised.value) and "expected" in str(raised.value)
     with pytest.raises(ConfigRangeError):
         GPT.build(loss_chunk=-1)
+
+
+def test_the_model_and_its_loss_refuse_with_one_class() -> None:
+    """A sequence longer than block_size (the model's check) and a bad loss shape (the
+    loss's) are both `ModelInputError`, caught under the loss's earlier name too."""
+    model = GPT.build(n_layers=1, n_embd=32, n_head=2, block_size=8, vocab_size=VOCAB)
+    too_long = jnp.zeros((1, 9), jnp.int32)
+    with pytest.raises(
+        ModelInputError, match=r"^sequence length 9 exceeds architecture/block_size 8\b"
+    ):
+        model.init(jax.random.key(0), too_long)
+    case = _inputs(True)
+    h, matrix, targets = (jnp.asarray(case[k]) for k in ("h", "matrix", "targets"))
+    try:
+        chunked_cross_entropy(h[0], matrix, targets, tied=True, dtype=None)
+    except LossInputError as error:  # the earlier name still catches it
+        assert type(error) is ModelInputError and isinstance(error, ValueError)
+    else:
+        pytest.fail("a bad loss shape was not refused")
 
 
 # ---- the model ----

@@ -167,9 +167,13 @@ def test_numeric_keys_are_the_keys_holding_a_plain_number(store: Store, held: di
     assert set(want) <= set(store.held_keys([prefix + k for k in held]))
 
 
-def test_a_frames_step_is_the_imported_then_the_trained_step_then_the_seq(stores) -> None:
+def test_a_frames_step_is_the_imported_then_the_trained_step_then_the_seq(
+    stores, tmp_path: Path
+) -> None:
     """An imported revision's ``import/step`` wins over ``train/step``, which wins over the
-    seq (a node that logged neither)."""
+    step of the node's checkpoint (a validation node between two reports logs no
+    ``train/step``: the demo's first validation, seq 0, saved step 1), which wins over
+    the seq (a node that logged neither and holds no checkpoint)."""
     writer, reader = stores
     node = Node.new("suite")
     logged = [
@@ -177,15 +181,21 @@ def test_a_frames_step_is_the_imported_then_the_trained_step_then_the_seq(stores
         {"train/step": 20},
         {},
         {"import/step": 4, "val/loss": 0.5},
+        {"val/loss": 0.25},
     ]
     for seq, values in enumerate(logged):
         node = node.next() if seq else node
         writer.log(node, values)
         writer.put(node, "map", "map.pdf", b"%PDF-1.4")
+        if seq in (1, 4):  # checkpoints: behind train/step at seq 1, the step at seq 4
+            folder = tmp_path / "ckpt" / str(seq)
+            folder.mkdir(parents=True)
+            writer.checkpoint(node, folder, step=10 * seq + 1)
     frames = reader.artifact_frames(node.name, node.nonce, "map")
     assert [(f["seq"], f["step"], f["val_loss"]) for f in frames] == [
         (0, 1000, None),
         (1, 20, None),
         (2, 2, None),
         (3, 4, 0.5),
+        (4, 41, 0.25),
     ]

@@ -3,7 +3,8 @@ what they refuse (the default suite's share; `test_memorization_planted.py` is t
 
 One lineage is trained for the module: the tiny GPT of `analysis_jobs.py` on the
 synthetic language, four steps, a checkpoint at every node (0..3), both analyses in
-tandem at each validation (1, 3).
+tandem at each validation (1, 3). Beside `library/first` (its companions) each writes
+what it writes walked alone, exactly, in one walk that compiles only at its first node.
 
 References, none of them the analysis engine:
 - the batches: the data plan's draw of contiguous windows (`pmd`) for one source,
@@ -20,13 +21,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
+import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from theseus.analysis import AnalysisError
-from theseus.analysis.library import Memorization, RepresentationDrift
+from theseus.analysis.library import FirstAnalyses, Memorization, RepresentationDrift
 from theseus.cli import main
 from theseus.data.datasets import Synthetic
 from theseus.data.prepared import PreparedData
@@ -100,6 +103,17 @@ def _walk(root: Path, cls: type, **settings: object):  # type: ignore[no-untyped
     return walks.walk(root, "trained", cls, **settings)
 
 
+@pytest.fixture(scope="module")
+def alone(trained: tuple[Path, list[Node]], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Drift (against the first node too) and memorization, each walked alone over the
+    lineage in a copy of the root: `(root, (job, walk) of drift, (job, walk) of
+    memorization)`."""
+    root = tmp_path_factory.mktemp("alone") / "root"
+    shutil.copytree(trained[0], root)
+    reference = {"library/drift/reference": trained[1][0].serialize()}
+    return root, _walk(root, RepresentationDrift, **reference), _walk(root, Memorization)
+
+
 def test_in_tandem_each_validation_compares_with_the_previous_and_tests_what_was_seen(
     trained: tuple[Path, list[Node]],
 ) -> None:
@@ -120,11 +134,11 @@ def test_in_tandem_each_validation_compares_with_the_previous_and_tests_what_was
 
 
 def test_drift_over_the_lineage_is_linear_cka_of_the_recorded_residual_streams(
-    trained: tuple[Path, list[Node]], root: Path
+    trained: tuple[Path, list[Node]], alone: Any
 ) -> None:
     _, nodes = trained
     reference = nodes[0].serialize()
-    job, walk = _walk(root, RepresentationDrift, **{"library/drift/reference": reference})
+    root, (job, walk), _ = alone
     assert job.traces == 1 and [r.node for r in walk.results] == nodes
     batch = windows(root, 0, "val")
     streams = []
@@ -160,10 +174,10 @@ def test_drift_over_the_lineage_is_linear_cka_of_the_recorded_residual_streams(
 
 
 def test_memorization_over_the_lineage_replays_the_rows_the_plan_gave_each_step(
-    trained: tuple[Path, list[Node]], root: Path
+    trained: tuple[Path, list[Node]], alone: Any
 ) -> None:
     _, nodes = trained
-    job, walk = _walk(root, Memorization)
+    root, _, (job, walk) = alone
     for result in walk.results:
         values = result.values
         steps, rows = values["step"], values["row"]
@@ -196,6 +210,59 @@ def test_memorization_over_the_lineage_replays_the_rows_the_plan_gave_each_step(
     _, again = _walk(root, Memorization)
     assert again.results == [] and again.skipped == nodes
     assert _snapshot(root) == before  # a second walk writes nothing
+
+
+def test_beside_the_first_analyses_each_writes_what_it_writes_alone_compiled_once(
+    trained: tuple[Path, list[Node]], alone: Any, root: Path
+) -> None:
+    _, nodes = trained
+    walked_alone = alone[0]
+    compiled: list[int] = []  # the seq of the node analyzed at each XLA compilation
+    walking: list[object] = []
+
+    def listen(event: str, seconds: float, **kwargs: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration" and walking:
+            compiled.append(walking[0].node.seq)  # type: ignore[attr-defined]
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        with quick(root) as q:
+            q.build(FirstAnalyses, "first")
+            q.find().spec(run="trained").over()
+            q.config["library/analyses"] = ["induction", "drift", "memorization"]
+            q.config["library/induction/length"] = 8
+            q.config["library/drift/reference"] = nodes[0].serialize()  # as alone
+            job = q.create()
+            walking.append(job)
+            walk = job()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert [r.node for r in walk.results] == nodes
+    views = job._companion_views()
+    assert (job.traces, views["drift"].traces) == (1, 1)  # one program each, traced once
+    assert compiled and set(compiled) == {nodes[0].seq}  # nothing compiled after the first
+
+    def held(root: Path, node: Node) -> tuple[dict[str, object], dict[str, bytes]]:
+        with Store(root / "store") as store:
+            values = {
+                k: v
+                for k, v in store.values(node).items()
+                if k.startswith(("dynamics/cka", "dynamics/memorization", "analysis/drift/res"))
+            }
+            files = ("drift/residuals.npy", "memorization/sequences.json")
+            artifacts = store.get(node)
+            assert {"drift", "memorization"} <= set(artifacts)  # each figure, as alone
+            return values, {name: artifacts[name].content for name in files}
+
+    for node in nodes:
+        assert held(root, node) == held(walked_alone, node)
+    with Store(root / "store") as store:
+        document = json.loads(store.get(nodes[-1])["first-analyses"].content)
+        values = store.values(nodes[-1])
+    assert document["memorization"]["dynamics/memorization/share"] == pytest.approx(
+        values["dynamics/memorization/share"]
+    )
+    assert document["drift"]["dynamics/cka/L1"] == values["dynamics/cka/L1"]
 
 
 def test_what_cannot_be_replayed_or_resolved_is_one_line_before_anything_is_written(

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from theseus.analysis.library import FirstAnalyses, LossByFrequency
+from theseus.analysis.library import FirstAnalyses, InductionHeads, LossByFrequency
 from theseus.cli import main
 from theseus.data.datasets import Synthetic
 from theseus.experiments.models.gpt import PretrainGPT
@@ -292,6 +292,25 @@ def test_one_analysis_on_one_checkpoint_from_the_command_line(trained, tmp_path)
         assert store.get(node)["logit-lens"].filename == "logit-lens.pdf"
 
 
+def test_the_induction_score_alone_draws_from_the_datas_ids(trained) -> None:
+    """`library/induction/tokens = data` on `InductionHeads` alone (as the demo runs it in
+    tandem), whose settings once lacked the `library/dataset` it reads: the repeated
+    tokens are ids the prepared `train.bin` holds (read here with NumPy)."""
+    from theseus.analysis.library import InductionHeads
+
+    with quick(trained) as q:
+        q.build(InductionHeads, "induction-data")
+        q.find().spec(run="trained").checkpoint().latest().branch()
+        q.config["library/induction/tokens"] = "data"
+        job = q.create()
+        result = job()
+    train = np.fromfile(trained / "data" / "synthetic" / "train.bin", dtype=job.tokenizer.dtype)
+    drawn = job.repeated_batch()["x"]
+    assert set(np.unique(drawn)) <= set(np.unique(train))
+    assert len(np.unique(drawn)) > 1
+    assert result.values["induction"].shape == (2, 2)  # layers x heads
+
+
 def test_a_name_that_is_no_analysis_is_one_line(trained) -> None:
     root = trained
     from theseus.analysis import AnalysisError
@@ -302,9 +321,54 @@ def test_a_name_that_is_no_analysis_is_one_line(trained) -> None:
         q.config["library/analyses"] = ["induction", "attention"]
         with pytest.raises(
             AnalysisError,
-            match=r"library/analyses names 'induction', 'attention'; expected distinct names among induction, icl",
+            match=r"library/analyses names 'induction', 'attention'; expected distinct names among "
+            r"induction, icl, logit-lens, loss-by-position, loss-by-frequency, drift, memorization,",
         ):
             q.create()
+
+
+def test_the_logit_lens_frames_share_one_scale() -> None:
+    """The time slider steps through one figure per node: each lens figure's y axis runs
+    from 0 to uniform guessing (`ln 256` here) unless a value lies above, so two nodes'
+    frames share their scale; the legend sits beside the axes, where no curve runs."""
+    from theseus.analysis.library import LogitLens
+
+    uniform = float(np.log(256))
+
+    def frame(loss: list[float], kl: list[float]) -> Any:
+        results = {"layers": ["embed", "L0", "L1"], "loss": np.array(loss),
+                   "kl": np.array(kl), "model_loss": loss[-1], "uniform": uniform}  # fmt: skip
+        return LogitLens.figure(results).axes[0]
+
+    early, late = frame([2.8, 2.6, 2.6], [0.2, 0.05, 0.0]), frame([5.2, 2.1, 1.8], [3.3, 0.3, 0.0])
+    assert early.get_ylim() == late.get_ylim()
+    low, high = early.get_ylim()
+    assert low < 0 < uniform < high <= 1.06 * uniform  # markers at 0 and ln V drawn whole
+    above = frame([7.0, 2.0, 1.0], [6.0, 0.1, 0.0]).get_ylim()
+    assert above[1] >= 7.0  # a value above uniform guessing stays in view
+    [line] = [line for line in early.get_lines() if line.get_label() == "uniform guessing"]
+    assert list(line.get_ydata()) == [uniform, uniform]
+    legend = early.get_legend()
+    assert legend.get_title().get_text() == ""
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts == ["loss", "KL(final || layer)", "uniform guessing"]
+    fig = early.figure
+    fig.canvas.draw()
+    box, axes = legend.get_window_extent(), early.get_window_extent()
+    assert box.x0 >= axes.x1  # beside the axes, not over the curves
+
+
+def test_the_induction_scores_alone_draw_from_the_data_s_ids(trained) -> None:
+    """`library.induction.tokens=data` reads the ids of the data the validation analyses
+    read (`library/dataset`): the analysis alone declares that setting too."""
+    with quick(trained) as q:
+        q.build(InductionHeads, "heads")
+        q.find().spec(run="trained").checkpoint().latest().resume()
+        q.config["library/induction/tokens"] = "data"
+        job = q.create()
+        used = set(np.unique(job.repeated_batch()["x"]).tolist())
+        shares = job.token_shares()
+    assert used and all(shares[i] > 0 for i in used)
 
 
 def test_buckets_hold_equal_shares() -> None:

@@ -7,35 +7,23 @@ every checkpoint.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import theseus.analysis.library  # noqa: F401  (registers library/drift and library/memorization)
-from theseus.cli import main
-from theseus.data.datasets import Synthetic
-from theseus.quick import quick
 from theseus.registry import import_module_or_file
-from theseus.store import Node, Store
+from theseus.store import Store
 
 README = Path(__file__).parents[2] / "README.md"
-jobs = import_module_or_file(str(Path(__file__).parents[1] / "analysis_jobs.py"))
+readme = import_module_or_file(str(Path(__file__).parents[1] / "readme_commands.py"))
 
 
 @pytest.mark.slow  # ~20 s: a training run and two walks over three checkpoints
 def test_the_readme_commands_run_both_analyses_over_a_lineage(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    Synthetic.prepare(root, tokens=40_000, val_tokens=6_000)
-    with quick(root) as q:
-        q.build(jobs.PretrainGPT, "moving")
-        jobs.tiny(
-            q.config, steps=3, **{"training/analyze": False, "logging/checkpoint_interval": 1}
-        )
-        q.create()()
-    section = README.read_text().split("## Representation drift and memorization", 1)[1]
-    commands = re.findall(r"^uv run (theseus.*)$", section.split("```", 2)[1], re.M)
+    last = readme.train_lineage(root)[-1]
+    commands = readme.commands(README, "## Representation drift and memorization")
     assert commands == [
         "theseus configure library/drift drift.yaml",
         "theseus run drift drift.yaml theseus-demo --over demo",
@@ -43,20 +31,16 @@ def test_the_readme_commands_run_both_analyses_over_a_lineage(tmp_path: Path) ->
         "theseus run memorization memorization.yaml theseus-demo --over demo",
         "theseus-store ui theseus-demo",
     ]
-    runner = CliRunner()
+    drift, memorization = (
+        [readme.here(c, tmp_path, root) for c in two] for two in (commands[:2], commands[2:4])
+    )
     shorter = ["library.memorization.prefix=8", "library.memorization.continuation=8"]
-    for name, extra, key in (
-        ("drift", [], "dynamics/cka/L1"),
-        ("memorization", shorter, "dynamics/memorization/share"),  # the tiny block: 32
+    for name, (configure, run), extra, key in (  # the tiny block is 32 tokens: shorter
+        ("drift", drift, [], "dynamics/cka/L1"),
+        ("memorization", memorization, shorter, "dynamics/memorization/share"),
     ):
-        config = tmp_path / f"{name}.yaml"
-        made = runner.invoke(main, ["configure", f"library/{name}", str(config)])
-        assert made.exit_code == 0, made.output
-        ran = runner.invoke(main, ["run", name, str(config), str(root), "--over", "moving", *extra])
-        assert ran.exit_code == 0, ran.output
-        assert f"{name}: analyzed 3 of 3 checkpoints" in ran.output
+        readme.invoke(configure)
+        assert f"{name}: analyzed 3 of 3 checkpoints" in readme.invoke([*run, *extra])
         with Store(root / "store") as store:
-            [lineage] = {(n.name, n.nonce) for n in store.query().spec(run="moving").all()}
-            last = Node(*lineage, 2)
             assert key in store.values(last)
             assert store.get(last)[name].filename == f"{name}.pdf"

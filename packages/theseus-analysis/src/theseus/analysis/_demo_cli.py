@@ -1,12 +1,15 @@
 """`theseus demo [ROOT]`: train a tiny GPT offline, analyze it in tandem and on a checkpoint.
 
 The whole pipeline in one command, on a CPU, with no download: prepare `synthetic`,
-train `demo/train` (PretrainGPT with two tandem analyses, see `theseus.analysis.demo`)
-with small settings, checkpoint it, analyze its latest checkpoint as a standalone job,
+train `demo/train` (PretrainGPT with two tandem analyses and the library's induction
+score, see `theseus.analysis.demo`) with small settings, checkpoint it, analyze its latest
+checkpoint as a standalone job,
 ablate each of its heads (an intervention sweep), sample a few continuations of held-out
 text, evaluate it on the synthetic language's own lm-evaluation-harness tasks (when the
 `eval` extra is installed), and print the lineage, the checkpoints, the losses against
-the language's entropy bound, the scores, where the PDFs are, and what to run next.
+the language's entropy bound, the induction score at each validation, the scores, where
+the PDFs are, and what to run next (among it the browser's pages that show the induction
+score over training).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
 import click
 
@@ -34,8 +39,10 @@ DEMO_SETTINGS = {
     "training/validation_steps": 4,
     "optimization/lr": 3e-3,
     "logging/report_interval": 25,
+    "library/induction/tokens": "data",  # the few ids the synthetic language uses
 }
 SAMPLES = 3  # lines the trained model writes at the end
+UI_PORT = 8765  # where `theseus-store ui` serves by default (its --port)
 
 
 def _command(name: str) -> str:
@@ -49,6 +56,51 @@ def _command(name: str) -> str:
         return f"uv run {name}"
     here = Path(sys.executable).parent / name
     return name if shutil.which(name) == str(here) else str(here)
+
+
+def _induction(store: Store, nonce: str) -> list[tuple[Any, str, float, float, float]]:
+    """Each node of the lineage `nonce` that holds the tandem induction score, in seq order:
+    `(node, head, score, first_half_loss, second_half_loss)`, `head` (`L{l}H{h}`) the one
+    with the highest score."""
+    from theseus.analysis.library import InductionHeads
+
+    rows = []
+    found = store.query().nonce(nonce).artifact(InductionHeads.NAME).all()
+    for node in sorted(found, key=lambda n: n.seq):
+        values = store.values(node)
+        heads = {
+            key.rsplit("/", 1)[1]: float(value)
+            for key, value in values.items()
+            if key.startswith("dynamics/induction/L") and isinstance(value, (int, float))
+        }
+        head = max(heads, key=lambda h: heads[h])
+        first, second = (values[f"dynamics/induction/{h}_half_loss"] for h in ("first", "second"))
+        assert isinstance(first, float) and isinstance(second, float)
+        rows.append((node, head, heads[head], first, second))
+    return rows
+
+
+def _even(configuration: Any) -> float:
+    """The induction score of a head that attends evenly to every token it can see: the
+    mean of `1 / (q + 1)` over the second half's queries `q = n .. 2n - 1`, where `n` is
+    `library/induction/length` clipped to half the block (as `InductionHeads` reads it)."""
+    n = min(
+        int(configuration["library/induction/length"]),
+        int(configuration["architecture/block_size"]) // 2,
+    )
+    return sum(1 / (q + 1) for q in range(n, 2 * n)) / n
+
+
+def _pages(lineage: str) -> list[str]:
+    """The browser's pages of the induction score on `lineage`: its heatmap at each node
+    (the time slider) and its highest head's score over training (a curve)."""
+    from theseus.analysis.library import InductionHeads
+
+    here = f"http://127.0.0.1:{UI_PORT}"
+    return [
+        f"{here}/slider?{urlencode({'l': lineage, 'name': InductionHeads.NAME})}",
+        f"{here}/curves?{urlencode({'l': lineage, 'key': 'dynamics/induction/max'})}",
+    ]
 
 
 def _evaluate(root: Path, lineage: str) -> dict[str, dict[str, float]] | None:
@@ -140,6 +192,7 @@ def demo(root: Path, steps: int, progress_bars: bool) -> None:
             final = store.values(trainer.node)
             tandem = {a.NAME: store.history(trainer.node, a.NAME) for a in DemoTrainer.ANALYSIS}
             cadences = sum(a.NAME in store.get(n) for n in nodes for a in DemoTrainer.ANALYSIS)
+            induction = _induction(store, trainer.node.nonce)
 
         # What the trained model writes: held-out documents' first tokens, continued.
         held_out = Synthetic.open(root)
@@ -183,8 +236,19 @@ def demo(root: Path, steps: int, progress_bars: bool) -> None:
         click.echo(f"    step {checkpoint.step:>5} at node seq {node.seq}: {checkpoint.path}")
     click.echo("  analyses (tandem, at each validation):")
     for name, versions in tandem.items():
-        click.echo(f"    {name}: {trainer.spec.result(versions[-1].filename)}")
+        where = trainer.spec.result(versions[-1].filename) if versions else "not written (above)"
+        click.echo(f"    {name}: {where}")
     click.echo(f"    {cadences} PDFs kept as artifacts on the run's nodes")
+    click.echo(
+        "  induction score (library/induction, at each validation: each head's attention from "
+        "a repeated random token to the token after its first occurrence; 1 copies it "
+        f"always, a head that attends evenly scores {_even(trainer.configuration):.3f}):"
+    )
+    for node, head, score, first, second in induction:
+        click.echo(
+            f"    seq {node.seq:>5}: highest {head} {score:.3f}; loss on the repeat "
+            f"{second:.3f}, on its first occurrence {first:.3f} nats/token"
+        )
     click.echo("  analysis of the latest checkpoint (a standalone job):")
     click.echo(f"    {AttentionPattern.NAME}: {inspected.path}")
     click.echo(f"    attached to node {inspected.node.serialize()}")
@@ -255,3 +319,9 @@ def demo(root: Path, steps: int, progress_bars: bool) -> None:
     )
     click.echo('Browse it in a web browser (read-only; pip install "theseus-store[ui]"):')
     click.echo(f"  {store_cli} ui {shlex.quote(str(root))}")
+    click.echo(
+        "and open the induction score there: every head at each validation (the arrow keys "
+        "step through training), and the highest head's score over training:"
+    )
+    for page in _pages(lineage):
+        click.echo(f"  {page}")

@@ -7,6 +7,10 @@ every attribute the trainer documents is either forwarded to the trainer (read-o
 computed by the analysis on the trainer's state (`find`, `debug`, `run`, ...), or
 refused with an `AnalysisError` (setting up, ticking, finishing, checkpointing). So no
 attribute of a view can be missing; `FORWARDED`, `OWN` and `REFUSED` list them.
+
+`TrainerView` derives from `Analyzer` (`_analyzer.py`, the pipeline it shares with a
+standalone analysis), not from `AnalysisBase`: `_base` imports this module to make views,
+and this module imports nothing of `_base`.
 """
 
 from __future__ import annotations
@@ -15,17 +19,20 @@ import functools
 import logging
 import traceback
 import weakref
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
 
 from theseus.analysis import _comet
-from theseus.analysis._base import AnalysisBase, AnalysisResult
+from theseus.analysis._analyzer import Analyzer
 from theseus.analysis._errors import AnalysisError
 from theseus.analysis._publish import Publisher
+from theseus.analysis._result import AnalysisResult
 from theseus.config import configure
 from theseus.job import is_primary
 
 if TYPE_CHECKING:
     from theseus.store import Node
+
+AnalysisT = TypeVar("AnalysisT", bound=Analyzer)
 
 log = logging.getLogger("theseus.analysis")
 
@@ -44,7 +51,7 @@ def _forwarded(name: str, doc: str) -> Any:
     return property(get, refuse, doc=f"{doc} (the trainer's, read-only).")
 
 
-class TrainerView(AnalysisBase[Any, Any]):
+class TrainerView(Analyzer):
     """A tandem analysis: a view of the trainer it is borrowed from.
 
     Forwarded to the trainer (`view.X` is `trainer.X`; assigning one raises
@@ -369,8 +376,9 @@ def _publisher(trainer: Any) -> Publisher:
 
 
 @functools.cache
-def view_class(cls: type[AnalysisBase[Any, Any]]) -> type[TrainerView]:
-    """`TrainerView[cls]`: the analysis `cls` with the view's attributes first (made once)."""
+def view_class(cls: type[AnalysisT]) -> type[AnalysisT]:
+    """`TrainerView[cls]`: the analysis `cls` (an `AnalysisBase` subclass) with the view's
+    attributes first (made once); a subclass of both `cls` and `TrainerView`."""
     if issubclass(cls, TrainerView):
         return cls
     namespace = {
@@ -378,4 +386,4 @@ def view_class(cls: type[AnalysisBase[Any, Any]]) -> type[TrainerView]:
         "__qualname__": f"TrainerView[{cls.__qualname__}]",
         "__doc__": cls.__doc__,
     }
-    return type(cls.__name__, (TrainerView, cls), namespace)
+    return cast("type[AnalysisT]", type(cls.__name__, (TrainerView, cls), namespace))

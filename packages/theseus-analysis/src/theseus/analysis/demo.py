@@ -1,4 +1,5 @@
-"""The analyses `theseus demo` runs: what the first attention layer reads, and where it looks.
+"""The analyses `theseus demo` runs: what the first attention layer reads, where it looks,
+and which heads copy what followed a token's earlier occurrence.
 
 - `AttentionInput` (`demo/analyze/attention-input`): the input of the first attention
   layer for the first sequence of the batch, as a heatmap (token x feature).
@@ -12,7 +13,11 @@
   stream after each block (8 x its width, 8 active features per token); `--over` a
   lineage it chains them over its checkpoints (see "Features over training" in the
   README).
-- `DemoTrainer` (`demo/train`): `PretrainGPT` with both analyses in tandem.
+- `DemoTrainer` (`demo/train`): `PretrainGPT` with both analyses and the library's
+  induction score (`theseus.analysis.library.InductionHeads`: values
+  `dynamics/induction/L{l}H{h}`, a layer x head heatmap) in tandem; the demo sets
+  `library/induction/tokens = data`, so the repeated random tokens are ids its
+  synthetic language uses.
 
 Import this module to register them (`theseus run --import theseus.analysis.demo ...`).
 """
@@ -27,6 +32,7 @@ import numpy as np
 from theseus.analysis import interventions as iv
 from theseus.analysis._base import AnalysisBase
 from theseus.analysis._intervention_base import InterventionBase
+from theseus.analysis.library.induction import InductionHeads
 from theseus.analysis.sae import SAEBase
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.model.attention.base import SelfAttention
@@ -132,6 +138,7 @@ class Features(SAEBase, PretrainGPT):
 
 @job("demo/train")
 class DemoTrainer(PretrainGPT):
-    """`PretrainGPT` that runs both demo analyses at validation cadence."""
+    """`PretrainGPT` that runs both demo analyses and the induction score at validation
+    cadence."""
 
-    ANALYSIS = [AttentionInput, AttentionPattern]
+    ANALYSIS = [AttentionInput, AttentionPattern, InductionHeads]

@@ -45,7 +45,7 @@ def join_from_context(ctx: click.Context) -> None:
 
     Raises:
         click.UsageError: incomplete or contradictory settings.
-        ClusterJoinError: the cluster did not form (reported as ``Error (...)``).
+        JobError: the cluster did not form (reported as ``Error (JobError): ...``).
     """
     values = ctx.meta.get(_VALUES)
     if values is None or ctx.meta.get(_DONE):

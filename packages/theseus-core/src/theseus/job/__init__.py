@@ -1,15 +1,9 @@
 """Jobs: ``BasicJob`` (the lifecycle), ``JobSpec`` (identity and root), hosts, clusters, signals."""
 
-from theseus.job._basic import BasicJob, JobError, JobTypeError, Mode
-from theseus.job._cluster import (
-    ClusterJoinError,
-    ClusterPlan,
-    ClusterUsageError,
-    join_cluster,
-    plan_cluster,
-)
+from theseus.job._basic import BasicJob, Mode
+from theseus.job._cluster import ClusterPlan, ClusterUsageError, join_cluster, plan_cluster
+from theseus.job._errors import ClusterJoinError, HostZeroError, JobError, JobTypeError
 from theseus.job._hosts import (
-    HostZeroError,
     HostZeroStore,
     agree_on_nonce,
     from_host_zero,

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
 from theseus.config import Tree, configure, dump, load, using
-from theseus.errors import TheseusError
+from theseus.job._errors import JobError
 from theseus.job._hosts import agree_on_nonce, from_host_zero, is_primary, open_store, sync_hosts
 from theseus.job._signals import Preempted, deferred_stop, stop_on_signals
 from theseus.job._slurm import ScheduledJob, current_scheduled
@@ -31,10 +31,6 @@ from theseus.registry import job_key
 from theseus.store import Node, Store
 
 T = TypeVar("T")
-
-
-class JobError(TheseusError, RuntimeError):
-    """A job used out of order (not set up, set up twice in different modes, ...)."""
 
 
 class Mode(enum.StrEnum):
@@ -450,7 +446,3 @@ class BasicJob(abc.ABC):
         return (
             f"<{type(self).__name__} {self.spec.project}.{self.spec.group}.{self.spec.name}{where}>"
         )
-
-
-#: The earlier name of JobError (a job constructed with an argument of the wrong type), kept for old imports.
-JobTypeError = JobError

@@ -3,7 +3,7 @@
 :func:`plan_cluster` decides from explicit values, ``THESEUS_*`` environment variables
 and the scheduler's environment (SLURM, Open MPI) whether this process joins a
 cluster and how; :func:`join_cluster` joins it with a deadline and turns a cluster
-that never forms into a readable :class:`ClusterJoinError`. Nothing here imports JAX
+that never forms into a readable :class:`JobError`. Nothing here imports JAX
 until a process actually joins, and one machine with nothing set joins nothing.
 """
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from theseus.errors import TheseusError
+from theseus.job._errors import JobError
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ DEFAULT_JOIN_TIMEOUT = 300
 CLUSTER_MODES = ("auto", "off")
 
 # JAX's own deadline comes this much later than ours: when a process never arrives, the
-# ones that did wait `timeout` seconds and raise ClusterJoinError (JAX would instead end
+# ones that did wait `timeout` seconds and raise JobError (JAX would instead end
 # the process with a fatal log line that names no process).
 _JAX_GRACE_S = 60
 
@@ -43,10 +44,6 @@ _HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[^\s:\[\]/]+):(\d{1,5})")
 
 class ClusterUsageError(TheseusError, ValueError):
     """The settings to join a cluster are incomplete or contradict each other."""
-
-
-class ClusterJoinError(TheseusError, RuntimeError):
-    """This process could not join its cluster (a process never arrived, or JAX failed)."""
 
 
 @dataclass(frozen=True)
@@ -307,7 +304,7 @@ def _silence_teardown() -> None:
     The join left behind (its thread, and process 0's coordination service) fails as the
     process exits, and JAX's C++ logs that straight to file descriptor 2: lines that say
     the registration failed and that "the timeout is currently set to: 1h" (the
-    service's own deadline, not this one). After the one-line `ClusterJoinError` they
+    service's own deadline, not this one). After the one-line `JobError` they
     only mislead, so they are dropped; what Python printed before exit (the error, a
     traceback with --debug) is already out.
     """
@@ -325,13 +322,13 @@ def join_cluster(plan: ClusterPlan) -> None:
     Call it before anything touches JAX devices. On CPU, cross-process collectives use
     gloo unless ``jax_cpu_collectives_implementation`` was chosen already. When the
     cluster does not form within ``plan.timeout`` seconds, every process that arrived
-    raises :class:`ClusterJoinError` naming the processes that did not (JAX's own
+    raises :class:`JobError` naming the processes that did not (JAX's own
     deadline, a minute later, would end the process with a fatal log line instead), and
     what JAX logs as the abandoned join is torn down at exit is silenced
     (`_silence_teardown`). Joining a second time does nothing.
 
     Raises:
-        ClusterJoinError: the cluster did not form in time, or JAX refused to join
+        JobError: the cluster did not form in time, or JAX refused to join
             (e.g. devices were used already, or ``auto`` found no cluster).
     """
     import jax
@@ -369,7 +366,7 @@ def join_cluster(plan: ClusterPlan) -> None:
     worker.join(plan.timeout)
     if worker.is_alive():
         atexit.register(_silence_teardown)  # runs before JAX's own exit handlers
-        raise ClusterJoinError(_never_joined(plan))
+        raise JobError(_never_joined(plan))
     if outcome:
         exc = outcome[0]
         hint = (
@@ -382,7 +379,7 @@ def join_cluster(plan: ClusterPlan) -> None:
             else ""
         )
         said = str(exc).strip().rstrip(".")
-        raise ClusterJoinError(
+        raise JobError(
             f"Could not join the cluster as {plan.describe()}: {type(exc).__name__}: {said}.{hint}"
         ) from exc
     logger.info(

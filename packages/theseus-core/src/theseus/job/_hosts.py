@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TypeVar, cast
 
-from theseus.errors import TheseusError
+from theseus.job._errors import JobError
 from theseus.store import Store, StoreError
 
 T = TypeVar("T")
@@ -79,10 +79,6 @@ def agree_on_nonce(nonce: str) -> str:
     return bytes(agreed.astype(np.uint8)).rstrip(b"\0").decode("ascii")
 
 
-class HostZeroError(TheseusError, RuntimeError):
-    """What host zero raised inside :func:`from_host_zero`, where it would not unpickle."""
-
-
 def from_host_zero(compute: Callable[[], T]) -> T:
     """Run ``compute`` on host zero alone and return its result on every host.
 
@@ -110,7 +106,7 @@ def from_host_zero(compute: Callable[[], T]) -> T:
             try:
                 payload = pickle.dumps((False, err))
             except Exception:  # an exception that does not pickle: send what it says
-                payload = pickle.dumps((False, HostZeroError(f"{type(err).__name__}: {err}")))
+                payload = pickle.dumps((False, JobError(f"{type(err).__name__}: {err}")))
     received = _broadcast_bytes(payload)
     if failure is not None:
         raise failure

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import optax
 from flax.linen.dtypes import promote_dtype
 
-from theseus.errors import TheseusError
+from theseus.model._errors import ModelInputError
 
 __all__ = [
     "LOGITS_PER_CHUNK",
@@ -60,8 +60,9 @@ __all__ = [
 LOGITS_PER_CHUNK = 2**26
 
 
-class LossInputError(TheseusError, ValueError):
-    """Arrays of the wrong shape for the loss, or a negative chunk size."""
+#: The earlier name of ModelInputError (arrays of the wrong shape for the loss, or a
+#: negative chunk size), kept for old imports: no caller told the two apart.
+LossInputError = ModelInputError
 
 
 def unembed(h: jax.Array, unembedding: jax.Array, *, tied: bool, dtype: Any) -> jax.Array:
@@ -95,7 +96,7 @@ def chunk_length(rows: int, length: int, vocab: int, chunk: int = 0) -> int:
         (4, 13)
     """
     if chunk < 0:
-        raise LossInputError(
+        raise ModelInputError(
             f"expected a loss chunk of >= 0 tokens, got {chunk}; use 0 for chunks of "
             f"{LOGITS_PER_CHUNK} logits or a positive number of tokens"
         )
@@ -108,9 +109,9 @@ def chunk_length(rows: int, length: int, vocab: int, chunk: int = 0) -> int:
 
 
 def _check(h: jax.Array, unembedding: jax.Array, targets: jax.Array, tied: bool) -> int:
-    """The vocabulary size; raises `LossInputError` for shapes that do not fit together."""
+    """The vocabulary size; raises `ModelInputError` for shapes that do not fit together."""
     if h.ndim != 3 or targets.shape != h.shape[:2]:
-        raise LossInputError(
+        raise ModelInputError(
             f"expected h [batch, seq, n_embd] and targets [batch, seq], got h "
             f"{list(h.shape)} and targets {list(targets.shape)}; pass the final hidden "
             "states and one target id per position"
@@ -119,7 +120,7 @@ def _check(h: jax.Array, unembedding: jax.Array, targets: jax.Array, tied: bool)
     want = "[vocab, n_embd] (the tied embedding)" if tied else "[n_embd, vocab] (lm_head)"
     vocab = unembedding.shape[0 if tied else -1] if unembedding.ndim == 2 else 0
     if unembedding.ndim != 2 or unembedding.shape[1 if tied else 0] != width:
-        raise LossInputError(
+        raise ModelInputError(
             f"expected the unembedding {want} with n_embd = {width}, got "
             f"{list(unembedding.shape)}; pass tied={not tied} if the matrix is the other one"
         )
@@ -169,7 +170,7 @@ def chunked_cross_entropy(
         many counted.
 
     Raises:
-        LossInputError: shapes that do not fit together, or `chunk < 0`.
+        ModelInputError: shapes that do not fit together, or `chunk < 0`.
     """
     vocab = _check(h, unembedding, targets, tied)
     rows, length = targets.shape

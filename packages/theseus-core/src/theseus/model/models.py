@@ -28,7 +28,7 @@ import optax
 from theseus.config import Tree, UnknownKeyError, configure
 from theseus.config._errors import suggest
 from theseus.config._field import PATH_KEY
-from theseus.errors import TheseusError
+from theseus.model._errors import ModelInputError
 from theseus.model.attention.base import KVCache, SelfAttention, segment_positions
 from theseus.model.component import Component, resolve_dtype
 from theseus.model.config import AttentionConfig, GPTConfig, MLPConfig, ModelConfig
@@ -47,10 +47,6 @@ __all__ = [
     "ModelInputError",
     "cross_entropy",
 ]
-
-
-class ModelInputError(TheseusError, ValueError):
-    """Tokens the model cannot take (a sequence longer than `architecture/block_size`)."""
 
 
 def _norm(cfg: ModelConfig, name: str) -> nn.Module:

@@ -58,6 +58,7 @@ from theseus.store import (
     canonical_path,
     open_lineage_folder,
 )
+from theseus.training._errors import TrainerError
 from theseus.training.sharding import state_bytes
 
 __all__ = [
@@ -77,8 +78,9 @@ class CheckpointMissingError(TheseusError, FileNotFoundError):
     """A registered checkpoint's folder is gone or was never committed."""
 
 
-class CheckpointMismatchError(TheseusError, ValueError):
-    """A checkpoint's parameter shapes differ from the model being restored into."""
+#: The earlier name of TrainerError (a checkpoint's parameter shapes differ from the model
+#: being restored into), kept for old imports: no caller told the two apart.
+CheckpointMismatchError = TrainerError
 
 
 def checkpoint_dir(root: str | os.PathLike[str], node: Node) -> Path:
@@ -401,7 +403,7 @@ def restore(
 
     Raises:
         CheckpointMissingError: the folder is gone, or is not a committed orbax step.
-        CheckpointMismatchError: shapes differ and there is no surgery; the message names
+        TrainerError: shapes differ and there is no surgery; the message names
             the first mismatching parameter path and both shapes.
     """
     step_dir = Path(path)
@@ -434,7 +436,7 @@ def restore(
     mismatch.sort(key=lambda item: not item[0].startswith("params/"))  # parameters first
     if mismatch and surgery is None:
         key, saved, wanted = mismatch[0]
-        raise CheckpointMismatchError(
+        raise TrainerError(
             f"checkpoint {step_dir} does not match the model: at {key} the checkpoint has "
             f"{'no such entry' if saved is None else f'shape {saved}'} and the model expects "
             f"{'no such entry' if wanted is None else f'shape {wanted}'} "

@@ -140,7 +140,7 @@ def restore(
     """The state saved in checkpoint folder `path`, laid out as `target`, and its metadata.
 
     Raises:
-        CheckpointMismatchError: the checkpoint's shapes differ from the model's and
+        TrainerError: the checkpoint's shapes differ from the model's and
             there is no `surgery` (the message names the first mismatching parameter).
     """
     arrays, meta = checkpoints.restore(

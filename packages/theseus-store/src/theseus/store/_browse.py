@@ -355,8 +355,9 @@ def artifact_frames(conn: Connection, name: str, nonce: str, artifact: str) -> l
 
     Each frame: ``node`` (serialized), ``seq``, ``versions`` (``[(version, filename)]``,
     oldest first), ``step`` (the node's training step: its ``import/step``, an imported
-    revision's, else its ``train/step``, else its seq) and ``val_loss`` (its ``val/loss``,
-    None when absent).
+    revision's, else its ``train/step``, else the step of its checkpoint (a validation
+    node between two reports holds no ``train/step``), else its seq) and ``val_loss`` (its
+    ``val/loss``, None when absent).
     """
     frames = []
     for part_name, part_nonce, upto in chain(conn, name, nonce):
@@ -378,12 +379,15 @@ def artifact_frames(conn: Connection, name: str, nonce: str, artifact: str) -> l
                     (nid,),
                 )
             }
+            (saved,) = conn.execute(
+                "SELECT MAX(step) FROM checkpoints WHERE node = ?", (nid,)
+            ).fetchone()
             frames.append(
                 {
                     "node": Node(part_name, part_nonce, seq).serialize(),
                     "seq": seq,
                     "versions": versions,
-                    "step": _first(values.get("import/step"), values.get("train/step"), seq),
+                    "step": _first(values.get("import/step"), values.get("train/step"), saved, seq),
                     "val_loss": values.get("val/loss"),
                 }
             )

@@ -17,6 +17,12 @@ batch inside one `lax.map` (for those whose `DATA` is `"validation"`), hands eac
 member the same `Recording`, and sums the validation members' results over the batches.
 An analysis alone is a set of one; `FirstAnalyses` is a set of several, so a walk over
 a lineage with it runs one forward per batch kind at each node and compiles once.
+
+A set may also run *companions* (`companions()`): the library's analyses with programs
+of their own (`DriftBase`, `MemorizationBase`), each a view of the same trainer (or of
+this job, on a checkpoint and over a lineage: `from_trainer`), computed on the same
+state at each node after the members and published as they publish alone. So one walk
+reads each checkpoint once for all of them.
 """
 
 from __future__ import annotations
@@ -37,7 +43,11 @@ from theseus.analysis._errors import AnalysisError
 from theseus.analysis._publish import render, write_atomic
 from theseus.analysis.library._data import open_plan, repeated_tokens, token_shares
 from theseus.analysis.library._recording import Recording, record
-from theseus.analysis.library._settings import InductionSettings, ValidationSettings
+from theseus.analysis.library._settings import (
+    DataSettings,
+    InductionSettings,
+    ValidationSettings,
+)
 from theseus.data.batches import MixturePlan
 from theseus.model.attention.base import SelfAttention
 from theseus.model.models import Block
@@ -71,6 +81,20 @@ class LibraryBase(AnalysisBase[C, M]):
     def members(self) -> tuple[type[LibraryAnalysis[Any, Any]], ...]:
         """The analyses this job runs in one program (their classes)."""
         raise NotImplementedError
+
+    def companions(self) -> tuple[type[AnalysisBase[Any, Any]], ...]:
+        """The analyses with programs of their own this job also runs at each node (see
+        the module docstring); none by default."""
+        return ()
+
+    def _companion_views(self) -> dict[str, AnalysisBase[Any, Any]]:
+        """Each companion by its `NAME`: a view of the trainer in tandem, else of this
+        job (so it reads the walked node's state), made once per instance."""
+        if "companions" not in self._library:
+            owner: Any = self.trainer if self.borrowed else self  # type: ignore[attr-defined]
+            self._library["companions"] = {c.NAME: c.from_trainer(owner) for c in self.companions()}
+        views: dict[str, AnalysisBase[Any, Any]] = self._library["companions"]
+        return views
 
     # ------------------------------------------------------------ AnalysisBase
     def select(self, paths: list[str]) -> list[str]:
@@ -144,7 +168,7 @@ class LibraryBase(AnalysisBase[C, M]):
         """The batch plan the validation analyses read (`library/dataset`, or the
         trainer's own data), opened once."""
         if "plan" not in self._library:
-            st = self.configure(ValidationSettings)
+            st = self.configure(DataSettings)  # declared by every schema that reads data
             if st.dataset:
                 from theseus.registry import DATASETS
 
@@ -246,9 +270,10 @@ class LibraryBase(AnalysisBase[C, M]):
         """
         aux = self._aux()
         sums = to_host(self._program()(self.state, self._placed_batches(), None))
-        return self._gathered(
-            {m.NAME: m.summarize(aux[m.NAME], sums[m.NAME]) for m in self.members()}
-        )
+        results = {m.NAME: m.summarize(aux[m.NAME], sums[m.NAME]) for m in self.members()}
+        for name, view in self._companion_views().items():
+            results[name] = view.compute()
+        return self._gathered(results)
 
     def _gathered(self, by_name: dict[str, Any]) -> Any:
         """What `compute()` returns of each member's results (a set: all of them)."""
@@ -261,7 +286,8 @@ class LibraryBase(AnalysisBase[C, M]):
     # ------------------------------------------------------------------ publish
     def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None, Any]:
         """Host zero: every member's values on the node, each other member's figure as
-        its own artifact, then this job's own result (`plot`) and stamp."""
+        its own artifact, each companion's result as it publishes it alone, then this
+        job's own result (`plot`) and stamp."""
         by_name = self._by_name(values)
         logged: dict[str, Any] = {}
         for member in self.members():
@@ -270,6 +296,8 @@ class LibraryBase(AnalysisBase[C, M]):
         for member in self.members():
             if member.NAME != self.NAME:
                 self._publish_member(member, by_name[member.NAME], node)
+        for name, view in self._companion_views().items():
+            view._publish(by_name[name], node)
         return super()._publish(values, node)
 
     def outcome(self, result: Any) -> list[str]:
@@ -277,6 +305,7 @@ class LibraryBase(AnalysisBase[C, M]):
         and values."""
         lines = super().outcome(result)
         others = [m.NAME for m in self.members() if m.NAME != self.NAME]
+        others += [c.NAME for c in self.companions()]
         if others:
             lines.append(
                 f"  each node also holds the artifacts {', '.join(others)} (PDF) and their "

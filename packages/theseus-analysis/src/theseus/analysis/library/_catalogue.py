@@ -49,3 +49,4 @@ def by_name() -> dict[str, type[LibraryAnalysis[Any, Any]]]:
 
 
 FirstAnalyses.KNOWN = by_name()
+FirstAnalyses.COMPANIONS = {cls.NAME: cls for cls in (RepresentationDrift, Memorization)}

@@ -1,8 +1,10 @@
 """The library's settings: configuration keys under `library/`, one schema per analysis.
 
-A path is one global setting, so the keys two analyses share (`library/dataset`,
-`library/batches`) are declared once, in `ValidationSettings`, which the analyses that
-read validation data extend. `theseus configure` writes each with its default and help;
+A path is one global setting, so the keys two analyses share are declared once:
+`library/dataset` in `DataSettings`, which every schema that reads the training data
+extends (`ValidationSettings`, and `InductionSettings`, whose `tokens = data` draws from
+it), and `library/batches` in `ValidationSettings`, which the analyses that read
+validation data extend. `theseus configure` writes each with its default and help;
 `library.icl.late=256` overrides one.
 """
 
@@ -15,6 +17,7 @@ from theseus.config import field
 
 __all__ = [
     "FIRST",
+    "DataSettings",
     "FrequencySettings",
     "ICLSettings",
     "InductionSettings",
@@ -24,16 +27,22 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class ValidationSettings:
-    """Where the analyses that read validation data read it, and how much of it."""
+class DataSettings:
+    """The data the library reads: validation batches, and the ids the training data uses."""
 
     dataset: str = field(
         "library/dataset",
         default="",
         help="a prepared dataset (synthetic, text, fineweb, ...) the validation analyses "
-        "read; empty: the trainer's own data. Set it for an imported model (text "
-        "prepared with its tokenizer)",
+        "read (and library/induction/tokens = data draws from); empty: the trainer's own "
+        "data. Set it for an imported model (text prepared with its tokenizer)",
     )
+
+
+@dataclass(frozen=True)
+class ValidationSettings(DataSettings):
+    """Where the analyses that read validation data read it, and how much of it."""
+
     batches: int = field(
         "library/batches",
         default=4,
@@ -44,8 +53,9 @@ class ValidationSettings:
 
 
 @dataclass(frozen=True)
-class InductionSettings:
-    """The batch of random tokens repeated twice that the head scores read."""
+class InductionSettings(DataSettings):
+    """The batch of random tokens repeated twice that the head scores read (`dataset`:
+    where `tokens = data` finds the ids the training data uses)."""
 
     length: int = field(
         "library/induction/length",
@@ -118,5 +128,6 @@ class SetSettings:
         "library/analyses",
         default_factory=lambda: list(FIRST),
         help="the analyses run together, one forward per batch kind at each node (their "
-        "names: " + ", ".join(FIRST) + ")",
+        "names: " + ", ".join(FIRST) + "), and beside them, on the same checkpoint, drift "
+        "and memorization",
     )

@@ -225,7 +225,11 @@ class DriftBase(AnalysisBase[C, M]):
 
         artifact, marker = f"{name}/residuals.npy", f"analysis/{name}/residuals"
         memory = self._memory[0] if self._memory and self._memory[1] == digest else None
-        store, tandem = self.store, self.borrowed
+        # In tandem the previous node is the previous validation's; beside another
+        # analysis (a companion of `library/first`: a view of that job) as alone.
+        store = self.store
+        owner = self.trainer if self.borrowed else self  # type: ignore[attr-defined]
+        tandem = not isinstance(owner, AnalysisBase)
         source = from_host_zero(
             lambda: earlier_source(
                 store, node, artifact, marker, digest, memory, checkpoints=not tandem
@@ -264,16 +268,23 @@ class DriftBase(AnalysisBase[C, M]):
     def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None, Any]:
         """Host zero: the residuals artifact, the values, then the plot (`NAME`)."""
         name = type(self).NAME
-        logged: dict[str, Any] = {f"analysis/{name}/residuals": values["digest"]}
-        for key, at, naming in _COMPARISONS:
-            if values[key] is not None:
-                for layer, value in enumerate(values[key]):
-                    logged[f"dynamics/{key}/L{layer}"] = float(value)
-                logged[f"dynamics/{key}/{naming}"] = values[at].serialize()
         content = to_bytes(values["residuals"])
         self.store.put(node, f"{name}/residuals.npy", "residuals.npy", content)
-        self.store.log(node, logged)  # after the bytes: the marker says they are complete
+        # after the bytes: the marker says they are complete
+        self.store.log(node, self.node_values(values))
         return super()._publish(values, node)
+
+    @classmethod
+    def node_values(cls, results: Any) -> dict[str, Any]:
+        """The values `compute()`'s results leave on the node: `dynamics/cka/L{l}`,
+        `dynamics/cka/previous` (and the reference's), `analysis/NAME/residuals`."""
+        logged: dict[str, Any] = {f"analysis/{cls.NAME}/residuals": results["digest"]}
+        for key, at, naming in _COMPARISONS:
+            if results[key] is not None:
+                for layer, value in enumerate(results[key]):
+                    logged[f"dynamics/{key}/L{layer}"] = float(value)
+                logged[f"dynamics/{key}/{naming}"] = results[at].serialize()
+        return logged
 
 
 class RepresentationDrift(DriftBase, PretrainGPT):

@@ -2,11 +2,12 @@
 
 The analyses `library/analyses` names run in one compiled program: the trainer's
 `trace` runs once on the repeated random tokens and once per validation batch, and
-every analysis reads the same recorded forward. Each publishes as it would alone (its
-values on the node, its figure as its own artifact `NAME`); this job's own artifact,
-`first-analyses` (`first-analyses.json`), holds every analysis's values, and is what
-a walk over a lineage (`--over`) finds to skip a node already analyzed with the same
-settings.
+every analysis reads the same recorded forward. `drift` and `memorization`, which have
+programs of their own, run beside it on the same state (companions: one checkpoint read
+per node serves them all). Each publishes as it would alone (its values on the node,
+its figure as its own artifact `NAME`); this job's own artifact, `first-analyses`
+(`first-analyses.json`), holds every analysis's values, and is what a walk over a
+lineage (`--over`) finds to skip a node already analyzed with the same settings.
 """
 
 from __future__ import annotations
@@ -22,9 +23,14 @@ from theseus.analysis.library._settings import (
     SetSettings,
     ValidationSettings,
 )
+from theseus.analysis.library.drift import DriftBase, DriftSettings
+from theseus.analysis.library.memorization import MemorizationBase, MemorizationSettings
 from theseus.experiments.models.gpt import PretrainGPT
 
-__all__ = ["FirstAnalyses"]
+__all__ = ["Companion", "FirstAnalyses"]
+
+#: A companion's class: an analysis with a program of its own (`companions()`).
+Companion = type[DriftBase[Any, Any]] | type[MemorizationBase[Any, Any]]
 
 
 class FirstAnalyses(LibraryBase, PretrainGPT):
@@ -34,17 +40,28 @@ class FirstAnalyses(LibraryBase, PretrainGPT):
     #: The analyses it can run, by `NAME`: the catalogue's `LibraryAnalysis` classes
     #: (`_catalogue.py` fills it, so this module never imports the catalogue).
     KNOWN: ClassVar[dict[str, type[LibraryAnalysis[Any, Any]]]] = {}
-    SETTINGS = (SetSettings, ValidationSettings, InductionSettings, ICLSettings, FrequencySettings)
+    #: The analyses with programs of their own it can run beside them, by `NAME` (the
+    #: catalogue's `drift` and `memorization`; `_catalogue.py` fills it too).
+    COMPANIONS: ClassVar[dict[str, Companion]] = {}
+    SETTINGS = (
+        SetSettings,
+        ValidationSettings,
+        InductionSettings,
+        ICLSettings,
+        FrequencySettings,
+        DriftSettings,
+        MemorizationSettings,
+    )
 
-    def members(self) -> tuple[type[LibraryAnalysis[Any, Any]], ...]:
-        """The analyses `library/analyses` names, in that order.
+    def _named(self) -> tuple[str, ...]:
+        """`library/analyses`, checked.
 
         Raises:
             AnalysisError: an empty list, a name given twice, or a name that is not one
                 of the library's analyses (the message lists them).
         """
-        if "members" not in self._library:
-            known = self.KNOWN
+        if "named" not in self._library:
+            known = [*self.KNOWN, *self.COMPANIONS]
             names = list(self.configure(SetSettings).analyses)
             unknown = [n for n in names if n not in known]
             if not names or unknown or len(set(names)) < len(names):
@@ -53,10 +70,27 @@ class FirstAnalyses(LibraryBase, PretrainGPT):
                     f"library/analyses names {got}; expected distinct names among "
                     f"{', '.join(known)}, e.g. library/analyses=[induction,logit-lens]"
                 )
-            self._library["members"] = tuple(known[n] for n in names)
-        members: tuple[type[LibraryAnalysis[Any, Any]], ...] = self._library["members"]
-        return members
+            self._library["named"] = tuple(names)
+        named: tuple[str, ...] = self._library["named"]
+        return named
 
-    def plot(self, results: Any) -> dict[str, dict[str, float]]:
+    def members(self) -> tuple[type[LibraryAnalysis[Any, Any]], ...]:
+        """The analyses `library/analyses` names that share one program, in that order.
+
+        Raises:
+            AnalysisError: `library/analyses` is empty, names one twice, or names
+                something that is not one of the library's analyses.
+        """
+        return tuple(self.KNOWN[n] for n in self._named() if n in self.KNOWN)
+
+    def companions(self) -> tuple[Companion, ...]:
+        """The analyses `library/analyses` names that have programs of their own
+        (`drift`, `memorization`), in that order."""
+        return tuple(self.COMPANIONS[n] for n in self._named() if n in self.COMPANIONS)
+
+    def plot(self, results: Any) -> dict[str, dict[str, Any]]:
         """`first-analyses.json`: each analysis's values, by its NAME."""
-        return {m.NAME: m.values(results[m.NAME]) for m in self.members()}
+        out: dict[str, dict[str, Any]] = {m.NAME: m.values(results[m.NAME]) for m in self.members()}
+        for companion in self.companions():
+            out[companion.NAME] = companion.node_values(results[companion.NAME])
+        return out

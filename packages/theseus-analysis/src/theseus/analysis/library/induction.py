@@ -15,7 +15,8 @@ Values on the node: `dynamics/induction/L{l}H{h}` and `dynamics/previous_token/L
 `dynamics/previous_token/max`, and the model's loss on the first and the second half
 (`dynamics/induction/first_half_loss`, `dynamics/induction/second_half_loss`: a model
 with induction heads predicts the repeat). The figure: both scores as layer x head
-heatmaps. Settings: `library/induction/length`, `rows`, `seed`.
+heatmaps. Settings: `library/induction/length`, `rows`, `seed`, `tokens` (with `data`,
+the ids of `library/dataset` or the trainer's data).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 
 from theseus.analysis.library._base import LibraryAnalysis
 from theseus.analysis.library._recording import Recording
-from theseus.analysis.library._settings import InductionSettings
+from theseus.analysis.library._settings import InductionSettings, ValidationSettings
 from theseus.experiments.models.gpt import PretrainGPT
 
 __all__ = ["InductionHeads", "head_scores"]
@@ -52,7 +53,8 @@ class InductionHeads(LibraryAnalysis, PretrainGPT):
     NAME = "induction"
     DATA = "repeated"
     READS = frozenset({"attention"})
-    SETTINGS = (InductionSettings,)
+    # ValidationSettings: with library/induction/tokens=data, the ids of the data it names
+    SETTINGS = (InductionSettings, ValidationSettings)
 
     @classmethod
     def measure(cls, aux: Any, recording: Recording) -> dict[str, jax.Array]:

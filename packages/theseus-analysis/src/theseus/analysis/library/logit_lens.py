@@ -11,7 +11,10 @@ and rows), so a large vocabulary never holds more than one row's logits per laye
 
 Values on the node: `dynamics/logit_lens/embed/loss` and `.../kl` (before any block),
 `dynamics/logit_lens/L{l}/loss` and `.../kl` (after block `l`, from 0). The figure:
-both against the layer. Settings: `library/dataset`, `library/batches`.
+both against the layer, on an axis from 0 to at least the loss of uniform guessing
+(`ln vocab_size`, drawn as a dotted line) with the legend beside it, so that the time
+slider's frames of one lineage share their scale while they step through training.
+Settings: `library/dataset`, `library/batches`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ class LogitLens(LibraryAnalysis, PretrainGPT):
     SETTINGS = (ValidationSettings,)
 
     @classmethod
+    def prepare(cls, job: Any) -> dict[str, float]:
+        """`uniform`: the loss of uniform guessing over the model's outputs, `ln vocab_size`."""
+        return {"uniform": math.log(int(job.configuration["architecture/vocab_size"]))}
+
+    @classmethod
     def measure(cls, aux: Any, recording: Recording) -> dict[str, jax.Array]:
         counted = recording.counted()
         targets = jnp.where(counted, recording.batch["y"], 0)
@@ -67,8 +75,8 @@ class LogitLens(LibraryAnalysis, PretrainGPT):
 
     @classmethod
     def summarize(cls, aux: Any, sums: Any) -> dict[str, Any]:
-        """`layers` (names), `loss` and `kl` `[layers + 1]`, and `model_loss` (the model's
-        own mean loss over the same targets)."""
+        """`layers` (names), `loss` and `kl` `[layers + 1]`, `model_loss` (the model's
+        own mean loss over the same targets) and `uniform` (`ln vocab_size`)."""
         count = float(sums["count"])
         per = max(count, 1.0)
         loss = np.asarray(sums["loss"], np.float64) / per
@@ -77,6 +85,7 @@ class LogitLens(LibraryAnalysis, PretrainGPT):
             "loss": loss if count else np.full_like(loss, np.nan),
             "kl": np.asarray(sums["kl"], np.float64) / per,
             "model_loss": float(sums["model_loss"]) / per if count else math.nan,
+            "uniform": float(aux["uniform"]),
         }
 
     @classmethod
@@ -90,24 +99,34 @@ class LogitLens(LibraryAnalysis, PretrainGPT):
 
     @classmethod
     def figure(cls, results: Any) -> Any:
-        from theseus.plot import line
+        from theseus.plot import line, theme
 
         layers = results["layers"]
         index = list(range(len(layers)))
-        figure = line(
-            {
-                "layer": index * 2,
-                "nats": [*results["loss"], *results["kl"]],
-                "measure": ["loss"] * len(index) + ["KL(final || layer)"] * len(index),
-            },
-            x="layer",
-            y="nats",
-            hue="measure",
-            marker="o",
-            xlabel="Residual stream",
-            ylabel="Nats",
-            title="Logit lens",
-        )
-        ax = figure.axes[0]
-        ax.set_xticks(index, layers)
+        with theme():  # the legend and the line below drawn in the theme too
+            figure = line(
+                {
+                    "layer": index * 2,
+                    "nats": [*results["loss"], *results["kl"]],
+                    "measure": ["loss"] * len(index) + ["KL(final || layer)"] * len(index),
+                },
+                x="layer",
+                y="nats",
+                hue="measure",
+                marker="o",
+                xlabel="Residual stream",
+                ylabel="Nats",
+                title="Logit lens",
+            )
+            ax = figure.axes[0]
+            ax.set_xticks(index, layers)
+            uniform = results["uniform"]
+            ax.axhline(
+                uniform, color="0.45", linestyle=":", linewidth=1.2, label="uniform guessing"
+            )
+            # One scale at every node: 0 to uniform guessing, unless a value lies above it.
+            drawn = np.concatenate([results["loss"], results["kl"]])
+            top = max(uniform, float(np.nanmax(drawn, initial=0.0))) * 1.05
+            ax.set_ylim(-0.03 * top, top)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), title=None)
         return figure

@@ -317,15 +317,6 @@ class MemorizationBase(AnalysisBase[C, M]):
     def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None, Any]:
         """Host zero: the values and `NAME/sequences.json`, then the plot (`NAME`)."""
         name = type(self).NAME
-        tested = int(values["step"].size)
-        logged: dict[str, Any] = {
-            "dynamics/memorization/sequences": tested,
-            "dynamics/memorization/first_step": int(values["first_step"]),
-            "dynamics/memorization/last_step": int(values["last_step"]),
-        }
-        if tested:
-            logged["dynamics/memorization/share"] = float(values["memorized"].mean())
-            logged["dynamics/memorization/match"] = float(values["match"].mean())
         document = {
             "node": node.serialize(),
             "prefix": int(values["prefix"]),
@@ -342,8 +333,23 @@ class MemorizationBase(AnalysisBase[C, M]):
         }
         content = json.dumps(document, separators=(",", ":")).encode()
         self.store.put(node, f"{name}/sequences.json", "sequences.json", content)
-        self.store.log(node, logged)
+        self.store.log(node, self.node_values(values))
         return super()._publish(values, node)
+
+    @classmethod
+    def node_values(cls, results: Any) -> dict[str, Any]:
+        """The values `compute()`'s results leave on the node: `dynamics/memorization/
+        sequences`, `first_step`, `last_step`, and with any sequence tested `share`, `match`."""
+        tested = int(results["step"].size)
+        logged: dict[str, Any] = {
+            "dynamics/memorization/sequences": tested,
+            "dynamics/memorization/first_step": int(results["first_step"]),
+            "dynamics/memorization/last_step": int(results["last_step"]),
+        }
+        if tested:
+            logged["dynamics/memorization/share"] = float(results["memorized"].mean())
+            logged["dynamics/memorization/match"] = float(results["match"].mean())
+        return logged
 
 
 class Memorization(MemorizationBase, PretrainGPT):

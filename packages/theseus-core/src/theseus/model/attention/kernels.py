@@ -59,6 +59,7 @@ __all__ = [
     "probabilities",
     "repeat_kv",
     "segment_mask",
+    "splash",
 ]
 
 Implementation = Literal["auto", "reference", "splash", "flash", "cudnn"]
@@ -267,7 +268,7 @@ def attend(
         return reference(q, k, v, mask, dropout)
     if name == "cudnn":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-    kernel = _splash if name == "splash" else _flash
+    kernel = splash if name == "splash" else _flash
     return _per_device(kernel, q, k, v, segments)
 
 
@@ -301,14 +302,18 @@ def _per_device(
     return packed(q, k, v, segments)
 
 
-def _splash_kernel(heads: int, seq: int, interpret: bool) -> Callable[..., jax.Array]:
-    """The causal splash kernel for `heads` heads of `seq` tokens, mapped over the batch.
+def _splash_kernel(
+    heads: int, seq: int, interpret: bool, block: int = BLOCK, fused_backward: bool = True
+) -> Callable[..., jax.Array]:
+    """The causal splash kernel for `heads` heads of `seq` tokens, mapped over the batch,
+    in blocks of `min(seq, block)` tokens (`block` and `fused_backward` other than the
+    defaults: benchmarks/kernels.py's sweep).
 
     Made anew in each trace: its mask tables become constants of the program being traced.
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-    block = min(seq, BLOCK)
+    block = min(seq, block)
     blocks = splash.BlockSizes(
         block_q=block,
         block_kv=block,
@@ -316,7 +321,9 @@ def _splash_kernel(heads: int, seq: int, interpret: bool) -> Callable[..., jax.A
         block_q_dkv=block,
         block_kv_dkv=block,
         block_kv_dkv_compute=block,
-        use_fused_bwd_kernel=True,
+        use_fused_bwd_kernel=fused_backward,
+        block_q_dq=None if fused_backward else block,
+        block_kv_dq=None if fused_backward else block,
     )
     mask = splash.MultiHeadMask([splash.CausalMask((seq, seq)) for _ in range(heads)])
     kernel = splash.make_splash_mha(
@@ -325,19 +332,31 @@ def _splash_kernel(heads: int, seq: int, interpret: bool) -> Callable[..., jax.A
     return jax.vmap(kernel)
 
 
-def _splash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array | None) -> jax.Array:
+def splash(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segments: jax.Array | None = None,
+    block: int = BLOCK,
+    fused_backward: bool = True,
+) -> jax.Array:
     """Causal splash attention on `[batch, seq, heads, head_dim]` (grouped keys as they are),
-    within each segment of `segments [batch, seq]` when given."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    on one device (`attend` maps it over a mesh), in blocks of `min(seq, block)` tokens,
+    within each segment of `segments [batch, seq]` when given.
 
-    kernel = _splash_kernel(q.shape[2], q.shape[1], _interpret())
+    `attend(..., implementation="splash")` is the way in; this takes the kernel's own
+    settings too (`benchmarks/kernels.py` sweeps them).
+    """
+    from jax.experimental.pallas.ops.tpu import splash_attention as pallas_splash
+
+    kernel = _splash_kernel(q.shape[2], q.shape[1], _interpret(), block, fused_backward)
     scaled = q * jnp.asarray(1 / q.shape[-1] ** 0.5, q.dtype)
     q, k, v = scaled.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
     if segments is None:
         out = kernel(q, k, v)
     else:
         ids = segments.astype(jnp.int32)
-        out = kernel(q, k, v, splash.SegmentIds(q=ids, kv=ids))
+        out = kernel(q, k, v, pallas_splash.SegmentIds(q=ids, kv=ids))
     return out.swapaxes(1, 2)
 
 

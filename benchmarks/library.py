@@ -1,0 +1,452 @@
+"""The analysis library: all its analyses in one `--over` walk vs one walk each; in tandem.
+
+Run: ``uv run python benchmarks/library.py [--checkpoints 10 --rounds 3 --tandem 8]
+[--quick] [--json PATH]`` (about 15 minutes on the shared 2-core CPU machine under load;
+``--quick``: 1 checkpoint, one round, one tandem round).
+
+A small GPT (``--layers`` 2, ``--width`` 64, 4 heads, ``--block`` 64, ``--batch`` 8, the
+synthetic language) trains ``--checkpoints`` steps with a checkpoint after each, once;
+its root is copied so that each side writes a store of its own. The library's seven
+analyses (induction, icl, logit-lens, loss-by-position, loss-by-frequency, drift,
+memorization) run with the same settings on both sides (`SETTINGS`, every one at its
+default but the ICL's early position and the induction tokens, which the block and the
+synthetic language need):
+
+1. **One walk vs seven.** Each walk as ``theseus run ... --over trained --force`` runs it
+   (``q.find()...over(force=True)``), in this process, from the job's build to its last
+   node, after ``jax.clear_caches()`` (so every walk compiles its programs again, as a
+   new process would; Python's start and imports are not counted, which favours theirs):
+
+   * ours: ``FirstAnalyses`` with ``library/analyses`` = all seven: each checkpoint is
+     read once; the five analyses that share a forward run in one compiled program (the
+     model once on the repeated tokens, once per validation batch), drift and
+     memorization beside it on the same state (`library/first`'s companions);
+   * theirs: each of the seven analyses walked alone, one after another.
+
+   Both write every analysis's values, figure and files on every node (``force``: each
+   round writes new versions). A round runs both sides in alternating order; the row's
+   ratios are theirs / ours per round (goal >= 3). Checked after the rounds: every
+   ``dynamics/`` value of every node equal in the two stores (numbers within 1e-5
+   relative, 1e-6 absolute: the shared program fuses the measures in another order than
+   each analysis's own), and the one walk's program traced once. Each walk's
+   ``compute()`` and ``_publish()`` are timed at every node: the note gives a node's
+   (after the first, median) computation and publishing, ours against theirs summed.
+   Publishing (figures, files, artifacts) is the same work on both sides, so where it
+   dominates a node it bounds the ratio.
+2. **Tandem cost.** A trainer resumed at the last checkpoint with the seven analyses as
+   tandem views (``ANALYSIS``), and ``library/first`` with all seven as one more. A
+   validation step is ``trainer.validate()``; each variant adds one view's
+   ``run(background=True)``, what the trainer does at validation (the computation on the
+   training thread; figure, file and artifact on the publishing thread, drained untimed
+   after each sample, its time in the note). Each round runs plain and every variant in
+   a random order (seeded); each row's ratios are variant / plain of the same round
+   (information rows: a tandem analysis costs what its forward costs). Drift in tandem
+   compares with the previous validation's node; here every sample is at one node, so
+   it records its residuals and finds nothing earlier to compare with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
+from benchmarks import _report
+
+GOAL = 3.0
+QUICK = {"checkpoints": 1, "rounds": 1, "tandem": 1}
+#: Each analysis's `NAME` and registered job.
+ANALYSES = {
+    "induction": "library/induction",
+    "icl": "library/icl",
+    "logit-lens": "library/logit-lens",
+    "loss-by-position": "library/loss-by-position",
+    "loss-by-frequency": "library/loss-by-frequency",
+    "drift": "library/drift",
+    "memorization": "library/memorization",
+}
+#: Settings both sides run with (each analysis is given the ones it declares).
+SETTINGS = {
+    "library/icl/early": 8,  # the default 50 lies beyond the 64-token block's late position
+    "library/induction/tokens": "data",  # the synthetic language uses a few of its ids
+}
+MODEL = {  # option -> configuration key
+    "layers": "architecture/n_layers",
+    "width": "architecture/n_embd",
+    "heads": "architecture/n_head",
+    "block": "architecture/block_size",
+    "batch": "training/batch_size",
+}
+DEFAULTS = {"layers": 2, "width": 64, "heads": 4, "block": 64, "batch": 8}
+TRAINING = {  # validation (4 batches, as library/batches reads) only at the end
+    "training/analyze": False,
+    "logging/report_interval": 5,
+    "logging/validation_interval": 1000,
+    "logging/checkpoint_interval": 1,
+}
+RELATIVE, ABSOLUTE = 1e-5, 1e-6  # the values check
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoints", type=int, default=10, help="checkpoints in the lineage")
+    p.add_argument("--rounds", type=int, default=3, help="paired rounds of the walks")
+    p.add_argument("--tandem", type=int, default=8, help="rounds of the tandem cost")
+    for option, default in DEFAULTS.items():
+        p.add_argument(f"--{option}", type=int, default=default, help=MODEL[option])
+    _report.add_arguments(p)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.checkpoints, args.rounds, args.tandem = (
+            QUICK["checkpoints"],
+            QUICK["rounds"],
+            QUICK["tandem"],
+        )
+    return args
+
+
+def model_settings(args: argparse.Namespace) -> dict[str, int]:
+    return {key: getattr(args, option) for option, key in MODEL.items()}
+
+
+def counted(checkpoints: int) -> str:
+    return f"{checkpoints} checkpoint" + ("" if checkpoints == 1 else "s")
+
+
+def model_text(args: argparse.Namespace) -> str:
+    return f"GPT {args.layers}x{args.width}, block {args.block}, batch {args.batch}"
+
+
+def train(root: Path, args: argparse.Namespace) -> tuple[str, str]:
+    """Train the GPT with a checkpoint at every step; `(name, nonce)` of its lineage."""
+    from theseus.data.datasets import Synthetic
+    from theseus.experiments.models.gpt import PretrainGPT
+    from theseus.quick import quick
+
+    rows = 8 * args.batch * (args.block + 1)  # the validation batches the analyses read
+    Synthetic.prepare(root, tokens=max(40_000, 4 * rows), val_tokens=max(6_000, rows))
+    with quick(root) as q:
+        q.build(PretrainGPT, "trained")
+        for key, value in {**TRAINING, **model_settings(args)}.items():
+            q.config[key] = value
+        q.config["training/tokens"] = args.checkpoints * args.batch * args.block
+        trainer = q.create()
+        trainer()
+    return trainer.node.name, trainer.node.nonce
+
+
+def walk(
+    root: Path, cls: type, run: str, settings: dict[str, Any], parts: dict[str, list[float]]
+) -> tuple[float, Any]:
+    """`cls` over the lineage of `trained` (`--force`), from a fresh start: JAX's caches
+    cleared (its compiled programs are made again, as in a new process), the job built,
+    set up at the first checkpoint and walked. `(seconds, the job)`; each node's
+    `compute()` and `_publish()` seconds are appended to `parts`."""
+    import jax
+
+    from theseus.quick import quick
+
+    jax.clear_caches()
+    start = time.perf_counter()
+    with quick(root) as q:
+        q.build(cls, run)
+        q.find().spec(run="trained").over(force=True)
+        for key, value in settings.items():
+            if key in q.config:  # each analysis is given the settings it declares
+                q.config[key] = value
+        job: Any = q.create()
+        for name in ("compute", "_publish"):  # timed where the walk calls them
+            setattr(job, name, timing(getattr(job, name), parts[name]))
+        job()
+    return time.perf_counter() - start, job
+
+
+def timing(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
+    """`fn`, its seconds appended to `into` at each call."""
+
+    def timed(*args: Any) -> Any:
+        begun = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            into.append(time.perf_counter() - begun)
+
+    return timed
+
+
+def warm_up() -> None:
+    """What the first walk would pay alone: matplotlib, seaborn, the fonts, a PDF."""
+    import numpy as np
+
+    from theseus.plot import heatmap, line, to_pdf
+
+    to_pdf(heatmap(np.eye(2), annot=True, xlabel="Head", ylabel="Layer"))
+    to_pdf(line(x=[0, 1], y=[0.0, 1.0], marker="o", xlabel="layer", ylabel="loss"))
+
+
+# ------------------------------------------------------------- 1. one walk vs seven
+def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], bool]:
+    from theseus.analysis.library import CATALOGUE, FirstAnalyses
+
+    ours_root, theirs_root = scratch / "ours", scratch / "theirs"
+    shutil.copytree(scratch / "root", ours_root)
+    shutil.copytree(scratch / "root", theirs_root)
+    everything = {**SETTINGS, "library/analyses": list(ANALYSES)}
+    warm_up()
+    ours: list[float] = []
+    theirs: list[float] = []
+    traces: list[int] = []
+    # each node's compute() and _publish() seconds: ours, and each of theirs
+    parts: dict[str, dict[str, list[float]]] = {
+        name: {"compute": [], "_publish": []} for name in ["ours", *ANALYSES]
+    }
+    computing: dict[str, list[float]] = {"ours": [], "theirs": []}  # per round, summed
+
+    def spent(names: list[str]) -> float:
+        return sum(sum(parts[name]["compute"]) for name in names)
+
+    def measure_ours() -> None:
+        before = spent(["ours"])
+        seconds, job = walk(ours_root, FirstAnalyses, "first", everything, parts["ours"])
+        ours.append(seconds)
+        computing["ours"].append(spent(["ours"]) - before)
+        traces.append(job.traces)
+        print(f"  one walk, all seven: {seconds:.1f} s", flush=True)
+
+    def measure_theirs() -> None:
+        total, before = 0.0, spent(list(ANALYSES))
+        for name, registered in ANALYSES.items():
+            cls = CATALOGUE[registered]
+            seconds, _ = walk(theirs_root, cls, name, SETTINGS, parts[name])
+            total += seconds
+            print(f"    {name}: {seconds:.1f} s", flush=True)
+        theirs.append(total)
+        computing["theirs"].append(spent(list(ANALYSES)) - before)
+        print(f"  seven walks: {total:.1f} s", flush=True)
+
+    for index in range(args.rounds):
+        print(f"round {index + 1}/{args.rounds}", flush=True)
+        sides = [measure_ours, measure_theirs]
+        for side in sides if index % 2 == 0 else sides[::-1]:
+            side()
+
+    same, compared, worst = same_values(ours_root, theirs_root)
+    print(
+        f"check: {compared} dynamics/ values on {counted(args.checkpoints)} equal in the two "
+        f"stores: {same} (largest difference {worst:.2e})",
+        flush=True,
+    )
+    computed, published = node_parts(parts, args.checkpoints)
+    print(
+        f"a node after the first (median): one walk computes {computed['ours']:.0f} ms and "
+        f"publishes {published['ours']:.0f} ms; the seven walks compute {computed['theirs']:.0f} "
+        f"ms and publish {published['theirs']:.0f} ms together",
+        flush=True,
+    )
+    row = _report.compare(
+        f"library: all seven analyses in one --over walk vs seven walks "
+        f"({counted(args.checkpoints)}, {model_text(args)})",
+        ours,
+        theirs,
+        unit="s",
+        fmt="{:.1f} s",
+        ratio="theirs/ours",
+        meaning="theirs time / ours time; above 1: the one walk faster",
+        goal=(">=", GOAL),
+        note=(
+            "`FirstAnalyses` with library/analyses = all seven walked over the lineage "
+            "(`q.find()...over(force=True)`, as `theseus run --over --force`) against each "
+            "analysis walked alone, in-process, each walk from its build to its last node "
+            "with JAX's caches cleared first (so each compiles as a new process would; "
+            f"Python's start is not counted); the one walk traced its program {max(traces)} "
+            f"time(s); {compared} dynamics/ values equal (numbers within {RELATIVE:g} "
+            f"relative): {same}, largest difference {worst:.1e}; a node after the first "
+            f"(median): ours computes {computed['ours']:.0f} ms (every analysis, one read) "
+            f"and publishes {published['ours']:.0f} ms (seven figures, files, artifacts), "
+            f"theirs compute {computed['theirs']:.0f} ms and publish {published['theirs']:.0f} "
+            "ms together: publishing is the same work on both sides and cannot be shared"
+        ),
+    )
+    computation = _report.compare(
+        f"library: the walks' computation alone, one vs seven ({counted(args.checkpoints)}, "
+        f"{model_text(args)})",
+        computing["ours"],
+        computing["theirs"],
+        unit="s",
+        fmt="{:.1f} s",
+        ratio="theirs/ours",
+        meaning="theirs compute() time / ours; above 1: sharing saves computation",
+        note=(
+            "the same walks as the row above, only their compute() at every node, summed "
+            "(the forwards, the logit lens's unembeddings, CKA, greedy decoding; the first "
+            "node's compile included): what one forward per batch kind saves; the rest of a "
+            "walk is its setup, checkpoint reads and publishing"
+        ),
+    )
+    print(
+        f"one walk {row.ours}, seven walks {row.theirs}: {statistics.median(row.ratios):.2f}x "
+        f"(goal >= {GOAL:g}, {'met' if row.met else 'NOT met'}); the computation alone "
+        f"{computation.ours} vs {computation.theirs}: {statistics.median(computation.ratios):.2f}x"
+    )
+    return [row, computation], same and max(traces) == 1
+
+
+def same_values(ours: Path, theirs: Path) -> tuple[bool, int, float]:
+    """Whether every `dynamics/` value of every node is equal in the two roots' stores
+    (numbers within `RELATIVE`/`ABSOLUTE`); how many were compared, the largest difference."""
+    from theseus.store import Store
+
+    def dynamics(root: Path) -> dict[str, dict[str, Any]]:
+        with Store(root / "store") as store:
+            nodes = store.query().spec(run="trained").all()
+            return {
+                n.serialize(): {
+                    k: v for k, v in store.values(n).items() if k.startswith("dynamics/")
+                }
+                for n in nodes
+            }
+
+    a, b = dynamics(ours), dynamics(theirs)
+    same, compared, worst = a.keys() == b.keys(), 0, 0.0
+    for node in a.keys() & b.keys():
+        same = same and a[node].keys() == b[node].keys()
+        for key in a[node].keys() & b[node].keys():
+            x, y = a[node][key], b[node][key]
+            compared += 1
+            if isinstance(x, int | float) and isinstance(y, int | float):
+                worst = max(worst, abs(x - y))
+                same = same and math.isclose(x, y, rel_tol=RELATIVE, abs_tol=ABSOLUTE)
+            else:
+                same = same and x == y
+    return same and compared > 0, compared, worst
+
+
+def node_parts(
+    parts: dict[str, dict[str, list[float]]], checkpoints: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The median milliseconds a node after the first spends in `compute()` and in
+    `_publish()`: ours, and theirs (the seven analyses' summed); with one checkpoint, the
+    first node's (compile included)."""
+
+    def per_node(samples: list[float]) -> float:
+        later = [x for i, x in enumerate(samples) if i % checkpoints or checkpoints == 1]
+        return statistics.median(later) * 1e3
+
+    out: tuple[dict[str, float], dict[str, float]] = ({}, {})
+    for which, part in zip(out, ("compute", "_publish"), strict=True):
+        which["ours"] = per_node(parts["ours"][part])
+        which["theirs"] = sum(per_node(parts[name][part]) for name in ANALYSES)
+    return out
+
+
+# -------------------------------------------------------------------- 2. tandem cost
+def tandem(root: Path, args: argparse.Namespace) -> list[_report.Row]:
+    from theseus.analysis.library import CATALOGUE, FirstAnalyses
+    from theseus.experiments.models.gpt import PretrainGPT
+    from theseus.quick import quick
+
+    analyses = [CATALOGUE[job] for job in ANALYSES.values()]
+
+    class Tandem(PretrainGPT):
+        """The trained GPT with the seven analyses, and all seven as one, in tandem."""
+
+        ANALYSIS = [*analyses, FirstAnalyses]
+
+    with quick(root) as q:
+        q.build(Tandem, "trained")
+        q.find().spec(run="trained").checkpoint().latest().resume()
+        for key, value in {**SETTINGS, "training/analyze": True}.items():
+            q.config[key] = value
+        q.config["library/analyses"] = list(ANALYSES)
+        trainer: Any = q.create()
+        views = dict(zip([*ANALYSES, "all seven (library/first)"], trainer.loop.views, strict=True))
+        return tandem_rows(trainer, views, args)
+
+
+def tandem_rows(trainer: Any, views: dict[str, Any], args: argparse.Namespace) -> list[_report.Row]:
+    names = ["plain", *views]
+    totals: dict[str, list[float]] = {n: [] for n in names}
+    bases: dict[str, list[float]] = {n: [] for n in names}
+    backlog: dict[str, list[float]] = {n: [] for n in names}
+
+    def sample(name: str) -> float:
+        start = time.perf_counter()
+        trainer.validate()
+        if name != "plain":
+            views[name].run(background=True)
+        end = time.perf_counter()
+        if name != "plain":  # untimed: what the publishing thread still had to do
+            views[name].drain()
+            backlog[name].append(time.perf_counter() - end)
+        return end - start
+
+    for name in names:  # warm-up: compiles validation and every analysis, first files
+        sample(name)
+    rng = random.Random(0)
+    for index in range(args.tandem):
+        order = list(names)
+        rng.shuffle(order)
+        got = {name: sample(name) for name in order}
+        for name in names:
+            totals[name].append(got[name])
+            bases[name].append(got["plain"])
+        print(f"  tandem round {index + 1}/{args.tandem}", flush=True)
+    rows = []
+    print(f"\n{'variant':<28}{'median':>10}{'/ plain':>10}{'publishing':>12}")
+    for name in names[1:]:
+        row = _report.compare(
+            f"library in tandem: validation step + {name} vs plain ({model_text(args)})",
+            [x * 1e3 for x in totals[name]],
+            [x * 1e3 for x in bases[name]],
+            unit="ms",
+            fmt="{:.1f} ms",
+            ratio="ours/theirs",
+            meaning="(validation step + the analysis) time / plain validation step time "
+            "in the same round; 1 means free",
+            note=(
+                f"{args.tandem} rounds; view.run(background=True) as the trainer runs it: "
+                "what the training thread waits for; its figure, file and artifact go to the "
+                f"publishing thread ({statistics.median(backlog[name]) * 1e3:.0f} ms of work "
+                "there per validation, drained untimed after each sample)"
+            ),
+        )
+        rows.append(row)
+        print(
+            f"{name:<28}{row.ours:>10}{statistics.median(row.ratios):>10.2f}"
+            f"{statistics.median(backlog[name]) * 1e3:>9.0f} ms"
+        )
+    print(f"{'plain':<28}{statistics.median(totals['plain']) * 1e3:>7.1f} ms")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="library-"))
+    try:
+        print(
+            f"training {args.checkpoints} steps of a {model_text(args)}, a checkpoint after each ..."
+        )
+        train(scratch / "root", args)
+        walked, same = walks(scratch, args)
+        print("\ntandem cost ...", flush=True)
+        rows = [*walked, *tandem(scratch / "root", args)]
+        _report.write(args.json, "library", args.quick, rows, {"model": model_text(args)})
+        return _report.exit_status(
+            walked,
+            checks=[(same, "the one walk and the seven wrote different values, or it retraced")],
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
