@@ -666,7 +666,13 @@ def test_analyze_may_return_its_inputs(root: Path) -> None:
     whole = _create(root, ReturnsInputs, "returns-inputs").compute()
     job = _create(root, ReturnsX, "returns-x")
     x = job.compute()
-    assert isinstance(whole, DebugInputs) and set(whole) == {"x", "deterministic", "cache"}
+    assert isinstance(whole, DebugInputs) and set(whole) == {
+        "x",
+        "deterministic",
+        "cache",
+        "segments",
+        "prefixes",
+    }
     np.testing.assert_array_equal(whole.x, x)
     rows = np.asarray(job.batch("train")["x"])
     np.testing.assert_allclose(whole.x, np.asarray(jobs.embed_reference(job, rows)), **TOL)

@@ -83,6 +83,29 @@ def test_splash_equals_the_reference_forward_and_gradient(interpret: None, kv_he
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("implementation", ["reference", "splash"])
+def test_packed_segments_read_only_their_own_sequence(interpret: None, implementation: str) -> None:
+    """Rows packing sequences of 50, 14 and 64 tokens (the second row: one of 100 and
+    padding): each sequence's output is NumPy's causal attention over it alone, within
+    2e-5 (float32, highest precision); splash takes the segments as its segment ids."""
+    q, k, v = _qkv(2, seed=6)
+    lengths = [[50, 14, 64], [100, 28]]
+    segments = np.stack([np.repeat(np.arange(1, len(row) + 1), row) for row in lengths])
+    with jax.default_matmul_precision("highest"):
+        out = jax.jit(
+            lambda q, k, v, s: attend(q, k, v, implementation=implementation, segments=s)
+        )(q, k, v, jnp.asarray(segments, jnp.int32))  # fmt: skip
+    for b, row in enumerate(lengths):
+        at = 0
+        for n in row:
+            part = slice(at, at + n)
+            want = _numpy_attention(q[b : b + 1, part], k[b : b + 1, part], v[b : b + 1, part])
+            np.testing.assert_allclose(out[b : b + 1, part], want, rtol=2e-5, atol=2e-5)
+            at += n
+    with pytest.raises(ValueError, match="a mask or segments, not both"):
+        attend(q, k, v, mask=jnp.ones((BATCH, SEQ, SEQ), bool), segments=jnp.asarray(segments))
+
+
 @pytest.mark.parametrize("fused_backward", [True, False])
 def test_splash_in_several_blocks_equals_the_reference(
     interpret: None, fused_backward: bool
@@ -172,6 +195,14 @@ def test_a_call_the_kernel_cannot_serve_falls_back_and_says_why(settings: dict, 
 def test_cudnn_needs_a_gpu_and_half_precision() -> None:
     name, reason = choose("cudnn", q_len=64, kv_len=64, dtype=jnp.float32, platform="gpu")
     assert name == "reference" and "bfloat16 or float16" in reason
+    name, reason = choose("splash", q_len=512, kv_len=512, dtype=jnp.bfloat16, platform="tpu",
+                          segmented=True, prefixed=True)  # fmt: skip
+    assert name == "reference" and "no shared prefixes" in reason
+    call = {"q_len": 64, "kv_len": 64, "dtype": jnp.bfloat16, "platform": "gpu"}
+    name, reason = choose("cudnn", segmented=True, **call)
+    assert name == "reference" and "no packed segments" in reason
+    assert choose("splash", segmented=True, **{**call, "q_len": 512, "kv_len": 512,
+                                               "platform": "tpu"}) == ("splash", None)  # fmt: skip
     name, reason = choose("cudnn", q_len=64, kv_len=64, dtype=jnp.bfloat16, platform="tpu")
     assert name == "reference" and "NVIDIA GPU" in reason
 

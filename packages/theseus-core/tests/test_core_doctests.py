@@ -19,6 +19,7 @@ MODULES = [
     "theseus.quick._session",
     "theseus.data",
     "theseus.model.loss",
+    "theseus.model.attention.base",
 ]
 
 

@@ -86,7 +86,7 @@ def test_debug_returns_the_bound_layer_and_its_real_inputs(trained) -> None:
     expected_out = reference["blocks_1"]["attn"]["__call__"][0]
     assert isinstance(layer, DebugLayer) and isinstance(inputs, DebugInputs)
     assert isinstance(layer.module, SelfAttention) and layer.path == "blocks_1/attn"
-    assert sorted(inputs) == ["cache", "deterministic", "x"]  # defaults applied
+    assert sorted(inputs) == ["cache", "deterministic", "prefixes", "segments", "x"]  # defaults
     assert inputs.deterministic is True and inputs.cache is None
     assert inputs["x"] is inputs.x
     np.testing.assert_allclose(inputs.x, expected_x, rtol=RTOL, atol=RTOL)

@@ -125,6 +125,57 @@ def test_logits_match_numpy_reference(tie: bool, bias: bool) -> None:
     np.testing.assert_allclose(np.asarray(logits), _np_gpt(params, x, tie), rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("positions", ["rotary", "learned"])
+def test_packed_sequences_compute_what_each_computes_alone(positions: str) -> None:
+    """Three sequences and padding in one row (`segments`, as evaluations pack short
+    requests): each one's logits are its own forward's (positions from 0, nothing read
+    across), NumPy's for rotary positions; learned positions against the model's own
+    unpacked forward. Tolerances as test_logits_match_numpy_reference."""
+    model = _model()
+    if positions == "learned":
+        model = GPT.build(n_layers=LAYERS, n_embd=WIDTH, n_head=HEADS, block_size=BLOCK,
+                          vocab_size=VOCAB, positions="learned", bias=True)  # fmt: skip
+    params = _params(model, seed=2)
+    rng = np.random.default_rng(5)
+    parts = [rng.integers(0, VOCAB, n) for n in (4, 5, 2)]  # 11 of BLOCK = 12 positions
+    tokens = np.zeros((1, BLOCK), np.int32)
+    segments = np.zeros((1, BLOCK), np.int32)  # the last position: padding (0)
+    tokens[0, :11] = np.concatenate(parts)
+    segments[0, :11] = np.repeat([1, 2, 3], [len(p) for p in parts])
+    packed = jax.jit(
+        lambda p, x, s: model.apply({"params": p}, x, segments=s)[0]
+    )(params, jnp.asarray(tokens), jnp.asarray(segments))  # fmt: skip
+    at = 0
+    for part in parts:
+        if positions == "rotary":
+            alone = _np_gpt(params, part[None], tie=True)[0]
+        else:
+            alone = np.asarray(_apply(model, params, jnp.asarray(part[None]))[0][0])
+        np.testing.assert_allclose(
+            np.asarray(packed[0, at : at + len(part)]), alone, rtol=2e-4, atol=2e-5
+        )
+        at += len(part)
+    # a context and two continuations after it (`prefixes`): each continuation reads the
+    # context and itself, as context + continuation would alone
+    context, first, second = (rng.integers(0, VOCAB, n) for n in (5, 3, 4))
+    tokens[0] = np.concatenate([context, first, second])
+    segments[0] = np.repeat([1, 2, 3], [5, 3, 4])
+    prefixes = np.ones_like(segments)
+    tree = jax.jit(
+        lambda p, x, s, r: model.apply({"params": p}, x, segments=s, prefixes=r)[0]
+    )(params, jnp.asarray(tokens), jnp.asarray(segments), jnp.asarray(prefixes))  # fmt: skip
+    for branch, span in ((first, slice(5, 8)), (second, slice(8, 12))):
+        whole = np.concatenate([context, branch])[None]
+        if positions == "rotary":
+            alone = _np_gpt(params, whole, tie=True)[0]
+        else:
+            alone = np.asarray(_apply(model, params, jnp.asarray(whole))[0][0])
+        np.testing.assert_allclose(np.asarray(tree[0, :5]), alone[:5], rtol=2e-4, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(tree[0, span]), alone[5:], rtol=2e-4, atol=2e-5)
+    with pytest.raises(ValueError, match="segments must be \\[batch, seq\\] like the tokens"):
+        model.apply({"params": params}, jnp.asarray(tokens), segments=jnp.asarray(segments[:, :5]))
+
+
 def test_loss_is_mean_cross_entropy_over_counted_targets() -> None:
     model = _model()
     params = _params(model)

@@ -121,24 +121,28 @@ def test_one_program_per_length_bucket(model_and_params, monkeypatch) -> None:
     assert scoring._score._cache_size() <= len(buckets)  # a second task compiles nothing
 
 
-def test_choices_that_share_their_tokens_share_a_row_and_score_as_alone(
+def test_choices_after_one_context_share_it_and_score_as_alone(
     model_and_params, monkeypatch
 ) -> None:
-    # A multiple-choice question of one-token answers: the pairs read the same tokens and
-    # share one row. With 11 answers (more than SHARED = 8) the group takes two rows. Also
-    # continuations of different lengths ending at the same position ([5, 6] | [7] after
-    # [1, 2, 3, 4] + [5]), and a choice equal to the row's own next token.
+    # A multiple-choice question of one-token answers: the pairs share their context,
+    # read once, each answer a candidate at its last position; with 11 answers (more
+    # than SHARED = 8) the question takes two units. A question of answers of several
+    # tokens: the context once, each answer but its last token a branch after it. Also
+    # continuations ending at the same position after different contexts, a choice equal
+    # to the context's own next token, and a pair alone.
     model, params = model_and_params
     question = [3, 9, 2, 7, 7, 1]
     pairs = [(question, [answer]) for answer in range(11)]
+    pairs += [([5, 1, 2], [4, 4]), ([5, 1, 2], [6, 1, 3]), ([5, 1, 2], [2])]
     pairs += [([1, 2, 3, 4], [5, 6]), ([1, 2, 3, 4, 5], [7]), ([1, 2, 3], [4, 5, 7])]
     pairs += [([8, 8], [2])]  # alone
-    rows = []
+    units, positions = [], []
     real = scoring._score
 
-    def counted(model, params, tokens, last, choices):  # type: ignore[no-untyped-def]
-        rows.append(int((np.asarray(last) > 0).sum()))
-        return real(model, params, tokens, last, choices)
+    def counted(model, params, tokens, segments, prefixes, targets):  # type: ignore[no-untyped-def]
+        units.append(sum(len(set(row.tolist()) - {0}) for row in np.asarray(prefixes)))
+        positions.append(int((np.asarray(segments) > 0).sum()))
+        return real(model, params, tokens, segments, prefixes, targets)
 
     monkeypatch.setattr(scoring, "_score", counted)
     got = loglikelihoods(model, params, pairs, batch_size=4)
@@ -146,10 +150,65 @@ def test_choices_that_share_their_tokens_share_a_row_and_score_as_alone(
         want_total, want_greedy = _reference(model, params, *pair)
         assert _close(total, want_total), (pair, total, want_total)
         assert greedy == want_greedy, pair
-    # rows that read tokens: 2 for the 11 answers, 1 for the three pairs reading
-    # [1, 2, 3, 4, 5], 1 for [8, 8]: 4 rows in one batch of 4, where 15 pairs were given
-    assert sum(rows) == 4 and len(rows) == 1
+    # units: 2 for the 11 answers, 1 for the three answers after [5, 1, 2], 1 for each
+    # of the three other contexts, 1 for [8, 8]: 7 units in one batch, where 18 pairs
+    # were given; the [5, 1, 2] question reads 3 + 1 + 2 positions, not 4 + 5 + 3
+    assert sum(units) == 7 and len(units) == 1
+    assert positions == [2 * 6 + 6 + 5 + 5 + 5 + 2]
     assert sum(greedy for _, greedy in got[:11]) == 1  # exactly one answer is the argmax
+
+
+def test_where_a_kernel_attends_only_one_token_choices_share_a_context(
+    model_and_params, monkeypatch
+) -> None:
+    """A fused kernel serves packed segments but not shared prefixes: then each longer
+    choice is a unit of its own and the scores are the same."""
+    model, params = model_and_params
+    assert scoring._shares_prefixes(model)  # the reference, on this CPU
+    splash = GPT.build(n_layers=2, n_embd=32, n_head=4, block_size=BLOCK, vocab_size=VOCAB,
+                       attention="splash")  # fmt: skip
+    assert not scoring._shares_prefixes(splash)
+    monkeypatch.setattr(scoring, "_shares_prefixes", lambda model: False)
+    pairs = [([5, 1, 2], [4, 4]), ([5, 1, 2], [6, 1, 3]), ([5, 1, 2], [2]), ([5, 1, 2], [7])]
+    seen = []
+    real = scoring._score
+
+    def counted(model, params, tokens, segments, prefixes, targets):  # type: ignore[no-untyped-def]
+        seen.append((prefixes, int((np.asarray(segments) > 0).sum())))
+        return real(model, params, tokens, segments, prefixes, targets)
+
+    monkeypatch.setattr(scoring, "_score", counted)
+    got = loglikelihoods(model, params, pairs)
+    assert seen == [(None, 4 + 5 + 3)]  # [5, 1, 2, 4], [5, 1, 2, 6, 1], [5, 1, 2] + 2 answers
+    for pair, (total, greedy) in zip(pairs, got, strict=True):
+        want_total, want_greedy = _reference(model, params, *pair)
+        assert _close(total, want_total) and greedy == want_greedy, pair
+
+
+def test_short_pairs_pack_into_rows_of_one_program(model_and_params, monkeypatch) -> None:
+    """60 short pairs (reads of 2-9 tokens, 8 rows a batch): packed several to a row, in
+    rows as wide as the window, so two forwards of one program score them (60 rows and 8
+    forwards unpacked), each pair as its own forward."""
+    model, params = model_and_params
+    rng = np.random.default_rng(3)
+    pairs = [
+        (rng.integers(0, VOCAB, n).tolist(), rng.integers(0, VOCAB, 2).tolist())
+        for n in rng.integers(1, 9, 60)
+    ]
+    shapes = []
+    real = scoring._score
+
+    def counted(model, params, tokens, *rest):  # type: ignore[no-untyped-def]
+        shapes.append(tuple(tokens.shape))
+        return real(model, params, tokens, *rest)
+
+    monkeypatch.setattr(scoring, "_score", counted)
+    got = loglikelihoods(model, params, pairs, batch_size=8)
+    tokens = sum(len(c) + 1 for c, _ in pairs)  # each read: the context and one more
+    assert shapes == [(8, BLOCK)] * -(-tokens // (8 * BLOCK)), (shapes, tokens)
+    for pair, (total, greedy) in zip(pairs, got, strict=True):
+        want_total, want_greedy = _reference(model, params, *pair)
+        assert _close(total, want_total) and greedy == want_greedy, pair
 
 
 def test_rolling_windows_predict_every_token_once() -> None:

@@ -20,6 +20,7 @@ from theseus.data.prepared import DataNotPreparedError
 from theseus.model.models import GPT
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
+from theseus.training import checkpoints
 from theseus.training.base import BaseTrainer, TrainerError
 from theseus.training.checkpoints import CheckpointMismatchError
 from theseus.training.flywheel.strategy import Sampling
@@ -285,6 +286,29 @@ def test_checkpoint_of_another_shape_names_the_parameter(root: Path) -> None:
             CheckpointMismatchError, match=r"at params/blocks_0/\S+ the checkpoint has shape \(32"
         ):
             q.create()
+
+
+def test_a_checkpoint_restores_without_reading_its_arrays_metadata(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint records its shapes in its meta: resuming compares the target with
+    them and reads the state alone (orbax's per-array metadata, a third of a small
+    model's restore, is never opened). The state restored is the one saved."""
+    trained = _train(root, jobs.SyntheticTrainer, "recorded", steps=4)
+    saved = jax.tree.map(np.asarray, trained.state.params)
+
+    def refused() -> None:
+        raise AssertionError("the arrays' metadata was read")
+
+    monkeypatch.setattr(checkpoints, "_reader", refused)
+    with quick(root) as q:
+        q.build(jobs.SyntheticTrainer, "recorded")
+        q.find().spec(run="recorded").checkpoint().latest().resume()
+        resumed = q.create()
+    for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(resumed.state.params), strict=True):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    _, meta = resumed.read_checkpoint(resumed.checkpoint_path(resumed.node))
+    assert "cursor" in meta and checkpoints.HELD not in meta  # the meta as the trainer saved it
 
 
 def test_surgery_hook_adapts_a_checkpoint(root: Path) -> None:

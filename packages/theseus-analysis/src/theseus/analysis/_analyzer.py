@@ -154,12 +154,13 @@ class Analyzer(abc.ABC):
     def _prompt_batch(self) -> dict[str, Any] | None:
         """`inspection/prompt` placed as a batch, or None when it is '' (or, for a trainer
         whose `config()` left out its analyses' settings, not declared)."""
-        prompt = (
-            self.configuration.get("inspection/prompt", "")
-            if "inspection/prompt" in self.configuration
-            else ""
-        )
-        return self.sharding.place_batch(self.prompt_batch(prompt)) if prompt else None
+        declared = "inspection/prompt" in self.configuration
+        prompt = self.configuration.get("inspection/prompt", "") if declared else ""
+        placed = self.__dict__.get("_placed_prompt")  # a walk's nodes share it: encode once
+        if prompt and (placed is None or placed[0] != prompt):
+            placed = (prompt, self.sharding.place_batch(self.prompt_batch(prompt)))
+            self.__dict__["_placed_prompt"] = placed
+        return placed[1] if prompt and placed is not None else None
 
     def _not_while_analyzing(self, what: str) -> None:
         method = self.__dict__.get("_in_analyze")
@@ -285,9 +286,10 @@ class Analyzer(abc.ABC):
             return None, None, None
         filename, content = rendered
         path = write_atomic(self.spec.result(filename), content)
-        artifact = self.store.put(node, self.NAME, filename, content)
-        if not self.borrowed:  # which configuration made it: a walk skips such nodes
-            _over.stamp(self.store, node, self.result_digest(), artifact)
+        with self.store.batch():  # the artifact and its stamp: durable together, one commit
+            artifact = self.store.put(node, self.NAME, filename, content)
+            if not self.borrowed:  # which configuration made it: a walk skips such nodes
+                _over.stamp(self.store, node, self.result_digest(), artifact)
         try:
             _comet.publish(self.configuration, node, self.NAME, filename, content)
         except Exception as exc:  # the file and the artifact are saved; Comet is a copy

@@ -99,8 +99,10 @@ def stamp(store: Store, node: Node, digest: str, artifact: Artifact) -> None:
     """Record on `node` which configuration made `artifact` (`digest`: the job's
     `result_digest()`; host zero, after the put).
 
-    Written after the artifact, in one record: a crash between the two leaves an
-    artifact without a matching stamp, which the next walk recomputes.
+    One record, written in the put's transaction (`AnalysisBase` publishes both inside
+    one `store.batch()`): the artifact and its stamp become durable together. Written
+    apart, a crash between the two leaves an artifact without a matching stamp, which
+    the next walk recomputes.
     """
     config, version = _keys(artifact.name)
     store.log(node, {config: digest, version: artifact.version})

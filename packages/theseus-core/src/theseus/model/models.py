@@ -29,7 +29,7 @@ from theseus.config import Tree, UnknownKeyError, configure
 from theseus.config._errors import suggest
 from theseus.config._field import PATH_KEY
 from theseus.model._errors import ModelInputError
-from theseus.model.attention.base import KVCache, SelfAttention
+from theseus.model.attention.base import KVCache, SelfAttention, segment_positions
 from theseus.model.component import Component, resolve_dtype
 from theseus.model.config import AttentionConfig, GPTConfig, MLPConfig, ModelConfig
 from theseus.model.loss import chunked_cross_entropy
@@ -81,10 +81,21 @@ def _parts_read_config(module: Any) -> None:
 
 
 def _attend(
-    attn: SelfAttention, x: jax.Array, deterministic: bool, cache: KVCache | None
+    attn: SelfAttention,
+    x: jax.Array,
+    deterministic: bool,
+    cache: KVCache | None,
+    segments: jax.Array | None = None,
+    prefixes: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
-    """`attn`'s output and cache; without a cache the call is `attn(x, deterministic=...)`,
-    as the debugger's and the analyses' hooks have always seen it."""
+    """`attn`'s output and cache; without a cache or segments the call is
+    `attn(x, deterministic=...)`, as the debugger's and the analyses' hooks have always
+    seen it."""
+    if prefixes is not None:
+        out = attn(x, deterministic=deterministic, segments=segments, prefixes=prefixes)
+        return out, None
+    if segments is not None:
+        return attn(x, deterministic=deterministic, segments=segments), None
     if cache is None:
         return attn(x, deterministic=deterministic), None
     out, cache = attn(x, deterministic=deterministic, cache=cache)
@@ -120,17 +131,25 @@ class Block(nn.Module, Component):
         self.mlp = MLP(self.mlp_config or self.config)
 
     def __call__(
-        self, x: jax.Array, deterministic: bool = True, cache: KVCache | None = None
+        self,
+        x: jax.Array,
+        deterministic: bool = True,
+        cache: KVCache | None = None,
+        segments: jax.Array | None = None,
+        prefixes: jax.Array | None = None,
     ) -> Any:
         """`x [batch, seq, n_embd]` through the block; with a cache (see `SelfAttention`),
-        `(x, cache)` with the attention reading and writing it."""
+        `(x, cache)` with the attention reading and writing it; with `segments` (and
+        `prefixes`), the attention stays within each packed sequence (and its prefix)."""
         residual = self.config.residual
         if residual == "post_norm":
-            attended, cache = _attend(self.attn, x, deterministic, cache)
+            attended, cache = _attend(self.attn, x, deterministic, cache, segments, prefixes)
             x = x + self.ln_1(attended)
             x = x + self.ln_2(self.mlp(x, deterministic=deterministic))
         else:
-            attended, cache = _attend(self.attn, self.ln_1(x), deterministic, cache)
+            attended, cache = _attend(
+                self.attn, self.ln_1(x), deterministic, cache, segments, prefixes
+            )
             if residual == "parallel":
                 x = x + attended + self.mlp(self.ln_2(x), deterministic=deterministic)
             else:
@@ -246,6 +265,8 @@ class GPT(nn.Module, Component):
         padding_mask: jax.Array | None = None,
         deterministic: bool = True,
         cache: tuple[KVCache, ...] | None = None,
+        segments: jax.Array | None = None,
+        prefixes: jax.Array | None = None,
     ) -> tuple[jax.Array, Any]:
         """Run the model.
 
@@ -258,6 +279,14 @@ class GPT(nn.Module, Component):
                 tokens at the cache's slots `length ..` (a left-padded prompt at length 0,
                 then one token per row and step; see `SelfAttention`), and the call is
                 deterministic and computes no loss.
+            segments: None, or (without a cache) `[batch, seq]` ids of the sequences each
+                row packs, each a run of one id (padding may be one more): each token
+                reads only its own sequence, whose positions start at 0, so each
+                sequence's logits are those of its own forward.
+            prefixes: None, or with `segments` `[batch, seq]`: the id of the segment each
+                token's segment continues (its own id where none): segments after one
+                shared prefix (a question's choices after its context) each read it
+                whole and not each other, their positions going on from its end.
 
         Returns:
             `(logits [batch, seq, vocab_size], loss or None)`; with a cache,
@@ -268,9 +297,23 @@ class GPT(nn.Module, Component):
                 f"sequence length {x.shape[-1]} exceeds architecture/block_size "
                 f"{self.config.block_size}"
             )
+        if prefixes is not None and (segments is None or prefixes.shape != x.shape):
+            raise ModelInputError(
+                "prefixes must be [batch, seq] like the tokens, with segments; got "
+                f"{tuple(prefixes.shape)} for tokens {tuple(x.shape)}"
+                + ("" if segments is not None else " and no segments")
+            )
+        if segments is not None and (cache is not None or segments.shape != x.shape):
+            raise ModelInputError(
+                "segments must be [batch, seq] like the tokens, without a cache; got "
+                f"{tuple(segments.shape)} for tokens {tuple(x.shape)}"
+                + (" and a cache" if cache is not None else "")
+            )
         h = self.wte(x)
         if self.config.positions == "learned":
-            if cache is None:
+            if segments is not None:
+                h = h + self.wpe(segment_positions(segments, prefixes))
+            elif cache is None:
                 h = h + self.wpe(jnp.arange(x.shape[-1]))[None]
             else:  # as SelfAttention places a cached row's tokens
                 first = cache[0]
@@ -278,7 +321,10 @@ class GPT(nn.Module, Component):
                 h = h + self.wpe(jnp.maximum(slots[None, :] - first.start[:, None], 0))
         h = self.drop(h, deterministic=deterministic)
         h = nn.with_logical_constraint(h, ("batch", "length", "embed"))
-        if cache is None:
+        if segments is not None:
+            for block in self.blocks:
+                h = block(h, deterministic, None, segments, prefixes)
+        elif cache is None:
             for block in self.blocks:
                 h = block(h, deterministic)  # positional: static under nn.remat
         else:

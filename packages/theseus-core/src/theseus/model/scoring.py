@@ -8,21 +8,31 @@ harnesses do), so every continuation token is predicted from the tokens just bef
 it. `rolling_windows` splits a document longer than the window into such pairs, each
 token predicted once (a document's loglikelihood is the sum of its windows').
 
-Pairs that read the same tokens (the context and all but the continuation's last
-token), such as the one-token answers of a multiple-choice question, share one row of
-one forward: the row gives the log-probability of its own next tokens and of up to
-`SHARED` candidates for the token after it.
+Pairs after the same context share it (the choices of a multiple-choice question): the
+context is read once, a prefix, and each continuation but its last token follows it as
+a branch that reads the prefix and itself, not the other branches (`GPT.__call__`'s
+`prefixes`); the prefix's last position gives each pair's first continuation token's
+log-probability (up to `SHARED` pairs a prefix), a branch its further tokens'. Where the
+model's attention is a fused kernel, which serves packed segments but not shared
+prefixes, only pairs of one-token continuations share their context.
 
-Compilation: rows are sorted by length and packed into batches of `batch_size` rows,
-right-padded to the length rounded up to a power of two (at least `MIN_BUCKET`, at
-most `block_size`), so a task compiles one program per length bucket, not one per
-request.
-Right padding leaves each row's real positions exactly as they are alone (attention is
-causal and positions start at 0); padded positions weigh 0.
+Packing and compilation: these units (a prefix and its branches, or one pair's tokens)
+are packed into rows of one width (best fit, longest first), several a row, each in its
+own segments of the row (`GPT.__call__`'s `segments`: a unit attends only to itself,
+its positions start at 0), so each pair's log-probabilities are those of its own
+forward, and padding is what the packing leaves over. Rows go in batches of
+`batch_size`. The width is a power of two (`_bucket`: at least `MIN_BUCKET`, at most
+`block_size`) that holds the longest unit and is wide enough for the call's tokens to
+fill one batch: a call of many short units (a multiple-choice task) packs them into rows
+as wide as a document's windows, so one program of `[batch_size, block_size]` serves
+both; a call of a few short units stays narrow. Every program compiled costs a fixed
+time (about 0.3-0.6 s for a small GPT on a CPU), and a task compiles at most one per
+call.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +43,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from theseus.errors import TheseusError
+from theseus.model.attention.kernels import choose
+from theseus.model.component import resolve_dtype
 from theseus.model.generation import prompt_bucket
 
 __all__ = ["ScoringError", "loglikelihoods", "rolling_windows"]
@@ -50,26 +62,25 @@ SHARED = 8
 
 @functools.partial(jax.jit, static_argnums=0)
 def _score(
-    model: Any, params: Any, tokens: jax.Array, last: jax.Array, choices: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """One forward of `tokens [batch, width]`; per row:
-
-    - `[batch, width]` the log-probability, at each position `j`, of the row's next
-      token `tokens[j + 1]`, and whether it is the argmax there;
-    - `[batch, SHARED]` at position `last`, the log-probability of each of `choices`
-      (the candidates for the token after the row's last), and whether it is the argmax.
+    model: Any,
+    params: Any,
+    tokens: jax.Array,
+    segments: jax.Array,
+    prefixes: jax.Array | None,
+    targets: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """One forward of the packed rows `tokens [batch, width]` (`segments`, `prefixes`
+    `[batch, width]`: see `GPT.__call__`); `[batch, width, SHARED]`: at each position
+    `j`, the log-probability of each of `targets[:, j]` (the unit's next token, or at a
+    prefix's last position each pair's first continuation token), and whether it is the
+    argmax.
     """
-    logits, _ = model.apply({"params": params}, tokens)
+    logits, _ = model.apply({"params": params}, tokens, segments=segments, prefixes=prefixes)
     wide = logits.astype(jnp.float32)
-    norm = jax.nn.logsumexp(wide, axis=-1)  # [batch, width]
-    following = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)  # the last: unused
-    picked = jnp.take_along_axis(wide, following[..., None], axis=-1)[..., 0] - norm
-    hits = jnp.argmax(wide, axis=-1) == following
-    rows = jnp.arange(tokens.shape[0])
-    at_last = wide[rows, last]  # [batch, vocab]
-    chosen = jnp.take_along_axis(at_last, choices, axis=-1) - norm[rows, last][:, None]
-    best = jnp.argmax(at_last, axis=-1)[:, None] == choices
-    return picked, hits, chosen, best
+    norm = jax.nn.logsumexp(wide, axis=-1, keepdims=True)  # [batch, width, 1]
+    picked = jnp.take_along_axis(wide, targets, axis=-1) - norm
+    best = jnp.argmax(wide, axis=-1)[..., None] == targets
+    return picked, best
 
 
 #: the narrowest bucket: short rows cost little padded, and every program compiled costs
@@ -82,7 +93,26 @@ def _bucket(longest: int, block: int) -> int:
     return prompt_bucket(max(longest, min(MIN_BUCKET, block)), block)
 
 
-def _placed(params: Any, *arrays: np.ndarray) -> list[jax.Array]:
+def _pack(lengths: Sequence[int], width: int) -> list[list[int]]:
+    """Rows of at most `width` positions holding the reads of `lengths` (indices into
+    it), best fit, longest first: each read goes to the fullest row it fits in."""
+    rows: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (free positions, row), sorted
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[index]
+        at = bisect.bisect_left(room, (n, -1))
+        if at < len(room):
+            free, row = room.pop(at)
+        else:
+            free, row = width, len(rows)
+            rows.append([])
+        rows[row].append(index)
+        if free > n:
+            bisect.insort(room, (free - n, row))
+    return rows
+
+
+def _placed(params: Any, *arrays: np.ndarray) -> list[jax.Array | None]:
     """`arrays` replicated over the devices of `params`' mesh (every process of a cluster
     holds the same rows), or on the default device when `params` have no mesh."""
     sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
@@ -110,6 +140,49 @@ def _window(context: Sequence[int], continuation: Sequence[int], block: int) -> 
     return [*context, *continuation][-(block + 1) :]
 
 
+def _shares_prefixes(model: Any) -> bool:
+    """Whether `model`'s attention reads shared prefixes as it is (the reference does; a
+    fused kernel serves packed segments alone)."""
+    config = model.config
+    _, reason = choose(
+        getattr(config, "attention", "auto"),
+        q_len=int(config.block_size),
+        kv_len=int(config.block_size),
+        dtype=resolve_dtype(getattr(config, "dtype", "float32")),
+        segmented=True,
+        prefixed=True,
+    )
+    return reason is None
+
+
+def _units(
+    windows: Sequence[list[int]], lengths: Sequence[int], limit: int, share: bool
+) -> list[tuple[list[int], list[int]]]:
+    """`(prefix, members)` of at most `limit` positions each: pairs after one context
+    (`windows[i][:-lengths[i]]`), up to `SHARED` of them, each member's branch
+    (`windows[i][-lengths[i]:-1]`) after the prefix; without `share`, only pairs of
+    one-token continuations (empty branches) share a prefix."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    units = []
+    for index, (window, n) in enumerate(zip(windows, lengths, strict=True)):
+        if share or n == 1:
+            groups.setdefault(tuple(window[: len(window) - n]), []).append(index)
+        else:
+            units.append((window[: len(window) - n], [index]))
+    for prefix, members in groups.items():
+        unit: list[int] = []
+        size = len(prefix)
+        for index in members:
+            branch = lengths[index] - 1
+            if unit and (len(unit) == SHARED or size + branch > limit):
+                units.append((list(prefix), unit))
+                unit, size = [], len(prefix)
+            unit.append(index)
+            size += branch
+        units.append((list(prefix), unit))
+    return units
+
+
 def loglikelihoods(
     model: Any,
     params: Any,
@@ -125,8 +198,8 @@ def loglikelihoods(
         params: its parameters (`state.params`, laid out as the trainer lays them out).
         pairs: `(context, continuation)` token ids; neither may be empty.
         batch_size: rows per compiled call (the last batch is padded with empty rows).
-        width: pad every batch to this many positions instead of its length bucket (one
-            program for a fixed set of pairs scored again and again; at least the
+        width: pack rows of this many positions instead of the call's length bucket
+            (one program for a fixed set of pairs scored again and again; at least the
             longest pair's, at most `block_size`).
 
     Returns:
@@ -140,46 +213,74 @@ def loglikelihoods(
         raise ScoringError(f"batch_size must be a positive int; got {batch_size!r}")
     block = int(model.config.block_size)
     windows = [_window(context, continuation, block) for context, continuation in pairs]
+    if not windows:
+        return []
     lengths = [len(continuation) for _, continuation in pairs]
-    # Pairs that read the same tokens share one row: only their last target differs.
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for index, window in enumerate(windows):
-        groups.setdefault(tuple(window[:-1]), []).append(index)
-    shared = [
-        (read, members[first : first + SHARED])
-        for read, members in groups.items()
-        for first in range(0, len(members), SHARED)
-    ]
-    shared.sort(key=lambda row: -len(row[0]))  # longest first
+    longest = max(len(window) - 1 for window in windows)
+    if width is not None and not longest <= width <= block:
+        raise ScoringError(
+            f"width {width} must hold the longest pair ({longest} positions) and fit the "
+            f"model's context ({block})"
+        )
+    share = _shares_prefixes(model)
+    units = _units(windows, lengths, width or block, share)
+    sizes = [len(prefix) + sum(lengths[i] - 1 for i in members) for prefix, members in units]
+    if width is None:
+        width = _bucket(min(block, max(max(sizes), -(-sum(sizes) // batch_size))), block)
+    rows = _pack(sizes, width)
+    where: list[tuple[int, int]] = [(0, 0)] * len(units)  # (row, first position) of each unit
     pending = []
-    for first in range(0, len(shared), batch_size):
-        batch = shared[first : first + batch_size]
-        longest = len(batch[0][0])
-        if width is not None and not longest <= width <= block:
-            raise ScoringError(
-                f"width {width} must hold the longest pair ({longest} positions) and fit the "
-                f"model's context ({block})"
-            )
-        padded = width if width is not None else _bucket(longest, block)
-        tokens = np.zeros((batch_size, padded), np.int32)
-        last = np.zeros(batch_size, np.int32)
-        choices = np.zeros((batch_size, SHARED), np.int32)
-        for row, (read, members) in enumerate(batch):
-            tokens[row, : len(read)] = read
-            last[row] = len(read) - 1
-            choices[row, : len(members)] = [windows[i][-1] for i in members]
+    for first in range(0, len(rows), batch_size):
+        tokens = np.zeros((batch_size, width), np.int32)
+        segments = np.zeros((batch_size, width), np.int32)  # 0: padding
+        prefixes = np.zeros((batch_size, width), np.int32)
+        targets = np.zeros((batch_size, width, SHARED), np.int32)
+        for row, packed in enumerate(rows[first : first + batch_size]):
+            at, segment = 0, 0
+            for index in packed:
+                prefix, members = units[index]
+                where[index] = (first + row, at)
+                segment += 1
+                own = segment
+                end = at + len(prefix)
+                tokens[row, at:end] = prefix
+                segments[row, at:end] = prefixes[row, at:end] = own
+                targets[row, at : end - 1, 0] = prefix[1:]
+                last = end - 1  # each pair's first target, in its slot
+                for slot, pair in enumerate(members):
+                    continuation = windows[pair][len(windows[pair]) - lengths[pair] :]
+                    targets[row, last, slot] = continuation[0]
+                    branch = continuation[:-1]
+                    if branch:
+                        if share:  # its own segment, reading the prefix
+                            segment += 1
+                        tokens[row, end : end + len(branch)] = branch
+                        segments[row, end : end + len(branch)] = segment
+                        prefixes[row, end : end + len(branch)] = own
+                        targets[row, end : end + len(branch), 0] = continuation[1:]
+                        end += len(branch)
+                at = end
+        placed = _placed(params, tokens, segments, prefixes, targets)
+        if not share:  # one-token continuations alone share a context: no branch to read it
+            placed[2] = None
         # Dispatched without waiting: the host packs the next batch while this one runs.
-        pending.append((batch, _score(model, params, *_placed(params, tokens, last, choices))))
+        pending.append(_score(model, params, *placed))
+    fetched = jax.device_get(pending)
+    picked = np.concatenate([p for p, _ in fetched])  # [rows (batches padded), width, SHARED]
+    best = np.concatenate([b for _, b in fetched])
     results: list[tuple[float, bool]] = [(0.0, False)] * len(windows)
-    for batch, outputs in pending:
-        picked, hits, chosen, best = jax.device_get(outputs)
-        for row, (read, members) in enumerate(batch):
-            n = len(read)
-            for slot, index in enumerate(members):
-                start = n - lengths[index]  # the first position whose target is scored
-                total = float(np.sum(picked[row, start : n - 1], dtype=np.float64))
-                greedy = bool(hits[row, start : n - 1].all()) and bool(best[row, slot])
-                results[index] = (total + float(chosen[row, slot]), greedy)
+    for index, (prefix, members) in enumerate(units):
+        row, at = where[index]
+        last = at + len(prefix) - 1  # the prefix's last position: each pair's first target
+        start = last + 1
+        for slot, pair in enumerate(members):
+            stop = start + lengths[pair] - 1  # the pair's branch: its further targets
+            total = float(picked[row, last, slot]) + float(
+                np.sum(picked[row, start:stop, 0], dtype=np.float64)
+            )
+            greedy = bool(best[row, last, slot]) and bool(best[row, start:stop, 0].all())
+            results[pair] = (total, greedy)
+            start = stop
     return results
 
 

@@ -50,6 +50,8 @@ class StateLayout:
         init: `init(key) -> TrainState`, traceable; `initialize` compiles it.
         apply_fn: the model's `apply`.
         tx: the optimizer.
+        fresh_opt_state: `tx.init` compiled into the optimizer state's shardings (what a
+            checkpoint of weights alone restores with; compiled once for a walk's nodes).
     """
 
     abstract: Any
@@ -57,6 +59,7 @@ class StateLayout:
     init: Callable[[jax.Array], TrainState]
     apply_fn: Callable[..., Any]
     tx: optax.GradientTransformation
+    fresh_opt_state: Callable[[Any], Any]
 
 
 def layout(
@@ -86,6 +89,7 @@ def layout(
         init=lambda key: nn.unbox(boxed_init(key)),
         apply_fn=model.apply,
         tx=tx,
+        fresh_opt_state=jax.jit(tx.init, out_shardings=shardings.opt_state),
     )
 
 
@@ -144,9 +148,7 @@ def restore(
     )
     opt_state = arrays.get("opt_state")
     if opt_state is None:  # weights only (an import): the optimizer starts fresh
-        opt_state = jax.jit(target.tx.init, out_shardings=target.shardings.opt_state)(
-            arrays["params"]
-        )
+        opt_state = target.fresh_opt_state(arrays["params"])
     state = TrainState(
         step=arrays["step"],
         apply_fn=target.apply_fn,

@@ -10,6 +10,11 @@ attention, as Llama's `repeat_kv`); the KV cache holds only the `n_kv_head` head
 
 `SelfAttention` is the module the debugger and analyses target by type
 (`TARGET = SelfAttention`); its call's first argument is named `x`.
+
+Rows may pack several sequences (`segments`, `[batch, seq]` ids, each sequence a run of
+one id, as evaluations pack short requests): attention stays within each segment and
+positions count from each segment's first token (`segment_positions`), so every packed
+sequence computes what it would alone.
 """
 
 from __future__ import annotations
@@ -34,7 +39,37 @@ __all__ = [
     "apply_rotary",
     "attend",
     "causal_softmax",
+    "segment_positions",
 ]
+
+
+def segment_positions(segments: jax.Array, prefixes: jax.Array | None = None) -> jax.Array:
+    """Each token's position within its segment, `[batch, seq]` int32; a segment that
+    continues a prefix (`prefixes`, see `attend`) starts where that prefix ends.
+
+    Args:
+        segments: `[batch, seq]` ids, each segment a run of one id.
+        prefixes: None, or `[batch, seq]`: the id of the segment each token's segment
+            continues (its own id where it continues none).
+
+    Example:
+        >>> segment_positions(jnp.array([[1, 1, 1, 2, 2, 0]])).tolist()
+        [[0, 1, 2, 0, 1, 0]]
+        >>> segment_positions(jnp.array([[1, 1, 2, 3, 3]]), jnp.array([[1, 1, 1, 1, 1]])).tolist()
+        [[0, 1, 2, 2, 3]]
+    """
+    seq = segments.shape[-1]
+    index = jnp.arange(seq, dtype=jnp.int32)
+    begins = jnp.concatenate(
+        [jnp.ones_like(segments[:, :1], bool), segments[:, 1:] != segments[:, :-1]], axis=1
+    )
+    first = jax.lax.cummax(jnp.where(begins, index[None, :], 0), axis=1)
+    positions = index[None, :] - first
+    if prefixes is None:
+        return positions
+    continued = prefixes != segments  # [batch, seq]: tokens after a prefix of another id
+    prefix_length = jnp.sum(prefixes[:, :, None] == segments[:, None, :], axis=-1)
+    return positions + jnp.where(continued, prefix_length, 0).astype(jnp.int32)
 
 
 class SelfAttention(nn.Module, Component):
@@ -153,9 +188,15 @@ class SelfAttention(nn.Module, Component):
         return jnp.einsum("bqhd,hde->bqhe", z.astype(dtype), kernel)
 
     def __call__(
-        self, x: jax.Array, deterministic: bool = True, cache: KVCache | None = None
+        self,
+        x: jax.Array,
+        deterministic: bool = True,
+        cache: KVCache | None = None,
+        segments: jax.Array | None = None,
+        prefixes: jax.Array | None = None,
     ) -> Any:
-        """Attend causally within `x`, or from `x` over a key-value cache.
+        """Attend causally within `x` (within each of its segments), or from `x` over a
+        key-value cache.
 
         Args:
             x: `[batch, seq, n_embd]`.
@@ -165,6 +206,11 @@ class SelfAttention(nn.Module, Component):
                 left-padded prompt at length 0, then one token per step); row `b`'s real
                 tokens start at slot `cache.start[b]` and its token at slot `s` sits at
                 position `s - start[b]`, so every row computes what it would alone.
+            segments: None, or (without a cache) `[batch, seq]` ids of the sequences each
+                row packs, each a run of one id: a token reads only its own segment's
+                tokens, and rotary positions count from the segment's first token.
+            prefixes: None, or with `segments` the shared prefix each token's segment
+                continues (see `attend`): read whole, and the positions go on from it.
 
         Returns:
             `[batch, seq, n_embd]`; with a cache, `(out, cache)` with `x`'s keys and
@@ -173,12 +219,23 @@ class SelfAttention(nn.Module, Component):
         batch, seq, width = x.shape
         implementation = self.config.attention
         if cache is None:
-            q, k, v = self.project(x)
+            positions = None if segments is None else segment_positions(segments, prefixes)
+            q, k, v = self.project(x, positions)
             drop = None
             if self.config.dropout > 0 and not deterministic:  # rate first: may be traced
                 drop = partial(self.attn_dropout, deterministic=False)
-            out = attend(q, k, v, implementation=implementation, dropout=drop)
+            out = attend(
+                q,
+                k,
+                v,
+                implementation=implementation,
+                segments=segments,
+                prefixes=prefixes,
+                dropout=drop,
+            )
         else:
+            if segments is not None:
+                raise ValueError("attention takes packed segments or a cache, not both")
             slots = jnp.arange(seq, dtype=jnp.int32) + cache.length  # [seq]
             positions = jnp.maximum(slots[None, :] - cache.start[:, None], 0)  # padding: masked
             q, k, v = self.project(x, positions)

@@ -3,24 +3,35 @@
 `attend(q, k, v)` computes causal (or masked) scaled dot-product attention of queries
 `[batch, q_len, n_head, head_dim]` over keys and values `[batch, kv_len, n_kv_head,
 head_dim]`, where each key/value head serves `n_head // n_kv_head` consecutive query
-heads (grouped-query attention). Which computation runs is `implementation`:
+heads (grouped-query attention). With `segments` (`[batch, seq]` ids: rows that pack
+several sequences, each a run of one id) it is causal within each segment: a query reads
+the keys of its own segment up to itself, as that sequence would alone. With `prefixes`
+as well (`[batch, seq]`: for each token, the id of a segment before its own that it also
+reads, or its own id), segments that continue one shared prefix read it whole and not
+each other (the choices of a question after its one context). Which computation runs is
+`implementation`:
 
 - `reference`: scores in float32, the causal mask, softmax, then the weighted sum of
   the values; the one path that can also give the probabilities (`probabilities`),
   apply dropout to them, and take any mask. What every analysis reads.
 - `splash`: JAX's own Pallas TPU splash attention (`jax.experimental.pallas.ops.tpu`),
-  causal, grouped-query heads served without repeating keys, the backward fused;
+  causal (segments as its segment ids), grouped-query heads served without repeating
+  keys, the backward fused;
   measured on a TPU v5e (12 heads of 64, 1,024 tokens, bf16) at 1.6 ms for forward and
   backward against the reference's 4.6 ms.
-- `flash`: JAX's Pallas TPU flash attention (keys repeated for grouped-query heads).
-- `cudnn`: `jax.nn.dot_product_attention(..., implementation="cudnn")` on an NVIDIA GPU.
+- `flash`: JAX's Pallas TPU flash attention (keys repeated for grouped-query heads;
+  segments as its segment ids).
+- `cudnn`: `jax.nn.dot_product_attention(..., implementation="cudnn")` on an NVIDIA GPU
+  (causal only: packed segments take the reference).
+
+Shared prefixes are the reference's alone: a kernel falls back for them.
 - `auto`: the fastest the platform has: `splash` on a TPU, `cudnn` on a GPU (for
   bfloat16 or float16 activations), the reference on a CPU.
 
 A kernel the platform lacks, or a call it cannot serve (a mask other than causal,
-dropout on the probabilities while training, a sequence that does not split into the
-kernel's blocks, float32 for cuDNN), falls back to the reference and says why once per
-reason (logger `theseus.model.attention`). Pallas kernels run in interpret mode on a CPU
+segments for cuDNN, dropout on the probabilities while training, a sequence that does
+not split into the kernel's blocks, float32 for cuDNN), falls back to the reference and
+says why once per reason (logger `theseus.model.attention`). Pallas kernels run in interpret mode on a CPU
 when `THESEUS_ATTENTION_INTERPRET=1` (how the tests check them without a TPU).
 
 Under a mesh of several devices (the trainer's `training/shard` and data parallelism)
@@ -47,6 +58,7 @@ __all__ = [
     "choose",
     "probabilities",
     "repeat_kv",
+    "segment_mask",
     "splash",
 ]
 
@@ -70,6 +82,18 @@ def repeat_kv(kv: jax.Array, n_head: int) -> jax.Array:
     """
     group = n_head // kv.shape[2]
     return kv if group == 1 else jnp.repeat(kv, group, axis=2)
+
+
+def segment_mask(segments: jax.Array, prefixes: jax.Array | None = None) -> jax.Array:
+    """`[batch, seq, seq]`, true where query `i` may read key `j`: `j <= i`, and `j` in
+    `i`'s segment or in the segment `prefixes[i]` names (`segments [batch, seq]`, each
+    segment a run of one id; `prefixes` None: its own segment only)."""
+    seq = segments.shape[-1]
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))[None]
+    same = segments[:, :, None] == segments[:, None, :]
+    if prefixes is not None:
+        same = same | (prefixes[:, :, None] == segments[:, None, :])
+    return causal & same
 
 
 def probabilities(q: jax.Array, k: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -124,6 +148,8 @@ def choose(
     kv_len: int,
     dtype: jnp.dtype,
     masked: bool = False,
+    segmented: bool = False,
+    prefixed: bool = False,
     dropout: bool = False,
     platform: str | None = None,
 ) -> tuple[str, str | None]:
@@ -134,6 +160,9 @@ def choose(
         q_len, kv_len: the queries' and keys' lengths.
         dtype: the activations' dtype.
         masked: the call passes a mask other than causal.
+        segmented: the call packs segments (causal within each; the Pallas kernels take
+            them as segment ids, cuDNN does not).
+        prefixed: packed segments also read a shared prefix (the reference alone).
         dropout: the call drops attention probabilities (training with dropout).
         platform: `cpu`, `gpu` or `tpu`; None: JAX's default backend.
     """
@@ -162,6 +191,10 @@ def choose(
             "reference",
             f"{wants} attention serves the causal mask only: reference for this call",
         )
+    if segmented and implementation == "cudnn":
+        return "reference", "cuDNN attention takes no packed segments: reference for this call"
+    if prefixed:
+        return "reference", f"{wants} attention takes no shared prefixes: reference for this call"
     if dropout:
         return "reference", (
             f"{wants} attention has no dropout on the probabilities "
@@ -194,6 +227,8 @@ def attend(
     *,
     implementation: str = "auto",
     mask: jax.Array | None = None,
+    segments: jax.Array | None = None,
+    prefixes: jax.Array | None = None,
     dropout: Callable[[jax.Array], jax.Array] | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention, `[batch, q_len, n_head, head_dim]`.
@@ -204,43 +239,67 @@ def attend(
         v: values, shaped as `k`.
         implementation: one of `IMPLEMENTATIONS` (see the module's docstring).
         mask: `[batch, q_len, kv_len]`, true where a query may read a key; None: causal.
+        segments: `[batch, seq]` ids of the sequences packed in each row (each a run of
+            one id; `q_len == kv_len`): causal within each. None: one sequence a row.
+            Not with `mask`.
+        prefixes: with `segments`, `[batch, seq]`: for each token the id of an earlier
+            segment it reads whole as well (a prefix its segment continues), or its own.
         dropout: applied to the probabilities (reference only); None when not training.
     """
+    if mask is not None and segments is not None:
+        raise ValueError("attend takes a mask or segments, not both; fold the segments in")
+    if prefixes is not None and segments is None:
+        raise ValueError("attend takes prefixes only with segments")
     name, reason = choose(
         implementation,
         q_len=q.shape[1],
         kv_len=k.shape[1],
         dtype=q.dtype,
         masked=mask is not None,
+        segmented=segments is not None,
+        prefixed=prefixes is not None,
         dropout=dropout is not None,
     )
     if reason is not None:
         _say_once(reason)
     if name == "reference":
+        if segments is not None:
+            mask = segment_mask(segments, prefixes)
         return reference(q, k, v, mask, dropout)
     if name == "cudnn":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
     kernel = splash if name == "splash" else _flash
-    return _per_device(kernel, q, k, v)
+    return _per_device(kernel, q, k, v, segments)
 
 
 def _per_device(
-    kernel: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    kernel: Callable[[jax.Array, jax.Array, jax.Array, jax.Array | None], jax.Array],
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
+    segments: jax.Array | None,
 ) -> jax.Array:
     """`kernel` on each device's rows and heads: a Pallas call is not split by XLA itself."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return kernel(q, k, v)
+        return kernel(q, k, v, segments)
     axes = nn.logical_to_mesh_axes(("batch", "length", "heads", None))
     batch, _, heads, _ = (None,) * 4 if axes is None else tuple(axes)
     spec = PartitionSpec(batch, None, heads, None)
-    sharded = jax.shard_map(
-        kernel, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+    if segments is None:
+        plain = jax.shard_map(
+            lambda q, k, v: kernel(q, k, v, None),
+            mesh=mesh,
+            in_specs=(spec, spec, spec),
+            out_specs=spec,
+            check_vma=False,
+        )
+        return plain(q, k, v)
+    rows = PartitionSpec(batch, None)
+    packed = jax.shard_map(
+        kernel, mesh=mesh, in_specs=(spec, spec, spec, rows), out_specs=spec, check_vma=False
     )
-    return sharded(q, k, v)
+    return packed(q, k, v, segments)
 
 
 def _splash_kernel(
@@ -277,23 +336,33 @@ def splash(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
+    segments: jax.Array | None = None,
     block: int = BLOCK,
     fused_backward: bool = True,
 ) -> jax.Array:
     """Causal splash attention on `[batch, seq, heads, head_dim]` (grouped keys as they are),
-    on one device (`attend` maps it over a mesh), in blocks of `min(seq, block)` tokens.
+    on one device (`attend` maps it over a mesh), in blocks of `min(seq, block)` tokens,
+    within each segment of `segments [batch, seq]` when given.
 
     `attend(..., implementation="splash")` is the way in; this takes the kernel's own
     settings too (`benchmarks/kernels.py` sweeps them).
     """
+    from jax.experimental.pallas.ops.tpu import splash_attention as pallas_splash
+
     kernel = _splash_kernel(q.shape[2], q.shape[1], _interpret(), block, fused_backward)
     scaled = q * jnp.asarray(1 / q.shape[-1] ** 0.5, q.dtype)
-    out = kernel(scaled.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2))
+    q, k, v = scaled.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
+    if segments is None:
+        out = kernel(q, k, v)
+    else:
+        ids = segments.astype(jnp.int32)
+        out = kernel(q, k, v, pallas_splash.SegmentIds(q=ids, kv=ids))
     return out.swapaxes(1, 2)
 
 
-def _flash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal flash attention on `[batch, seq, heads, head_dim]` (grouped keys repeated)."""
+def _flash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array | None) -> jax.Array:
+    """Causal flash attention on `[batch, seq, heads, head_dim]` (grouped keys repeated),
+    within each segment of `segments [batch, seq]` when given."""
     from jax.experimental.pallas.ops.tpu import flash_attention as flash
 
     block = min(q.shape[1], BLOCK)
@@ -311,10 +380,14 @@ def _flash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         block_q_dq=block,
     )
     heads = q.shape[2]
+    ids = None
+    if segments is not None:
+        ids = flash.SegmentIds(q=segments.astype(jnp.int32), kv=segments.astype(jnp.int32))
     out = flash.flash_attention(
         q.swapaxes(1, 2),
         repeat_kv(k, heads).swapaxes(1, 2),
         repeat_kv(v, heads).swapaxes(1, 2),
+        segment_ids=ids,
         causal=True,
         sm_scale=1 / q.shape[-1] ** 0.5,
         block_sizes=blocks,
