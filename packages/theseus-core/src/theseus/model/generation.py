@@ -67,14 +67,23 @@ def prompt_keys(key: jax.Array, prompts: Sequence[Sequence[int]]) -> jax.Array:
         The keys, stacked (one compiled `_pick` serves every batch of this size).
     """
     seen: dict[bytes, int] = {}
-    keys = []
+    digests, repeats = [], []
     for prompt in prompts:
         ids = np.asarray(prompt, np.int64).astype("<i8").tobytes()
         digest = int.from_bytes(hashlib.blake2b(ids, digest_size=4).digest(), "little")
-        repeat = seen.get(ids, 0)
-        seen[ids] = repeat + 1
-        keys.append(jax.random.fold_in(jax.random.fold_in(key, digest & 0x7FFFFFFF), repeat))
-    return jnp.stack(keys)
+        repeats.append(seen.get(ids, 0))
+        seen[ids] = repeats[-1] + 1
+        digests.append(digest & 0x7FFFFFFF)
+    return _fold_twice(key, np.asarray(digests, np.int32), np.asarray(repeats, np.int32))
+
+
+@jax.jit
+def _fold_twice(key: jax.Array, digests: jax.Array, repeats: jax.Array) -> jax.Array:
+    """`fold_in(fold_in(key, digest), repeat)` for each pair, in one call (folding prompt
+    by prompt dispatched two operations each: a batch of 64 prompts took 0.3 s)."""
+    return jax.vmap(lambda d, r: jax.random.fold_in(jax.random.fold_in(key, d), r))(
+        digests, repeats
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))

@@ -12,8 +12,10 @@ slow to write and to open for no visible gain. ``rasterized=False`` keeps them v
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,28 @@ from theseus.plot._theme import theme
 
 #: Cells above which the heatmap's cells are rasterized (64 x 64).
 RASTERIZE_CELLS = 4096
+
+_SEABORN_DRAW = threading.Lock()
+
+
+@contextlib.contextmanager
+def _without_seaborns_draw() -> Iterator[None]:
+    """seaborn.heatmap draws the whole figure once to see whether its tick labels
+    overlap, then turns them; `heatmap` levels them again and `declutter` measures
+    them itself, so that draw (a third of a small heatmap's cost, and in a figure of
+    several panels a draw of them all) is skipped. Where seaborn has no such step,
+    nothing is changed."""
+    matrix = getattr(sns, "matrix", None)
+    draw = getattr(matrix, "_draw_figure", None)
+    if draw is None:
+        yield
+        return
+    with _SEABORN_DRAW:
+        matrix._draw_figure = lambda fig: None  # type: ignore[union-attr]
+        try:
+            yield
+        finally:
+            matrix._draw_figure = draw  # type: ignore[union-attr]
 
 
 def heatmap(
@@ -97,28 +121,29 @@ def heatmap(
             warnings.filterwarnings(
                 "ignore", message="The set_bad function", category=PendingDeprecationWarning
             )
-            sns.heatmap(
-                data,
-                vmin=vmin,
-                vmax=vmax,
-                cmap=cmap,
-                center=center,
-                robust=robust,
-                annot=to_host(annot),
-                fmt=fmt,
-                annot_kws=annot_kws,
-                linewidths=linewidths,
-                linecolor=linecolor,
-                cbar=cbar,
-                cbar_kws=cbar_kws,
-                cbar_ax=cbar_ax,
-                square=square,
-                xticklabels=xticklabels,
-                yticklabels=yticklabels,
-                mask=to_host(mask),
-                ax=target,
-                **kwargs,
-            )
+            with _without_seaborns_draw():
+                sns.heatmap(
+                    data,
+                    vmin=vmin,
+                    vmax=vmax,
+                    cmap=cmap,
+                    center=center,
+                    robust=robust,
+                    annot=to_host(annot),
+                    fmt=fmt,
+                    annot_kws=annot_kws,
+                    linewidths=linewidths,
+                    linecolor=linecolor,
+                    cbar=cbar,
+                    cbar_kws=cbar_kws,
+                    cbar_ax=cbar_ax,
+                    square=square,
+                    xticklabels=xticklabels,
+                    yticklabels=yticklabels,
+                    mask=to_host(mask),
+                    ax=target,
+                    **kwargs,
+                )
         target.grid(False)
         # seaborn stands row labels on end; read them level (declutter thins them).
         for label in target.get_yticklabels():
