@@ -19,6 +19,10 @@ from matplotlib.figure import Figure, SubFigure
 from theseus.plot._errors import PlotTypeError, PlotValueError
 from theseus.plot._ticks import declutter
 
+#: The seed `bar` and `line` bootstrap their confidence intervals with when the caller
+#: passes none: a figure of the same data is the same figure, to the byte.
+BOOTSTRAP_SEED = 0
+
 
 class NotebookFigure(Figure):
     """A matplotlib Figure that shows itself in Jupyter as an image, with or without pyplot.

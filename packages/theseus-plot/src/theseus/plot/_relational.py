@@ -1,8 +1,10 @@
 """``line`` and ``scatter``: seaborn.lineplot's and seaborn.scatterplot's exact signatures.
 
 The parameters before ``title`` are seaborn's, in its order with its defaults
-(a test checks both against the installed seaborn), passed through unchanged;
-the figure is new and themed.
+(a test checks both against the installed seaborn), passed through unchanged
+but one: ``line``'s ``seed=None`` draws the bootstrap interval with ``BOOTSTRAP_SEED``
+(seaborn would draw a fresh one at every call), so the same data give the same figure
+and the same file bytes. The figure is new and themed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from theseus.plot._figure import finish, target_axes
+from theseus.plot._figure import BOOTSTRAP_SEED, finish, target_axes
 from theseus.plot._inputs import check_vectors, to_host
 from theseus.plot._theme import theme
 
@@ -109,7 +111,7 @@ def line(
             estimator=estimator,
             errorbar=errorbar,
             n_boot=n_boot,
-            seed=seed,
+            seed=BOOTSTRAP_SEED if seed is None else seed,
             orient=orient,
             sort=sort,
             err_style=err_style,
