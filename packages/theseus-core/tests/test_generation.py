@@ -193,6 +193,32 @@ def test_a_prompt_samples_the_same_alone_and_in_any_batch(
     assert together[batch.index(prompt)] == alone
 
 
+def test_a_shorter_cache_gives_the_same_tokens(model_and_params, monkeypatch) -> None:
+    """`cache_slots` = the longest prompt plus the new tokens: the cache made is that long,
+    and the greedy tokens are the plain forward's, as with the whole context cached."""
+    from theseus.model.attention.base import KVCache
+
+    model, params = model_and_params
+    made: list[int] = []
+    empty = KVCache.empty.__func__  # type: ignore[attr-defined]
+
+    def spy(cls, config, batch, slots, start=None):  # type: ignore[no-untyped-def]
+        made.append(slots)
+        return empty(cls, config, batch, slots, start)
+
+    monkeypatch.setattr(KVCache, "empty", classmethod(spy))
+    generation._prefill.clear_cache()
+    short = generate(model, params, PROMPTS, 9, temperature=0, cache_slots=7 + 9)
+    assert set(made) == {16}
+    assert short == generate(model, params, PROMPTS, 9, temperature=0)
+    assert set(made) == {16, BLOCK}
+    for prompt, new in zip(PROMPTS, short, strict=True):
+        assert new == _greedy_by_recompute(model, params, prompt, 9)
+    for bad in (15, BLOCK + 1, 16.0, True):
+        with pytest.raises(GenerationError, match="cache_slots must be an int from 16"):
+            generate(model, params, PROMPTS, 9, temperature=0, cache_slots=bad)  # type: ignore[arg-type]
+
+
 def test_one_compiled_step_serves_every_token_and_every_prompt_of_a_bucket(
     model_and_params,
 ) -> None:

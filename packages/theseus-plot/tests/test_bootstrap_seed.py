@@ -19,8 +19,7 @@ STEPS = {"x": np.repeat(np.arange(4), 5), "y": RNG.normal(size=20)}
 def _interval_heights(fig: Figure) -> list[float]:
     """The error bars' vertical extents (one line each) of the figure's Axes."""
     return [
-        float(np.ptp(np.asarray(segment.get_ydata(), float)))
-        for segment in fig.axes[0].get_lines()
+        float(np.ptp(np.asarray(segment.get_ydata(), float))) for segment in fig.axes[0].get_lines()
     ]
 
 

@@ -224,6 +224,19 @@ def _check(
         raise GenerationError(f"top_p must be in (0, 1] or None; got {top_p!r}")
 
 
+def _slots(asked: int | None, needed: int, block_size: int) -> int:
+    """The cache's positions: `asked`, checked to lie in `[needed, block_size]`, or the context."""
+    if asked is None:
+        return block_size
+    if isinstance(asked, bool) or not isinstance(asked, int) or not needed <= asked <= block_size:
+        raise GenerationError(
+            f"cache_slots must be an int from {needed} (the longest prompt plus "
+            f"max_new_tokens) to {block_size} (architecture/block_size); got {asked!r}. "
+            "Leave it out to cache the whole context."
+        )
+    return asked
+
+
 def generate(
     model: Any,
     params: Any,
@@ -236,6 +249,7 @@ def generate(
     key: jax.Array | None = None,
     on_token: Callable[[np.ndarray], None] | None = None,
     vocab: int | None = None,
+    cache_slots: int | None = None,
 ) -> list[list[int]]:
     """Continue each prompt by `max_new_tokens` tokens.
 
@@ -255,6 +269,12 @@ def generate(
         vocab: draw only ids below it: the tokenizer's vocabulary, where the model's
             embedding is padded beyond it (GPT-NeoX's 50304 rows for Pythia's 50277
             tokens); default every id of the model.
+        cache_slots: positions the key-value cache holds, at least the longest prompt
+            plus `max_new_tokens`; default the model's context (`block_size`), so one
+            compiled step serves every prompt and length. A caller whose prompts and
+            lengths are fixed can ask for fewer: the cache's memory and each step's
+            attention scale with it (memorization decodes 32 + 32 tokens of a model whose
+            context is 2,048).
 
     Returns:
         The new tokens of each prompt (the prompt itself not included).
@@ -265,14 +285,15 @@ def generate(
     cfg = model.config
     _check(prompts, max_new_tokens, temperature, top_k, top_p, cfg.vocab_size, cfg.block_size)
     batch, longest = len(prompts), max(len(p) for p in prompts)
-    width = prompt_bucket(longest, cfg.block_size - max_new_tokens)
+    slots = _slots(cache_slots, longest + max_new_tokens, cfg.block_size)
+    width = prompt_bucket(longest, slots - max_new_tokens)
     tokens = np.zeros((batch, width), np.int32)
     start = np.zeros(batch, np.int32)
     for row, prompt in enumerate(prompts):
         start[row] = width - len(prompt)
         tokens[row, start[row] :] = np.asarray(prompt)
     start_j = jnp.asarray(start)
-    logits, caches = _prefill(model, params, jnp.asarray(tokens), start_j, cfg.block_size)
+    logits, caches = _prefill(model, params, jnp.asarray(tokens), start_j, slots)
     keys = prompt_keys(jax.random.key(0) if key is None else key, prompts)
     pick = functools.partial(
         _pick,

@@ -111,14 +111,18 @@ def greedy_continuations(
     """Greedy continuations `[n, steps]` of `prefixes [n, length]`, `batch` rows at a time.
 
     Runs `theseus.model.generation.generate` with `temperature=0` (the model's
-    key-value cache: one prefill, then one compiled step a token); the last batch is
-    filled up with copies of its first row, so one program serves every batch.
+    key-value cache, as long as the prefixes plus `steps`, not the model's context: one
+    prefill, then one compiled step a token); the last batch is filled up with copies of
+    its first row, so one program serves every batch.
     """
     out = np.zeros((prefixes.shape[0], steps), np.int32)
     for begin in range(0, prefixes.shape[0], batch):
         rows = prefixes[begin : begin + batch]
         filled = np.concatenate([rows, np.repeat(rows[:1], batch - rows.shape[0], axis=0)])
-        new = generate(model, params, filled.tolist(), steps, temperature=0.0, vocab=vocab)
+        new = generate(
+            model, params, filled.tolist(), steps, temperature=0.0, vocab=vocab,
+            cache_slots=prefixes.shape[1] + steps,
+        )  # fmt: skip
         out[begin : begin + rows.shape[0]] = np.asarray(new, np.int32)[: rows.shape[0]]
     return out
 
