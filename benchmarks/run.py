@@ -33,6 +33,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -177,26 +178,38 @@ def main(argv: list[str] | None = None) -> int:
         machine["device"] = device
         machine["tiny"] = args.tiny
     started = time.perf_counter()
-    runs = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="benchmarks-") as scratch:
+        earlier = Path(scratch) / f"{stem}.json"
+        if args.merge:  # a snapshot: each entry merges into what was there at the start
+            merged(args.out / f"{stem}.json", [], machine, args.note, plan)  # or refuses now
+            shutil.copyfile(args.out / f"{stem}.json", earlier)
+
+        def finish() -> str:
+            """The table of the runs so far, written (merged into the snapshot)."""
+            if device is not None:
+                from benchmarks import tpu_plan
+
+                tpu_plan.add_derived_rows(runs)
+            machine["seconds"] = round(time.perf_counter() - started, 1)
+            machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+            done, note = runs, args.note
+            partial = None if args.only is None else [b.name for b in chosen]
+            if args.merge:
+                done, note = merged(earlier, runs, machine, args.note, plan)
+                partial = None
+            table = markdown(done, machine, note, partial)
+            record = {"machine": machine, "note": note, "only": partial, "benchmarks": done}
+            _write(args.out / f"{stem}.json", json.dumps(record, indent=1) + "\n")
+            _write(args.out / f"{stem}.md", table)
+            return table
+
         for bench in chosen:
             runs.append(run_one(bench, Path(scratch) / f"{bench.name}.json", args.quick))
-    if device is not None:
-        from benchmarks import tpu_plan
-
-        tpu_plan.add_derived_rows(runs)
-    machine["seconds"] = round(time.perf_counter() - started, 1)
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    partial = None if args.only is None else [b.name for b in chosen]
-    args.out.mkdir(parents=True, exist_ok=True)
-    note = args.note
-    if args.merge:
-        runs, note = merged(args.out / f"{stem}.json", runs, machine, args.note, plan)
-        partial = None
-    table = markdown(runs, machine, note, partial)
-    record = {"machine": machine, "note": note, "only": partial, "benchmarks": runs}
-    _write(args.out / f"{stem}.json", json.dumps(record, indent=1) + "\n")
-    _write(args.out / f"{stem}.md", table)
+            if args.merge and len(runs) < len(chosen):
+                finish()  # a run stopped later (a device call's time limit) keeps these
+        table = finish()
     print("\n" + table)
     crashed = [r["name"] for r in runs if r["status"] == "crashed"]
     if crashed:

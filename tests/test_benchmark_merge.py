@@ -54,3 +54,32 @@ def test_merge_refuses_a_missing_file_or_a_quick_one(tmp_path: Path) -> None:
         run.merged(tmp_path / "results.json", [], run.describe_machine(quick=True), "")
     with pytest.raises(SystemExit):
         run.parse(["--merge"])  # --merge without --only
+
+
+def test_a_merge_stopped_during_an_entry_keeps_the_entries_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device call's time limit kills the runner mid-plan: what finished is on disk."""
+    names = [b.name for b in run.BENCHMARKS]
+    machine = {**run.describe_machine(quick=False), "date": "2026-01-01T00:00:00+00:00"}
+    record = {"machine": machine, "note": "old", "only": None,
+              "benchmarks": [_record(name, f"{name} (old)") for name in names[:3]]}  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(record))
+    ran: list[str] = []
+
+    def run_one(bench: run.Benchmark, out: Path, quick: bool) -> dict:
+        if ran:  # the second entry: the device call's limit stops the runner here
+            raise SystemExit(124)
+        ran.append(bench.name)
+        return _record(bench.name, f"{bench.name} (new)")
+
+    monkeypatch.setattr(run, "run_one", run_one)
+    argv = ["--only", f"{names[1]},{names[2]}", "--merge", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        run.main(argv)
+    kept = json.loads((tmp_path / "results.json").read_text())
+    whats = [r["results"]["rows"][0]["what"] for r in kept["benchmarks"]]
+    assert whats == [f"{names[0]} (old)", f"{names[1]} (new)", f"{names[2]} (old)"]
+    assert kept["note"].startswith(f"{names[1]} run again and merged;")
+    assert f"{names[1]} (new)" in (tmp_path / "results.md").read_text()
+    assert run.merged(tmp_path / "results.json", [], run.describe_machine(quick=False), "")
