@@ -124,7 +124,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile",
         type=Path,
         help="with --trainer-only: trace --steps more steps with JAX's profiler into this "
-        "folder and print the device time by operation",
+        "folder and print the device time by operation (what each is and where in the "
+        "model it came from, from the compiled step's text) and by place in the model",
+    )
+    p.add_argument(
+        "--profile-top", type=int, default=20, help="with --profile: the lines of each list"
     )
     p.add_argument(
         "--per-device-batch",
@@ -347,12 +351,15 @@ def run_trainer_only(args: argparse.Namespace, trainer: Any, host: list[dict[str
         + (f", loss chunk {args.loss_chunk}" if args.loss_chunk else "")
     )
     info = run_info(args, n_params, flops, tokens)
+    compiled = theseus.compiled()
     if args.profile is not None:
         from benchmarks import _profile
 
         with jax.profiler.trace(str(args.profile)):
             theseus.steps(args.steps)
-        summary = _profile.lines(args.profile, args.steps)
+        summary = _profile.lines(
+            args.profile, args.steps, top=args.profile_top, hlo=compiled.as_text()
+        )
         print("\n".join(summary))
         info["profile"] = summary
     rows = [
@@ -379,7 +386,7 @@ def run_trainer_only(args: argparse.Namespace, trainer: Any, host: list[dict[str
                 "the step's temporaries: see the next row)",
             )
         )
-    planned = _memory.program_bytes(theseus.compiled())
+    planned = _memory.program_bytes(compiled)
     if planned is not None:
         info["program_bytes"] = planned
         parts = ", ".join(f"{k} {_memory.gigabytes(v)}" for k, v in planned.items() if k != "total")
