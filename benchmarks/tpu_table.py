@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import run, tpu_plan
+from benchmarks import _table, run, tpu_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_end": [0.0],
     }
     note = f"one {args.device} chip, {args.peak_tflops:g} TFLOP/s bf16 peak; runs as listed below"
-    table = run.markdown(runs, machine, note, None).splitlines()
+    table = _table.markdown(runs, machine, note, None).splitlines()
     table[0] = f"# Benchmarks on a TPU ({args.device})"
     table[2] = (
         f"Runs of the benchmark scripts on one {args.device} chip on {args.date}, wheels built "
