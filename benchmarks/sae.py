@@ -98,7 +98,11 @@ def hand_written(data: Any, size: Size) -> tuple[Any, Any]:
     return jax.jit(step, donate_argnums=0), (params, optimizer.init(params))
 
 
-def training_rows(rounds: int, steps: int, size: Size) -> list[_report.Row]:
+def training_rows(
+    rounds: int, steps: int, size: Size, profile: Path | None = None
+) -> list[_report.Row]:
+    """The training row; with `profile`, `steps` more steps of each side traced into
+    `profile/ours` and `profile/theirs` and their device time printed by operation."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -153,6 +157,20 @@ def training_rows(rounds: int, steps: int, size: Size) -> list[_report.Row]:
             (ours if name == "ours" else theirs)()
             rate = steps * size.tokens / (time.perf_counter() - began)
             (ours_rate if name == "ours" else theirs_rate).append(rate)
+    if profile is not None:
+        from benchmarks import _profile
+
+        saes, opts, bufs, fired = state
+        acts = {"x": chunks[DEPTH % len(chunks)]}
+        args = (saes, opts, bufs, fired, acts, jax.random.key(0), {"x": 1.0})
+        texts = {
+            "ours": programs.update.lower(*args).compile().as_text(),
+            "theirs": theirs_step.lower(mine[0], 0).compile().as_text(),
+        }
+        for name, side in (("ours", ours), ("theirs", theirs)):
+            with jax.profiler.trace(str(profile / name)):
+                side()
+            print(f"{name}:", *_profile.lines(profile / name, steps, hlo=texts[name]), sep="\n")
     return [
         _report.compare(
             f"SAE training tokens/s (top-k, d {size.d}, {size.width} features, k {size.k}, "
@@ -256,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expansion", type=int, default=Size.width // Size.d, help="features / d")
     p.add_argument("--k", type=int, default=Size.k, help="features kept per token (top-k)")
     p.add_argument("--tokens", type=int, default=Size.tokens, help="activations a step")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="trace --steps more training steps of each side into this folder (ours/, "
+        "theirs/) and print their device time by operation",
+    )
     _report.add_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
@@ -267,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         f"SAE training (d {size.d}, {size.width} features, {size.tokens} tokens a step)",
         f"--tokens {max(LANES, size.tokens // 2)} or a smaller --expansion",
     ):
-        rows = training_rows(args.rounds, args.steps, size)
+        rows = training_rows(args.rounds, args.steps, size, args.profile)
         rows += tandem_rows(args.rounds, 8 if args.quick else 40)
     _report.write(args.json, "sae", args.quick, rows)
     return _report.exit_status(rows)
