@@ -211,14 +211,18 @@ def test_ctrl_c_during_a_copy_is_one_line_and_a_second_run_finishes_it(tmp_path:
     values = _big_source(tmp_path / "a" / "store")
     paths = [str(tmp_path / "a"), str(tmp_path / "b")]
     # The interrupted run holds still between the values and the blobs until the signal
-    # comes, so Ctrl-C lands inside the copy however fast or loaded the machine is.
+    # comes, so Ctrl-C lands inside the copy however fast or loaded the machine is. It
+    # holds in short sleeps: a signal that arrives after the print but before a sleep's
+    # system call starts does not cut that sleep short (Python only notes it), and one
+    # long sleep then outlasted the test's wait under load; the next short one sees it.
     held = (
         "import sys, time\n"
         "from theseus.store import _copy\n"
         "bring = _copy._copy_bytes\n"
         "def held(*args):\n"
         "    print('  holding before the blobs', flush=True)\n"
-        "    time.sleep(120)\n"
+        "    for _ in range(2400):\n"
+        "        time.sleep(0.05)\n"
         "    return bring(*args)\n"
         "_copy._copy_bytes = held\n"
         "from theseus.store.cli import main\n"
