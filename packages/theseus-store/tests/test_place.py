@@ -212,9 +212,9 @@ def test_ctrl_c_during_a_copy_is_one_line_and_a_second_run_finishes_it(tmp_path:
     paths = [str(tmp_path / "a"), str(tmp_path / "b")]
     # The interrupted run holds still between the values and the blobs until the signal
     # comes, so Ctrl-C lands inside the copy however fast or loaded the machine is. It
-    # holds in short sleeps: a signal that arrives after the print but before a sleep's
-    # system call starts does not cut that sleep short (Python only notes it), and one
-    # long sleep then outlasted the test's wait under load; the next short one sees it.
+    # holds in short sleeps: once, in a full run, the child was still in a single 120 s
+    # sleep after the signal (the cause was not found); a signal the interpreter has
+    # noted is acted on when a short sleep ends.
     held = (
         "import sys, time\n"
         "from theseus.store import _copy\n"
