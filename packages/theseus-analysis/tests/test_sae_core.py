@@ -177,3 +177,52 @@ def test_a_chain_on_unchanged_activations_keeps_every_feature_matched() -> None:
     second, _ = train(config, data, steps=200, params=first)  # warm-started, same site
     found = match(np.asarray(first["W_dec"]), np.asarray(second["W_dec"]))
     assert found.matched == 1.0 and len(found.born) == len(found.gone) == 0
+
+
+def test_a_step_trains_on_the_drawn_slots_and_refills_them_without_copying_the_buffer() -> None:
+    """`Programs.update` against NumPy: the slots that now hold the new activations are
+    the ones drawn, the SAE trained on what they held before (in their order), every
+    other slot is untouched, and the compiled step holds no copy of the buffer (XLA
+    copied it twice a step while the write was not ordered after the read)."""
+    from theseus.analysis.sae._stream import Bank, Programs
+    from theseus.training.sharding import ParameterShardingContext
+
+    lanes, depth, length = 4, 32, 8
+    config = SAEConfig(d_in=D, width=64, architecture="topk", k=ACTIVE)
+    optimizer = optax.adam(3e-3)
+    programs = Programs(
+        None, Bank(("x",), ((config,),)), optimizer, ParameterShardingContext.create(),
+        "test", lambda name: None, 4, 1, 1,
+    )  # fmt: skip
+    rng = np.random.default_rng(5)
+    old = rng.normal(size=(lanes, depth, D)).astype(np.float32)
+    fresh = rng.normal(size=(lanes, length, D)).astype(np.float32) + 10.0  # unlike any old row
+    scale = 0.5
+    saes = programs.start({"x": jnp.asarray(old)}, {"x": scale}, jax.random.key(1))
+    opts = programs.init_optimizer(saes)
+    before = jax.tree.map(np.asarray, saes)
+    args = (saes, opts, {"x": jax.device_put(old, programs.lanes)}, programs.unfired(),
+            {"x": jnp.asarray(fresh)}, jax.random.key(7), {"x": scale})  # fmt: skip
+    hlo = programs.update.lower(*args).compile().as_text()
+    shape = "f32[{},{},{}]".format(*args[2]["x"].sharding.shard_shape(old.shape))  # a device's part
+    assert not [line for line in hlo.splitlines() if "copy(" in line and shape in line]
+
+    new_saes, _, buffers, _, _ = programs.update(*args)
+    new = np.asarray(buffers["x"])
+    slots = np.zeros((lanes, length), int)
+    for lane in range(lanes):
+        for i in range(length):
+            where = np.flatnonzero((new[lane] == fresh[lane, i]).all(axis=1))
+            assert where.size == 1, (lane, i, where)
+            slots[lane, i] = where[0]
+        assert len(set(slots[lane])) == length  # distinct slots
+        kept = np.setdiff1d(np.arange(depth), slots[lane])
+        np.testing.assert_array_equal(new[lane, kept], old[lane, kept])
+    drawn = np.take_along_axis(old, slots[..., None], axis=1).reshape(-1, D) * scale
+    params, _, _ = jax.jit(make_train_step(config, optimizer))(
+        jax.tree.map(jnp.asarray, before[0][0]), optimizer.init(before[0][0]), jnp.asarray(drawn)
+    )
+    for name in params:
+        np.testing.assert_allclose(
+            np.asarray(new_saes[0][0][name]), np.asarray(params[name]), rtol=1e-5, atol=1e-6
+        )

@@ -135,6 +135,19 @@ def activations(
     return out
 
 
+def after(slots: jax.Array, drawn: jax.Array) -> jax.Array:
+    """`slots` unchanged, computed from `drawn` so that the write into those slots of the
+    donated buffer comes after the read that made `drawn`.
+
+    Without the dependency XLA cannot order the read before the in-place write and
+    copies the whole buffer twice a step (measured on a CPU: 55 ms against 6 ms for a
+    buffer of 100 MB). `isnan(max)` is 0 or 1 and every slot is below the lane's depth,
+    so the minimum is `slots` whatever the activations hold.
+    """
+    depth = jnp.asarray(jnp.iinfo(slots.dtype).max - 1, slots.dtype)
+    return jnp.minimum(slots, depth + jnp.isnan(drawn.max()).astype(slots.dtype))
+
+
 class Programs:
     """The jitted programs of one bank of SAEs on one trainer's trace (each traced once).
 
@@ -284,7 +297,9 @@ class Programs:
             draw = jax.random.uniform(jax.random.fold_in(key, i), (lanes, depth))
             _, slots = jax.lax.top_k(draw, length)  # distinct random slots of each lane
             drawn = jnp.take_along_axis(buffer, slots[..., None], axis=1)
-            new_buffers[site] = buffer.at[jnp.arange(lanes)[:, None], slots].set(fresh)
+            new_buffers[site] = buffer.at[jnp.arange(lanes)[:, None], after(slots, drawn)].set(
+                fresh
+            )
             x = drawn.reshape(lanes * length, d) * scales[site]
             x = jax.lax.with_sharding_constraint(x, self.sharding.batch_sharding(2))
             row_saes, row_opts, row_fired, row_metrics = [], [], [], []
