@@ -9,22 +9,26 @@ Three sides continue the same prompts (16 tokens each) greedily by ``--new`` tok
 the same GPT and parameters:
 
 * **ours**: ``theseus.model.generation.generate``: one prefill, then one compiled step a
-  token (decode and pick in one program) over a cache of ``block`` slots.
-* **hand**: what a JAX user writes with the same model and cache: a jitted prefill and a
-  jitted step (``model.apply(..., cache=)`` then ``argmax``, the cache donated), called
-  in a Python loop, the tokens gathered on the device. It must give ours's tokens exactly.
+  token (decode and pick in one program) over a cache of ``block`` slots; a bfloat16
+  model decodes from its float32 matrices cast to bfloat16 once (``decoding_params``).
+* **hand**: what a JAX user writes with the same model, parameters and cache: a jitted
+  prefill and a jitted step (``model.apply(..., cache=)`` then ``argmax``, the cache
+  donated), called in a Python loop, the tokens gathered on the device.
 * **recompute**: the plain forward (``GPT.__call__``, compiled) on the whole sequence so
   far, padded to ``block`` tokens so it compiles once, its argmax at the last real
   position; what a loop without a cache does.
 
-Ours's tokens are checked by teacher forcing. On a CPU in float32: at every new position
-the token it chose has exactly the largest logit of the full forward on its own sequence.
-Elsewhere (bfloat16, or an accelerator's fused attention) the cache and the forward round
-differently, and a deep random network amplifies rounding (the 124M GPT's bfloat16
-forward is ~50% of the logits' scale away from its float32 one, on a CPU too), so both
-are held to a float32 forward at 'highest' matmul precision instead: the cache's logits,
-fed ours's tokens one at a time, must be no further from it than the bfloat16 forward's
-(``ACCURACY`` times as far at most, plus 1e-3 of the scale).
+The tokens are checked by teacher forcing. On a CPU in float32, ours's and the hand
+loop's tokens must be equal and at every new position the token chosen has exactly the
+largest logit of the full forward on its own sequence. Elsewhere (bfloat16, or an
+accelerator's fused attention) the cache and the forward round differently, and a deep
+random network amplifies rounding (the 124M GPT's bfloat16 forward is ~50% of the
+logits' scale away from its float32 one, on a CPU too), so each side is held to a float32
+forward at 'highest' matmul precision instead: its cache's logits (ours's read from the
+cast matrices, the hand loop's from the float32 ones), fed its tokens one at a time, must
+be no further from it than the bfloat16 forward's (``ACCURACY`` times as far at most,
+plus 1e-3 of the scale). The share of ours's tokens equal to the hand loop's is in the
+note (all of them on a CPU, where the cast matrices give the same logits bit for bit).
 After a warm-up run of each
 (compilation), the sides alternate for ``--rounds`` rounds (rotating order). Rows: ours
 vs hand (goal >= 1.0), ours vs recompute (goal >= 5) and ours's per-token latency.
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from theseus.model.generation import generate
+    from theseus.model.generation import decoding_params, generate
     from theseus.model.models import GPT
 
     def build(dtype: str) -> GPT:
@@ -142,18 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         logits, cache = model.apply({"params": params}, token[:, None], cache=cache)
         return logits[:, 0].astype(jnp.float32), cache
 
-    def cached_logits(tokens: np.ndarray) -> np.ndarray:
+    def cached_logits(tokens: np.ndarray, weights: dict) -> np.ndarray:
         """[batch, new, vocab]: the cache's logits at each new position, fed `tokens`."""
-        logits, cache = forced_prefill(params, jnp.asarray(prompts, jnp.int32))
+        logits, cache = forced_prefill(weights, jnp.asarray(prompts, jnp.int32))
         out = [logits]
         for n in range(args.new - 1):
-            logits, cache = forced_step(params, cache, jnp.asarray(tokens[:, n], jnp.int32))
+            logits, cache = forced_step(weights, cache, jnp.asarray(tokens[:, n], jnp.int32))
             out.append(logits)
         return np.asarray(jnp.stack(out, axis=1))
 
-    def check(tokens: list[list[int]]) -> str:
-        """Teacher forcing (see the module's docstring): raise if the cache disagrees with
-        the forward; what was checked, for the rows' notes."""
+    def check(tokens: list[list[int]], weights: dict, side: str) -> str:
+        """Teacher forcing (see the module's docstring): raise if the cache, read with
+        `weights`, disagrees with the forward; what was checked, for the rows' notes."""
         chosen_ids = np.asarray(tokens)
         seqs = np.zeros((args.batch, args.block), np.int32)
         seqs[:, :16] = np.asarray(prompts)
@@ -170,23 +174,39 @@ def main(argv: list[str] | None = None) -> int:
             return "the full forward's argmax exactly"
         truth = np.asarray(reference_logits(params, jnp.asarray(seqs)))[:, window]
         scale = float(np.abs(truth).max())
-        cache_error = float(np.abs(cached_logits(chosen_ids) - truth).max()) / scale
+        cache_error = float(np.abs(cached_logits(chosen_ids, weights) - truth).max()) / scale
         forward_error = float(np.abs(logits - truth).max()) / scale
         if cache_error > ACCURACY * forward_error + 1e-3:
             raise SystemExit(
-                f"generation: the cache's logits are {cache_error:.2e} of the scale from a "
+                f"generation: {side}'s cache logits are {cache_error:.2e} of the scale from a "
                 f"float32 forward, the {args.dtype} forward's {forward_error:.2e}: the cache "
                 "is less accurate than the forward"
             )
         return (
-            f"teacher-forced cache logits {cache_error:.1e} of the scale from a float32 "
-            f"forward, the {args.dtype} forward {forward_error:.1e} (at most {ACCURACY}x)"
+            f"{side}'s teacher-forced cache logits {cache_error:.1e} of the scale from a "
+            f"float32 forward, the {args.dtype} forward {forward_error:.1e} (at most "
+            f"{ACCURACY}x)"
         )
 
     first = ours()  # also compiles
-    if hand() != first:
-        raise SystemExit("generation: the hand-written loop and theseus's generate disagree")
-    checked_how = check(first)
+    theirs = hand()
+    if exact:
+        if theirs != first:
+            raise SystemExit("generation: the hand-written loop and theseus's generate disagree")
+        checked_how = "ours's tokens equal the hand loop's; " + check(first, params, "ours")
+    else:
+        # ours decodes from the matrices in the activation dtype (decoding_params), the hand
+        # loop from the float32 ones: the same logits on a CPU, an accelerator may round
+        # them apart, and a deep random network's greedy tokens follow any rounding. Each
+        # side is held to the float32 forward on its own tokens.
+        same = float(np.mean(np.asarray(first) == np.asarray(theirs)))
+        checked_how = "; ".join(
+            [
+                check(first, decoding_params(model, params), "ours"),
+                check(theirs, params, "the hand loop"),
+                f"{same:.0%} of ours's tokens equal the hand loop's",
+            ]
+        )
     recompute()  # compiles
     sides = {"ours": ours, "hand": hand, "recompute": recompute}
     speeds: dict[str, list[float]] = {name: [] for name in sides}
@@ -206,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         f"GPT {args.layers}x{args.width}, vocab {args.vocab}, block {args.block}, "
         f"batch {args.batch}, {args.dtype}"
     )
-    checked = "greedy; ours's tokens equal the hand loop's; " + checked_how
+    checked = "greedy; " + checked_how
     rows = [
         _report.compare(
             f"generation: decode tokens/s, theseus generate vs a hand-written JAX loop with "

@@ -334,6 +334,33 @@ def test_cached_generation_equals_the_full_forward(family: tuple) -> None:
         assert int(caches[0].length) == width + step + 1
 
 
+def test_decoding_params_give_the_same_logits_bit_for_bit(family: tuple) -> None:
+    """`GPT.decoding_params` (float32 matrices in the 16-bit activation dtype, which
+    `generate` decodes from) changes nothing a decode computes: the prefill and a cached
+    step give the same logits bit for bit, from half the bytes."""
+    _, _, params, settings = family
+    model = GPT.build(**{**settings, "dtype": "bfloat16"})
+    cast = model.decoding_params(params)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(cast), strict=True):
+        assert b.dtype == (jnp.bfloat16 if a.ndim >= 2 else jnp.float32), a.shape
+    x = jnp.asarray(np.random.default_rng(4).integers(0, VOCAB, (2, 6)), jnp.int32)
+    start = jnp.asarray([0, 2], jnp.int32)
+    outs = []
+    for p in (params, cast):
+        logits, caches = _cached(model, p, x, model.empty_cache(2, BLOCK, start))
+        token = jnp.argmax(logits[:, -1], -1)[:, None].astype(jnp.int32)
+        step, _ = _cached(model, p, token, caches)
+        outs.append((np.asarray(logits, np.float32), np.asarray(step, np.float32)))
+    assert np.abs(outs[0][1]).max() > 1.0  # logits of some size, not all zeros
+    np.testing.assert_array_equal(outs[1][0], outs[0][0])
+    np.testing.assert_array_equal(outs[1][1], outs[0][1])
+
+
+def test_a_float32_model_decodes_from_its_params_as_they_are() -> None:
+    _, model, params, _ = _family("gpt2")
+    assert model.decoding_params(params) is params
+
+
 @pytest.mark.parametrize("name", ["llama", "olmo2"])
 def test_greedy_generate_with_grouped_heads_is_greedy_over_the_full_forward(name: str) -> None:
     """`generate` (prompt buckets, left padding, the compiled step) on a grouped-query

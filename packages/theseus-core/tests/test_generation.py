@@ -219,6 +219,32 @@ def test_a_shorter_cache_gives_the_same_tokens(model_and_params, monkeypatch) ->
             generate(model, params, PROMPTS, 9, temperature=0, cache_slots=bad)  # type: ignore[arg-type]
 
 
+def test_a_16_bit_model_decodes_from_a_cast_copy_where_it_fits(monkeypatch, caplog) -> None:
+    """A bfloat16 model decodes from its float32 matrices cast once (the same tokens as
+    from the float32 ones); where the device reports less free memory than twice the
+    copy, from the float32 ones, said once."""
+    model = GPT.build(
+        n_layers=2, n_embd=32, n_head=4, block_size=BLOCK, vocab_size=VOCAB, dtype="bfloat16"
+    )
+    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))["params"]
+    params = jax.tree.map(lambda p: p * 8.0, params)
+    cast = generation.decoding_params(model, params)
+    assert cast["wte"]["embedding"].dtype == jnp.bfloat16
+    assert generation.decoding_params(model, cast) is cast  # a caller can cast once
+    copy = sum(a.size * 2 for a in jax.tree.leaves(params) if a.ndim >= 2)
+    free = [2 * copy - 1]
+    monkeypatch.setattr(generation, "_free_bytes", lambda leaf: free[0])
+    monkeypatch.setattr(generation, "_SAID", set())
+    with caplog.at_level("WARNING", logger=generation.__name__):
+        assert generation.decoding_params(model, params) is params
+        float32 = generate(model, params, PROMPTS, 12, temperature=0)
+    said = [r.getMessage() for r in caplog.records if "decoding from the float32" in r.getMessage()]
+    assert len(said) == 1, said
+    free[0] = 2 * copy
+    assert generation.decoding_params(model, params)["wte"]["embedding"].dtype == jnp.bfloat16
+    assert generate(model, params, PROMPTS, 12, temperature=0) == float32
+
+
 def test_one_compiled_step_serves_every_token_and_every_prompt_of_a_bucket(
     model_and_params,
 ) -> None:

@@ -14,6 +14,11 @@ token of every prompt. The caches are donated to the step, so decoding updates t
 place, and the new tokens stay on the device until the end (unless `on_token` streams
 them), so the host never waits for a step.
 
+Weights: a model with a 16-bit activation dtype decodes from a copy of its float32
+matrices in that dtype (`decoding_params`): each matmul casts them so anyway, so the
+tokens are the same, and a step at a small batch, which reads every weight once a
+token, reads half the bytes. The copy is skipped where it would not fit on the device.
+
 Sampling: temperature 0 is greedy (argmax). Otherwise the logits are divided by the
 temperature, cut to the `top_k` largest and to the smallest set whose probability
 reaches `top_p` (never fewer than the most likely token), and each prompt draws from a stream of its own (`prompt_keys`): the
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,7 +44,9 @@ import numpy as np
 
 from theseus.errors import TheseusError
 
-__all__ = ["GenerationError", "generate", "prompt_bucket", "prompt_keys"]
+__all__ = ["GenerationError", "decoding_params", "generate", "prompt_bucket", "prompt_keys"]
+
+logger = logging.getLogger(__name__)
 
 
 class GenerationError(TheseusError, ValueError):
@@ -224,6 +232,70 @@ def _check(
         raise GenerationError(f"top_p must be in (0, 1] or None; got {top_p!r}")
 
 
+def _free_bytes(leaf: jax.Array) -> int | None:
+    """Free memory on the first device holding `leaf`; None where the device does not
+    say (a CPU)."""
+    stats = leaf.addressable_shards[0].device.memory_stats()
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def _dtype(leaf: Any) -> np.dtype:
+    return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.result_type(leaf)
+
+
+@functools.lru_cache(maxsize=64)
+def _cast_dtypes(model: Any, tree: Any, avals: tuple[Any, ...]) -> tuple[Any, ...]:
+    """For each leaf of a tree with these shapes and dtypes: the dtype
+    `model.decoding_params` gives it, None where it stays (one trace per tree)."""
+    shapes = jax.eval_shape(
+        model.decoding_params,
+        jax.tree.unflatten(tree, [jax.ShapeDtypeStruct(s, d) for s, d in avals]),
+    )
+    return tuple(
+        None if t.dtype == d else t.dtype
+        for (_, d), t in zip(avals, jax.tree.leaves(shapes), strict=True)
+    )
+
+
+def decoding_params(model: Any, params: Any) -> Any:
+    """`params` as `generate` decodes with them: `model.decoding_params(params)` (a
+    `GPT`: its float32 matrices in a 16-bit activation dtype, the same logits bit for
+    bit from half the bytes), where the model has it and the copy fits; else `params`.
+
+    The copy fits when a device's free memory is at least twice the part of it that
+    device holds (the cache and the activations need room too); where the device does
+    not report its memory (a CPU), it is made. Params already so cast are returned as
+    they are, without a copy, so a caller decoding many batches can cast once.
+    """
+    cast = getattr(model, "decoding_params", None)
+    if cast is None:
+        return params
+    leaves, tree = jax.tree.flatten(params)
+    dtypes = _cast_dtypes(model, tree, tuple((np.shape(a), _dtype(a)) for a in leaves))
+    changed = [(a, t) for a, t in zip(leaves, dtypes, strict=True) if t is not None]
+    if not changed:
+        return params
+    if all(isinstance(a, jax.Array) for a, _ in changed):
+        extra = sum(a.addressable_shards[0].data.size * np.dtype(t).itemsize for a, t in changed)
+        free = _free_bytes(changed[0][0])
+        if free is not None and free < 2 * extra:
+            if not _SAID:
+                _SAID.add("memory")
+                logger.warning(
+                    "generate: decoding from the float32 weights: their %.2f GiB copy in the "
+                    "activation dtype would leave too little of the %.2f GiB free",
+                    extra / 2**30,
+                    free / 2**30,
+                )
+            return params
+    return cast(params)
+
+
+_SAID: set[str] = set()  # what generate has said once
+
+
 def _slots(asked: int | None, needed: int, block_size: int) -> int:
     """The cache's positions: `asked`, checked to lie in `[needed, block_size]`, or the context."""
     if asked is None:
@@ -293,6 +365,7 @@ def generate(
         start[row] = width - len(prompt)
         tokens[row, start[row] :] = np.asarray(prompt)
     start_j = jnp.asarray(start)
+    params = decoding_params(model, params)
     logits, caches = _prefill(model, params, jnp.asarray(tokens), start_j, slots)
     keys = prompt_keys(jax.random.key(0) if key is None else key, prompts)
     pick = functools.partial(

@@ -18,6 +18,7 @@ own sizes (see `theseus.model.gpt2`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -47,6 +48,14 @@ __all__ = [
     "ModelInputError",
     "cross_entropy",
 ]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast_matrices(params: Any, dtype: Any) -> Any:
+    """Each float32 leaf of two or more dimensions in `dtype`; the others as they are."""
+    return jax.tree.map(
+        lambda a: a.astype(dtype) if a.ndim >= 2 and a.dtype == jnp.float32 else a, params
+    )
 
 
 def _norm(cfg: ModelConfig, name: str) -> nn.Module:
@@ -370,6 +379,22 @@ class GPT(nn.Module, Component):
         """`ln_f`'s output `[batch, seq, n_embd]` -> logits: the tied embedding's
         transpose (`wte.attend`) or `lm_head`."""
         return self.wte.attend(h) if self.config.tie_embeddings else self.lm_head(h)
+
+    def decoding_params(self, params: Any) -> Any:
+        """`params` as a decode step reads them: with a 16-bit activation dtype
+        (`architecture/dtype/activation`), each float32 matrix (the kernels and
+        embeddings) in that dtype; the rest, and every parameter of a float32 model, as
+        they are.
+
+        Every matmul and embedding lookup casts those matrices to the activation dtype
+        anyway, so the logits are the same bit for bit (tested for every family), while a
+        decode step, which at a small batch reads each weight once a token, reads half the
+        bytes. The vectors (norm scales, biases) stay: a norm scales in float32.
+        """
+        dtype = resolve_dtype(self.config.dtype)
+        if jnp.dtype(dtype).itemsize != 2:
+            return params
+        return _cast_matrices(params, dtype)
 
     def empty_cache(
         self, batch: int, slots: int, start: jax.Array | None = None

@@ -48,7 +48,7 @@ from theseus.config import field
 from theseus.data.prepared import DataNotPreparedError, PreparedData
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.job import Mode, process_count, process_index
-from theseus.model.generation import generate
+from theseus.model.generation import decoding_params, generate
 from theseus.store import Artifact, Node
 from theseus.training.base import TrainerError
 
@@ -116,6 +116,7 @@ def greedy_continuations(
     its first row, so one program serves every batch.
     """
     out = np.zeros((prefixes.shape[0], steps), np.int32)
+    params = decoding_params(model, params)  # once, not once a batch
     for begin in range(0, prefixes.shape[0], batch):
         rows = prefixes[begin : begin + batch]
         filled = np.concatenate([rows, np.repeat(rows[:1], batch - rows.shape[0], axis=0)])
