@@ -7,9 +7,12 @@ Run `uv run nox -l` to list them, `uv run nox -s isolated` for the packaging pro
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import socket
+import sys
 import tempfile
 import tomllib
 from pathlib import Path
@@ -156,9 +159,23 @@ def _accelerator(session: nox.Session, extra: str, platform: str) -> None:
     the accelerator set on it (`pytest --accelerator`, one process), then the default
     suite (which pins itself to virtual CPU devices) beside that JAX.
 
-    A TPU host without network has no nox: there, `tools/tpu/install.sh` installs what
-    `tools/tpu/pack.py` packed and `python3 -m pytest --accelerator` runs the set."""
-    session.install(*_editable_packages(), f"jax[{extra}]", *SUITE_DEPS)
+    On a TPU host without network (`TPU_SITE`: what `tools/tpu/install.sh` installed
+    there, with nox, beside the host's JAX) nothing is installed: the same steps run on
+    the python3 this runs on, the suite only where the machine lets a test connect to
+    a socket on 127.0.0.1 (its multi-process and server tests need one)."""
+    offline = platform == "tpu" and TPU_SITE
+    if offline:
+        _check_tpu_site(session)
+        # a host's own python3 may carry pytest-benchmark, whose warning under xdist fails
+        # the suite, which turns warnings into errors (also in the pytest runs tests start)
+        addopts = os.environ.get("PYTEST_ADDOPTS", "")
+        session.env["PYTEST_ADDOPTS"] = f"{addopts} -p no:benchmark".strip()
+        if os.environ.get("THESEUS_ACCELERATOR_ALLOW_CPU") == "1":  # as install.sh takes it
+            session.log("THESEUS_ACCELERATOR_ALLOW_CPU=1: every step on the CPU (a rehearsal)")
+            platform = "cpu"
+    else:
+        session.install(*_editable_packages(), f"jax[{extra}]", *SUITE_DEPS)
+    python = sys.executable if offline else "python"
     probe = (
         "import jax, sys\n"
         "try:\n"
@@ -170,13 +187,45 @@ def _accelerator(session: nox.Session, extra: str, platform: str) -> None:
         "'). Run this session on a machine that has one; on this machine use nox -s tests.')\n"
         "print('JAX sees', jax.device_count(), 'device(s):', jax.devices())\n"
     )
-    session.run("python", "-c", probe, env={"JAX_PLATFORMS": platform})
+    session.run(python, "-c", probe, env={"JAX_PLATFORMS": platform})
     root = Path(session.create_tmp()) / "accelerator-demo"
     shutil.rmtree(root, ignore_errors=True)
     session.run("theseus", "demo", str(root), "--steps", "40", env={"JAX_PLATFORMS": platform})
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--accelerator",
+    session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--accelerator",
                 env={"JAX_PLATFORMS": platform})  # fmt: skip
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
+    if offline and not _loopback():
+        session.log("the default suite is left out: this machine lets no test connect to a "
+                    "socket on 127.0.0.1; run it where one can (CI runs it)")  # fmt: skip
+        return
+    suite = XDIST if offline else ()
+    session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suite, *session.posargs)
+
+
+def _loopback() -> bool:
+    """Whether a connection to a socket listening on 127.0.0.1 gets through here."""
+    try:
+        with socket.socket() as server, socket.socket() as client:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            client.settimeout(5)
+            client.connect(server.getsockname())
+            server.accept()[0].close()
+    except OSError:
+        return False
+    return True
+
+
+def _check_tpu_site(session: nox.Session) -> None:
+    """Refuse, in one line, a `TPU_SITE` that does not hold the Theseus this runs from."""
+    site = Path(TPU_SITE).resolve()
+    found = importlib.util.find_spec("theseus.cli")
+    origin = Path(found.origin).resolve() if found and found.origin else None
+    if origin is None or site not in origin.parents:
+        where = origin or "nowhere"
+        session.error(
+            f"THESEUS_TPU_SITE is {site}, but theseus imports from {where}; run the export "
+            "lines tools/tpu/install.sh printed, then python3 -m nox -s tpu"
+        )
 
 
 @nox.session
@@ -185,9 +234,15 @@ def gpu(session: nox.Session) -> None:
     _accelerator(session, "cuda12", "gpu")
 
 
-@nox.session
+#: Set by the export lines `tools/tpu/install.sh` prints: the folder it installed Theseus
+#: (and nox) into beside a TPU host's own JAX, where `nox -s tpu` installs nothing.
+TPU_SITE = os.environ.get("THESEUS_TPU_SITE", "")
+
+
+@nox.session(venv_backend="none" if TPU_SITE else None)
 def tpu(session: nox.Session) -> None:
-    """On a Cloud TPU VM: jax[tpu], a TPU check, the demo, the accelerator set, the suite."""
+    """On a Cloud TPU VM: jax[tpu], a TPU check, the demo, the accelerator set, the suite
+    (offline, after tools/tpu/install.sh: the host's JAX and what that installed)."""
     _accelerator(session, "tpu", "tpu")
 
 

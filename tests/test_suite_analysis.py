@@ -90,6 +90,7 @@ def test_over_an_imported_suite_reads_each_revisions_weights(
 def test_the_store_command_line_and_the_browser_read_the_suite(
     suite: tuple[Path, dict[str, Path], str], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    pytest.importorskip("starlette", reason="the store browser needs theseus-store[ui]")
     root, _, lineage = suite
     assert store_main(["show", str(root / "store"), f"{lineage}~2000"]) == 0
     shown = capsys.readouterr().out
@@ -179,6 +180,7 @@ def test_the_watch_a_circuit_form_in_pythia_section_runs(
     client instead of a socket. Each revision's induction and previous-token scores are
     then checked against GPT-NeoX's attention written in float64 NumPy from its
     definition, on the analysis's own rows of repeated random tokens, within 1e-5."""
+    pytest.importorskip("starlette", reason="the store browser needs theseus-store[ui]")
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     seeds = {"step0": 0, "step1000": 1, "step2000": 1, "step3000": 3}

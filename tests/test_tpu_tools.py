@@ -78,6 +78,25 @@ def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow  # a pytest of its own: the default suite's budget
+def test_a_tools_closure_follows_the_locks_dependencies_markers_and_extras() -> None:
+    lock = {
+        "package": [
+            {"name": "nox", "dependencies": [
+                {"name": "Colorlog"}, {"name": "tomli", "marker": "python_full_version < '3.11'"},
+                {"name": "virtualenv", "extra": ["fast"]}]},
+            {"name": "colorlog", "dependencies": [
+                {"name": "colorama", "marker": "sys_platform == 'win32'"}]},
+            {"name": "virtualenv", "dependencies": [{"name": "distlib"}],
+             "optional-dependencies": {"fast": [{"name": "uv"}], "slow": [{"name": "tox"}]}},
+            {"name": "virtualenv", "version": "2", "dependencies": [{"name": "filelock"}]},
+            {"name": "distlib"}, {"name": "tomli"}, {"name": "uv"}, {"name": "filelock"},
+        ]
+    }  # fmt: skip
+    got = pack.closure(lock, ["nox"], pack.target_environment("3.11"))
+    assert got == {"nox", "colorlog", "virtualenv", "distlib", "uv", "filelock"}
+    assert "tomli" in pack.closure(lock, ["nox"], pack.target_environment("3.10"))
+
+
 def test_without_an_accelerator_the_set_is_one_line_and_passes() -> None:
     done = _pytest("--accelerator")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -2,9 +2,11 @@
 
 A top-k SAE of width 64 on the last MLP's output walks the checkpoints at steps 20, 40
 and 50 (`q.find().spec(run=...).over()`), each warm-started from the one before. At
-every node it records its measures (`sae/features/<site>/<width>/...`) and features.json.
-Reference for the clean loss at the last node: the trainer's model applied eagerly to
-the same validation batches under `precise()`, within `recompiled`.
+every node it records its measures (`sae/features/<site>/<width>/...`) and features.json;
+the spliced reconstruction recovers most of the loss that zeroing the site loses, and
+after the third node its FVU is below 1. Reference for the clean loss at the last node:
+the trainer's model applied eagerly to the same validation batches under `precise()`,
+within `recompiled`.
 """
 
 from __future__ import annotations
@@ -68,8 +70,15 @@ def test_a_chain_over_three_checkpoints_records_its_measures(trained: tuple[Path
         assert got["tokens"] == Features.TOKENS
         for key in ("fvu", "l0", "loss_clean", "loss_zeroed", "loss_spliced", "train_mse"):
             assert math.isfinite(got[key]), (i, key, got[key])
-        assert 0 < got["fvu"] < 1 and 0 < got["l0"] <= Features.K, got
-        assert got["loss_zeroed"] > got["loss_clean"], got
+        assert got["fvu"] > 0 and 0 < got["l0"] <= Features.K, got
+        # the reconstruction spliced in recovers most of what zeroing the site loses (an
+        # SAE of 2,048 tokens a node can still explain about none of the variance just
+        # after the activations moved: FVU 1.008 at the middle node on a CPU)
+        assert got["loss_clean"] <= got["loss_spliced"] < got["loss_zeroed"], got
+        recovered = (got["loss_zeroed"] - got["loss_spliced"]) / (
+            got["loss_zeroed"] - got["loss_clean"]
+        )
+        assert recovered > 0.5, (i, recovered)
         assert doc["width"] == 64 and len(doc["features"]) == 64
         if i == 0:
             assert got["matched"] is None and doc["previous"] is None
@@ -89,3 +98,4 @@ def test_a_chain_over_three_checkpoints_records_its_measures(trained: tuple[Path
             )
             losses.append(float(loss))
     assert_close(measures[-1]["loss_clean"], np.mean(losses), "recompiled", what="loss_clean")
+    assert measures[-1]["fvu"] < 1, measures[-1]  # after three nodes of training

@@ -121,4 +121,6 @@ echo
 echo "Installed. In each shell that runs Theseus here:"
 echo "  export PYTHONPATH=\"\${PYTHONPATH:+\$PYTHONPATH:}$packed:$host\""
 echo "  export PATH=\"$packed/bin:\$PATH\""
-echo "then, from $repo: python3 -m pytest --accelerator"
+echo "  export THESEUS_TPU_SITE=\"$site\""
+echo "then, from $repo: python3 -m nox -s tpu (the demo, the accelerator set, the suite),"
+echo "or the accelerator set alone: python3 -m pytest --accelerator"

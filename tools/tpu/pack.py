@@ -7,8 +7,9 @@ writes OUT (default `.whl-tpu/` at the repository's root, git-ignored):
 - the four Theseus wheels (`uv build --all-packages --wheel`);
 - a wheel of every other package they need at run time, at `uv.lock`'s version for the
   host (Python 3.11 on x86_64 Linux): the lock's closure of theseus-core[gpt2] and
-  theseus-analysis[inspect,eval], and what the accelerator set needs beyond the host's
-  pytest and the benchmarks need (`TESTS`), less what the host has (`HOST`: its JAX, with jaxlib, libtpu,
+  theseus-analysis[inspect,eval], what the accelerator set needs beyond the host's
+  pytest and the benchmarks need (`TESTS`), nox and what the default suite needs with
+  everything they need (`TOOLS`), less what the host has (`HOST`: its JAX, with jaxlib, libtpu,
   numpy, scipy, ml-dtypes, opt-einsum), what its own package index gives (`INDEX`) and
   what only those need (pip brings it from the index with them). A package published
   only as source is built into a wheel here (it must be pure Python);
@@ -45,6 +46,9 @@ INDEX = ("flax", "optax", "orbax-checkpoint", "tensorstore", "pandas", "pyarrow"
 #: The accelerator set's test dependencies the host's python3 may lack (it has pytest),
 #: and what benchmarks/ imports beyond the runtime closure (recorder.py: equinox).
 TESTS = ("pytest-timeout", "equinox", "jaxtyping", "wadler-lindig")
+#: Packed with everything they need (`uv.lock`'s closure) but the host's pytest: nox, for
+#: `nox -s tpu` there, and what the default suite needs that a host's python3 may lack.
+TOOLS = ("nox", "pytest-xdist", "hypothesis", "filelock")
 #: The runtime closure: these packages of the workspace with these extras.
 EXTRAS = ("gpt2", "inspect", "eval")
 EXPORT = ("--package", "theseus-core", "--package", "theseus-analysis",
@@ -141,6 +145,34 @@ def host_requirements(from_index: dict[str, str], ranges: dict[str, str]) -> str
     return "".join(lines)
 
 
+def closure(lock: dict, roots: Sequence[str], environment: dict[str, str]) -> set[str]:
+    """`roots` and every package they need by `uv.lock` in `environment` (PEP 503 names):
+    each dependency whose marker holds there, with the extras it names."""
+    from packaging.markers import Marker
+
+    entries: dict[str, list[dict]] = {}
+    for package in lock["package"]:
+        entries.setdefault(normalize(package["name"]), []).append(package)
+
+    def holds(dependency: dict) -> bool:
+        marker = dependency.get("marker")
+        return not marker or Marker(marker).evaluate(environment)
+
+    found: set[str] = set()
+    todo = [(normalize(r), ()) for r in roots]
+    while todo:
+        name, extras = todo.pop()
+        if name in found and not extras:
+            continue
+        found.add(name)
+        for package in entries.get(name, []):
+            needs = list(package.get("dependencies", []))
+            for extra in extras:
+                needs += package.get("optional-dependencies", {}).get(extra, [])
+            todo += [(normalize(d["name"]), tuple(d.get("extra", ()))) for d in needs if holds(d)]
+    return found
+
+
 def source_only(lock: dict, names: set[str]) -> set[str]:
     """Which of `names` `uv.lock` knows no wheel of (published as source only)."""
     return {
@@ -181,7 +213,7 @@ def pack(out: Path, python: str, platforms: Sequence[str], index: Sequence[str])
         shutil.rmtree(out)
     out.mkdir(parents=True)
     environment = target_environment(python)
-    closure = pins(export("--no-dev", *EXPORT), environment)
+    runtime = pins(export("--no-dev", *EXPORT), environment)
     # Without what only the host's packages and the index's need (pip brings those from
     # the index with them): matplotlib's pillow, flax's msgpack, ...
     pruned = [arg for name in (*HOST, *index) for arg in ("--prune", name)]
@@ -191,8 +223,14 @@ def pack(out: Path, python: str, platforms: Sequence[str], index: Sequence[str])
     if missing:
         raise PackError(f"uv.lock's dev group has no {', '.join(missing)}; add it to pyproject")
     needed.update({normalize(n): tests[normalize(n)] for n in TESTS})
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    tools = closure(lock, TOOLS, environment) - {"pytest"}
+    unpinned = sorted(n for n in tools if n not in tests)
+    if unpinned:
+        raise PackError(f"uv.lock's dev group has no {', '.join(unpinned)} for the host")
+    needed.update({n: tests[n] for n in tools})
     packed, _ = split(needed, index)
-    _, from_index = split(closure, index)
+    _, from_index = split(runtime, index)
 
     print(f"building the Theseus wheels into {out}", flush=True)
     _run(["uv", "build", "--all-packages", "--wheel", "--out-dir", str(out)])
@@ -200,7 +238,6 @@ def pack(out: Path, python: str, platforms: Sequence[str], index: Sequence[str])
         if stray.suffix != ".whl":
             stray.unlink()
 
-    lock = tomllib.loads((ROOT / "uv.lock").read_text())
     built = source_only(lock, set(packed))
     pip = _pip()
     wanted = out / "packed-requirements.txt"

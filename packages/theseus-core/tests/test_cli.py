@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -356,6 +357,8 @@ def test_help_lists_each_command_in_full_and_points_at_theseus_store() -> None:
 def test_a_real_subprocess_runs_the_console_script(tmp_path: Path) -> None:
     config = configured(tmp_path, "counter.steps=1")
     exe = Path(sys.executable).with_name("theseus")
+    if not exe.is_file():  # installed with pip --target (a TPU host): the script is on PATH
+        exe = Path(shutil.which("theseus") or exe)
     env = {**os.environ, "PYTHONWARNINGS": "error"}
     done = subprocess.run(
         [str(exe), "run", "sub", str(config), str(tmp_path / "root"), "--import", JOBS_FILE],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,9 +53,12 @@ def test_data_prepare_synthetic_then_train_with_theseus_run(tmp_path: Path) -> N
         "training.validation_steps=1",
     ]
     # A real process with output redirected: no progress bar, one log line per report.
+    exe = Path(sys.executable).with_name("theseus")
+    if not exe.is_file():  # installed with pip --target (a TPU host): the script is on PATH
+        exe = Path(shutil.which("theseus") or exe)
     done = subprocess.run(
         [
-            str(Path(sys.executable).with_name("theseus")),
+            str(exe),
             "run",
             "cli-run",
             str(config),

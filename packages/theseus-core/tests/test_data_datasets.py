@@ -122,6 +122,7 @@ def test_sampling_declarations_normalize_and_check_rates(tmp_path: Path) -> None
 
 def test_the_command_an_error_prints_can_be_pasted_into_a_shell(tmp_path: Path) -> None:
     import shlex
+    import shutil
     import subprocess
     import sys
 
@@ -132,9 +133,11 @@ def test_the_command_an_error_prints_can_be_pasted_into_a_shell(tmp_path: Path) 
     # the shell splits the printed command back into the same words, the root whole
     argv = shlex.split(command)
     assert argv[:4] == ["theseus", "data", "prepare", "synthetic"] and argv[5] == str(root)
-    exe = str(Path(sys.executable).with_name("theseus"))
+    exe = Path(sys.executable).with_name("theseus")
+    if not exe.is_file():  # installed with pip --target (a TPU host): the script is on PATH
+        exe = Path(shutil.which("theseus") or exe)
     done = subprocess.run(
-        [*shlex.split(command.replace("theseus", shlex.quote(exe), 1)), "--tokens", "2000",
+        [*shlex.split(command.replace("theseus", shlex.quote(str(exe)), 1)), "--tokens", "2000",
          "--val-tokens", "500"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -18,7 +18,14 @@ from click.testing import CliRunner
 from theseus.cli import main
 
 JOBS = str(Path(__file__).with_name("trainer_jobs.py"))
-THESEUS = str(Path(sys.executable).with_name("theseus"))
+_SCRIPT = Path(sys.executable).with_name("theseus")
+# What a script starts theseus with: the console script beside this Python (a venv), else
+# this Python itself (an install with pip --target, as on a TPU host).
+THESEUS = (
+    str(_SCRIPT)
+    if _SCRIPT.is_file()
+    else f"{sys.executable} -c 'from theseus.cli import main; main()'"
+)
 
 
 @pytest.fixture
