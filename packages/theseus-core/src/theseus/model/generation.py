@@ -281,7 +281,7 @@ def decoding_params(model: Any, params: Any) -> Any:
         extra = sum(a.addressable_shards[0].data.size * np.dtype(t).itemsize for a, t in changed)
         free = _free_bytes(changed[0][0])
         if free is not None and free < 2 * extra:
-            if not _SAID:
+            if "memory" not in _SAID:
                 _SAID.add("memory")
                 logger.warning(
                     "generate: decoding from the float32 weights: their %.2f GiB copy in the "

@@ -141,11 +141,11 @@ def after(slots: jax.Array, drawn: jax.Array) -> jax.Array:
 
     Without the dependency XLA cannot order the read before the in-place write and
     copies the whole buffer twice a step (measured on a CPU: 55 ms against 6 ms for a
-    buffer of 100 MB). `isnan(max)` is 0 or 1 and every slot is below the lane's depth,
-    so the minimum is `slots` whatever the activations hold.
+    buffer of 100 MB). `isnan(max)` is 0 or 1 and every slot is below the largest index
+    less one, so the minimum is `slots` whatever the activations hold.
     """
-    depth = jnp.asarray(jnp.iinfo(slots.dtype).max - 1, slots.dtype)
-    return jnp.minimum(slots, depth + jnp.isnan(drawn.max()).astype(slots.dtype))
+    below = jnp.asarray(jnp.iinfo(slots.dtype).max - 1, slots.dtype)
+    return jnp.minimum(slots, below + jnp.isnan(drawn.max()).astype(slots.dtype))
 
 
 class Programs:
