@@ -1,15 +1,9 @@
 """The one configurable block, per model family, against a float64 NumPy reference.
 
-The reference (`_np_model`) is written here from each family's definition, not from
-Theseus's code: LayerNorm or RMSNorm, `c_attn`'s columns as queries, keys, values
-(each head's `head_dim` columns contiguous), the QK-norm over all query (key) features
-before rotary, rotary pairing feature `i` with `i + rot/2` over the first
-`rot = int(head_dim * rotary_fraction)` features with `inv_freq = base**(-2i/rot)`
-(Llama 3.1's scaling as transformers' `_compute_llama3_parameters` writes it), query
-head `h` reading key/value head `h // (n_head / n_kv_head)`, and the three residual
-forms. Parameters are random, scaled so activations keep unit size through the layers.
-Tolerance: the model runs in float32, so logits within 1e-5 of their scale
-(max |ours - reference| <= 1e-5 max |reference|).
+The reference (`family_numpy.np_model`) is written from each family's definition, not
+from Theseus's code (its docstring says how). Parameters are random, scaled so
+activations keep unit size through the layers. Tolerance: the model runs in float32, so
+logits within 1e-5 of their scale (max |ours - reference| <= 1e-5 max |reference|).
 """
 
 from __future__ import annotations
@@ -17,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -31,6 +26,9 @@ from theseus.model.config import AttentionConfig
 from theseus.model.generation import generate
 from theseus.model.mlp import MLPConfig
 from theseus.model.models import GPTConfig
+from theseus.registry import import_module_or_file
+
+R = import_module_or_file(str(Path(__file__).with_name("family_numpy.py")))
 
 BLOCK, VOCAB = 12, 40
 RELATIVE = 1e-5
@@ -104,129 +102,6 @@ def _settings(family: str) -> dict[str, Any]:
     return {**SIZES, **defaults, **FAMILIES[family]}
 
 
-# ---- NumPy reference, float64, from the definitions ----
-
-
-def _np_norm(x: np.ndarray, p: dict, s: dict) -> np.ndarray:
-    if s["norm"] == "rmsnorm":
-        return x / np.sqrt((x**2).mean(-1, keepdims=True) + s["norm_eps"]) * p["scale"]
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    out = (x - mean) / np.sqrt(var + s["norm_eps"]) * p["scale"]
-    return out + p["bias"] if "bias" in p else out
-
-
-def _np_dense(x: np.ndarray, p: dict) -> np.ndarray:
-    out = x @ p["kernel"]
-    return out + p["bias"] if "bias" in p else out
-
-
-def _np_inv_freq(rot: int, s: dict) -> np.ndarray:
-    inv = np.array([s["rope_base"] ** (-2.0 * i / rot) for i in range(rot // 2)])
-    if s["rope_scaling_kind"] != "llama3":
-        return inv
-    factor, low, high = (s[f"rope_scaling_{k}"] for k in ("factor", "low_freq_factor",
-                                                            "high_freq_factor"))  # fmt: skip
-    old = s["rope_scaling_original_context"]
-    out = []
-    for f in inv:
-        wavelen = 2 * math.pi / f
-        if wavelen < old / high:  # high frequency: kept
-            out.append(f)
-        elif wavelen > old / low:  # low frequency: interpolated by factor
-            out.append(f / factor)
-        else:  # between: a smooth mix of the two
-            smooth = (old / wavelen - low) / (high - low)
-            out.append((1 - smooth) * f / factor + smooth * f)
-    return np.array(out)
-
-
-def _np_rotary(x: np.ndarray, s: dict, start: int = 0) -> np.ndarray:
-    """`x [batch, seq, heads, head_dim]` rotated; token `t` at position `start + t`."""
-    head_dim = x.shape[-1]
-    rot = int(head_dim * s["rotary_fraction"])
-    half = rot // 2
-    inv = _np_inv_freq(rot, s)
-    out = x.copy()
-    for t in range(x.shape[1]):
-        for i in range(half):
-            theta = (start + t) * inv[i]
-            a, b = x[:, t, :, i], x[:, t, :, i + half]
-            out[:, t, :, i] = a * math.cos(theta) - b * math.sin(theta)
-            out[:, t, :, i + half] = a * math.sin(theta) + b * math.cos(theta)
-    return out
-
-
-def _np_attention(x: np.ndarray, p: dict, s: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The attention's output and its probabilities `[batch, n_head, q, k]`."""
-    b, t, w = x.shape
-    heads = s["n_head"]
-    kv = s["n_kv_head"] or heads
-    d = w // heads
-    qkv = _np_dense(x, p["c_attn"])
-    q, k, v = (
-        qkv[..., : heads * d],
-        qkv[..., heads * d : (heads + kv) * d],
-        qkv[..., (heads + kv) * d :],
-    )
-    if s["qk_norm"]:
-        q, k = _np_norm(q, p["q_norm"], s), _np_norm(k, p["k_norm"], s)
-    q, k, v = q.reshape(b, t, heads, d), k.reshape(b, t, kv, d), v.reshape(b, t, kv, d)
-    if s["positions"] == "rotary":
-        q, k = _np_rotary(q, s), _np_rotary(k, s)
-    out = np.zeros((b, t, heads, d))
-    probs = np.zeros((b, heads, t, t))
-    for h in range(heads):
-        g = h // (heads // kv)  # the key/value head this query head reads
-        scores = np.einsum("bqd,bkd->bqk", q[:, :, h], k[:, :, g]) / math.sqrt(d)
-        scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
-        weights = np.exp(scores - scores.max(-1, keepdims=True))
-        weights /= weights.sum(-1, keepdims=True)
-        probs[:, h] = weights
-        out[:, :, h] = np.einsum("bqk,bkd->bqd", weights, v[:, :, g])
-    return _np_dense(out.reshape(b, t, w), p["c_proj"]), probs
-
-
-def _np_act(x: np.ndarray, name: str) -> np.ndarray:
-    if name == "gelu_tanh":
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    if name == "gelu":
-        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
-    return x / (1 + np.exp(-x))  # silu
-
-
-def _np_mlp(x: np.ndarray, p: dict, s: dict) -> np.ndarray:
-    up = _np_dense(x, p["c_fc"])
-    if s["gated_mlp"]:
-        hidden = _np_act(_np_dense(x, p["c_gate"]), s["activation"]) * up
-    else:
-        hidden = _np_act(up, s["activation"])
-    return _np_dense(hidden, p["c_proj"])
-
-
-def _np_model(params: dict, x: np.ndarray, s: dict) -> np.ndarray:
-    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-    h = p["wte"]["embedding"][x]
-    if s["positions"] == "learned":
-        h = h + p["wpe"]["embedding"][: x.shape[1]][None]
-    for i in range(s["n_layers"]):
-        blk = p[f"blocks_{i}"]
-        if s["residual"] == "parallel":
-            h = (
-                h
-                + _np_attention(_np_norm(h, blk["ln_1"], s), blk["attn"], s)[0]
-                + _np_mlp(_np_norm(h, blk["ln_2"], s), blk["mlp"], s)
-            )
-        elif s["residual"] == "post_norm":
-            h = h + _np_norm(_np_attention(h, blk["attn"], s)[0], blk["ln_1"], s)
-            h = h + _np_norm(_np_mlp(h, blk["mlp"], s), blk["ln_2"], s)
-        else:
-            h = h + _np_attention(_np_norm(h, blk["ln_1"], s), blk["attn"], s)[0]
-            h = h + _np_mlp(_np_norm(h, blk["ln_2"], s), blk["mlp"], s)
-    h = _np_norm(h, p["ln_f"], s)
-    return h @ (p["lm_head"]["kernel"] if "lm_head" in p else p["wte"]["embedding"].T)
-
-
 # ---- the model under test ----
 
 
@@ -278,7 +153,7 @@ def _assert_close(ours: Any, reference: np.ndarray) -> None:
 def test_logits_match_the_family_reference(family: tuple, length: int) -> None:
     _, model, params, settings = family
     x = np.random.default_rng(length).integers(0, VOCAB, (2, length))
-    reference = _np_model(params, x, settings)
+    reference = R.np_model(params, x, settings)
     assert np.abs(reference).max() > 1.0  # activations are not tiny
     _assert_close(_logits(model, params, jnp.asarray(x)), reference)
 
@@ -288,8 +163,8 @@ def test_llama3_scaling_touches_all_three_frequency_bands() -> None:
     the reference's scaling is not the identity (a scaling ignored would fail above)."""
     s = _settings("llama")
     rot = s["n_embd"] // s["n_head"]
-    plain = _np_inv_freq(rot, {**s, "rope_scaling_kind": "none"})
-    scaled = _np_inv_freq(rot, s)
+    plain = R.np_inv_freq(rot, {**s, "rope_scaling_kind": "none"})
+    scaled = R.np_inv_freq(rot, s)
     ratio = plain / scaled
     assert np.isclose(ratio, 1).any() and np.isclose(ratio, 8).any()
     assert ((ratio > 1.01) & (ratio < 7.99)).any()
@@ -394,7 +269,7 @@ def test_heads_sum_to_the_attention_and_weights_are_the_references(family: tuple
         summed = summed + np.asarray(bias, np.float64)
     _assert_close(summed, np.asarray(whole, np.float64))
     attn = jax.tree.map(lambda a: np.asarray(a, np.float64), params["blocks_0"]["attn"])
-    out, probs = _np_attention(x.astype(np.float64), attn, settings)
+    out, probs = R.np_attention(x.astype(np.float64), attn, settings)
     _assert_close(whole, out)
     assert weights.shape == (2, settings["n_head"], 7, 7)
     np.testing.assert_allclose(np.asarray(weights), probs, atol=1e-5)
