@@ -226,8 +226,8 @@ def test_a_16_bit_model_decodes_from_a_cast_copy_where_it_fits(monkeypatch, capl
     model = GPT.build(
         n_layers=2, n_embd=32, n_head=4, block_size=BLOCK, vocab_size=VOCAB, dtype="bfloat16"
     )
-    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))["params"]
-    params = jax.tree.map(lambda p: p * 8.0, params)
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))
+    params = jax.tree.map(lambda p: p * 8.0, params["params"])
     cast = generation.decoding_params(model, params)
     assert cast["wte"]["embedding"].dtype == jnp.bfloat16
     assert generation.decoding_params(model, cast) is cast  # a caller can cast once
