@@ -85,6 +85,20 @@ with quick(root) as q:
     except Exception as exc:
         refused = f"{type(exc).__name__}: {exc}"
 
+# Decoding from bfloat16 copies: where the hosts' devices report different free memory
+# (host zero plenty, host one too little), every host decides as the one with the least.
+import jax.numpy as jnp  # noqa: E402
+
+from theseus.model import generation  # noqa: E402
+from theseus.model.models import GPT  # noqa: E402
+
+half = GPT.build(n_layers=1, n_embd=16, n_head=2, block_size=16, vocab_size=32, dtype="bfloat16")
+weights = jax.jit(half.init)(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+generation._device_free = lambda device: 2**40 if jax.process_index() == 0 else 1
+cast_when_short = generation.decoding_params(half, weights) is not weights
+generation._device_free = lambda device: 2**40
+cast_when_ample = generation.decoding_params(half, weights) is not weights
+
 params = jax.tree.map(
     lambda a: np.asarray(jax.experimental.multihost_utils.process_allgather(a, tiled=True)),
     trainer.state.params,
@@ -124,6 +138,8 @@ np.savez(
     patch_change=patched.values,
     broken_raised=raised,
     refused=refused,
+    cast_when_short=cast_when_short,
+    cast_when_ample=cast_when_ample,
     **flat,
 )
 jax.distributed.shutdown()

@@ -168,6 +168,8 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
     for host in hosts:  # host zero's refusal to train over a later checkpoint, on both
         assert str(host["refused"]).startswith("TrainerError: cannot train on from")
         assert "1 later checkpoint(s)" in str(host["refused"])
+        # one host short of memory: no host decodes from bfloat16 copies; none short: all do
+        assert not host["cast_when_short"] and host["cast_when_ample"]
     np.testing.assert_array_equal(hosts[0]["analysis_x"], hosts[0]["tandem_x"][-1])
     np.testing.assert_array_equal(hosts[0]["analysis_out"], hosts[0]["tandem_out"][-1])
 

@@ -232,13 +232,27 @@ def _check(
         raise GenerationError(f"top_p must be in (0, 1] or None; got {top_p!r}")
 
 
-def _free_bytes(leaf: jax.Array) -> int | None:
-    """Free memory on the first device holding `leaf`; None where the device does not
-    say (a CPU)."""
-    stats = leaf.addressable_shards[0].device.memory_stats()
+def _device_free(device: Any) -> int | None:
+    """`device`'s free memory; None where it does not say (a CPU)."""
+    stats = device.memory_stats()
     if not stats or "bytes_limit" not in stats:
         return None
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def _free_bytes(leaf: jax.Array) -> int | None:
+    """Free memory on the first device holding `leaf`, the least over the processes (so
+    that every host decides alike and compiles the same decode); None where the device
+    does not say."""
+    free = _device_free(leaf.addressable_shards[0].device)
+    if free is None:
+        return None
+    if jax.process_count() > 1:  # in MiB: JAX gathers int32 unless x64 is on
+        from jax.experimental import multihost_utils
+
+        mib = multihost_utils.process_allgather(np.asarray([free >> 20], np.int32))
+        free = int(np.min(mib)) << 20
+    return free
 
 
 def _dtype(leaf: Any) -> np.dtype:
