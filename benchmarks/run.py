@@ -168,8 +168,20 @@ def choose_plan(args: argparse.Namespace) -> tuple[tuple[Benchmark, ...], dict[s
     return plan, device
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``timeout``, a scheduler) ends the runner as Ctrl-C does: the running
+    benchmark, in its own process group, is killed with it instead of holding the
+    device (a TPU's lock) after the runner is gone."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    _stop_on_sigterm()
     plan, device = choose_plan(args)
     chosen = [b for b in plan if args.only is None or b.name in args.only]
     machine = describe_machine(args.quick)
@@ -337,7 +349,7 @@ def run_one(bench: Benchmark, out: Path, quick: bool) -> dict[str, Any]:
     finally:
         timed_out = not timer.is_alive() and proc.returncode not in (0, 1)
         timer.cancel()
-        if proc.poll() is None:  # interrupted (Ctrl-C): take the benchmark down with us
+        if proc.poll() is None:  # interrupted (Ctrl-C, SIGTERM): take the benchmark down with us
             kill()
     record["seconds"] = round(time.perf_counter() - start, 1)
     record["load_average"].append(round(os.getloadavg()[0], 2))
