@@ -5,9 +5,9 @@ in one line that it cannot replay them, and writes nothing. With the order (a pr
 dataset of the training sequences in order), a node at step `s` tests sequences of steps
 `0 .. s - 1`, each read at `(step * rows + row) * length` of the order's token stream.
 
-Reference: those offsets computed here from the stream written here; the greedy
-continuations against the argmax of one uncached forward (teacher forcing), within 1e-5
-of the top logit.
+Reference: those offsets computed here from the stream written here; the verdicts against
+greedy decoding with the key-value cache (`generate`), and each position against the
+argmax of one uncached forward of the whole sequence in float64.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from theseus.analysis import AnalysisError
 from theseus.analysis.library import Memorization
 from theseus.data.prepared import dataset_dir, write_prepared
 from theseus.experiments.models.suite import import_suite
+from theseus.model.generation import generate
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
 from theseus.store import Store
@@ -104,9 +105,14 @@ def test_memorization_reads_a_suites_data_order_and_refuses_without_it(suite: Pa
     assert values["dynamics/memorization/last_step"] == 1999
     assert len(document["sequences"]) == 12
 
-    last = rest[-1].values  # the last revision's continuations, token by token its argmax
-    whole = np.concatenate([last["tokens"][:, :8], last["decoded"]], axis=1)
-    logits, _ = job.model.apply({"params": job.state.params}, whole)
-    picked = np.asarray(logits, np.float64)[:, 7:-1, :vocab]
-    chosen = np.take_along_axis(picked, last["decoded"][..., None], axis=-1)[..., 0]
-    assert (chosen >= picked.max(axis=-1) - 1e-5).all()
+    last = rest[-1].values  # the last revision's verdicts: greedy decoding, and each position
+    tokens, top = last["tokens"], last["top"]
+    decoded = np.asarray(
+        generate(job.model, job.state.params, tokens[:, :8].tolist(), 8, temperature=0.0,
+                 vocab=vocab, cache_slots=16)
+    )  # fmt: skip
+    same = decoded == tokens[:, 8:]
+    np.testing.assert_array_equal(np.cumprod(top, axis=1), np.cumprod(same, axis=1))
+    logits, _ = job.model.apply({"params": job.state.params}, tokens)
+    best = np.asarray(logits, np.float64)[:, 7:-1, :vocab].argmax(axis=-1)
+    np.testing.assert_array_equal(top, best == tokens[:, 8:])

@@ -14,9 +14,9 @@ References, none of them the analysis engine:
   (`plan_documents`: which document each row of a step holds), and the documents as
   `planted_jobs.documents` made them;
 - memorization: a row is memorized exactly when its document is a planted one (the
-  trained model), and none is after one step; the greedy continuations against the
-  argmax of an uncached forward of the decoded sequence (teacher forcing), within 1e-5
-  of the top logit (ties);
+  trained model), and none is after one step; each sequence's verdict (memorized, and
+  the tokens reproduced before the first miss) against greedy decoding with the
+  key-value cache (`generate`);
 - drift: a previous node recomputed from its checkpoint gives the values its residuals
   kept in memory gave, within 1e-6.
 """
@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 
 from theseus.analysis.library import Memorization, RepresentationDrift
-from theseus.analysis.library.memorization import greedy_continuations
+from theseus.analysis.library.memorization import top_token_agreement
+from theseus.model.generation import generate
 from theseus.quick import quick
 from theseus.registry import import_module_or_file
 from theseus.store import Node, Store
@@ -151,17 +152,19 @@ def test_memorization_over_the_lineage_finds_the_planted_sequences_where_the_pla
     ]
     assert share == pytest.approx(planted_here.mean()) and share == tandem  # the same draw
 
-    # greedy decoding against an uncached forward's argmax (teacher forcing)
-    prefixes = np.concatenate([docs["train"][docs["planted"]][:4], docs["val"][:3]])[:, :32]
-    decoded = greedy_continuations(job.model, job.state.params, prefixes, 32, 64, 256)
-    whole = np.concatenate([prefixes, decoded], axis=1)
-    logits, _ = job.model.apply({"params": job.state.params}, whole)
-    picked = np.asarray(logits, np.float64)[:, 31:-1, :256]
-    chosen = np.take_along_axis(picked, decoded[..., None], axis=-1)[..., 0]
-    assert (chosen >= picked.max(axis=-1) - 1e-5).all()
-    np.testing.assert_array_equal(decoded[:4], docs["train"][docs["planted"]][:4, 32:64])
-    alone = greedy_continuations(job.model, job.state.params, prefixes, 32, 3, 256)
-    np.testing.assert_array_equal(alone, decoded)  # the batch size changes nothing
+    # the verdicts against greedy decoding with the key-value cache (`generate`)
+    sequences = np.concatenate([docs["train"][docs["planted"]][:4], docs["val"][:3]])[:, :64]
+    top = top_token_agreement(job.model, job.state.params, sequences, 32, 64, 256)
+    decoded = np.asarray(
+        generate(job.model, job.state.params, sequences[:, :32].tolist(), 32, temperature=0.0,
+                 vocab=256, cache_slots=64)
+    )  # fmt: skip
+    same = decoded == sequences[:, 32:]
+    np.testing.assert_array_equal(top.all(axis=1), same.all(axis=1))
+    np.testing.assert_array_equal(np.cumprod(top, axis=1), np.cumprod(same, axis=1))
+    assert top[:4].all() and not top[4:].all(axis=1).any()  # the planted ones, no unseen one
+    alone = top_token_agreement(job.model, job.state.params, sequences, 32, 3, 256)
+    np.testing.assert_array_equal(alone, top)  # the batch size changes nothing
 
     before = _snapshot(root)
     _, again = _walk(root, lj.PlantedMemorization)

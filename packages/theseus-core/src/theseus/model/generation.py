@@ -359,8 +359,7 @@ def generate(
             plus `max_new_tokens`; default the model's context (`block_size`), so one
             compiled step serves every prompt and length. A caller whose prompts and
             lengths are fixed can ask for fewer: the cache's memory and each step's
-            attention scale with it (memorization decodes 32 + 32 tokens of a model whose
-            context is 2,048).
+            attention scale with it (32 + 32 tokens of a model whose context is 2,048).
 
     Returns:
         The new tokens of each prompt (the prompt itself not included).

@@ -4,14 +4,20 @@ node has seen greedy decoding reproduces, by the step each was seen.
     the steps the node has seen (`_replay.Seen`) -> `library/memorization/sequences` of their
     sequences drawn (`_replay.draw`) -> their first prefix + continuation tokens,
     replayed exactly (the data plan, or `library/memorization/order` for an imported suite)
-    -> greedy decoding of each prefix with the model's key-value cache, batched
-    (`theseus.model.generation.generate`, `temperature=0`) -> memorized when the
-    continuation is reproduced exactly
+    -> one forward of each whole sequence, batched (teacher forcing) -> at each
+    continuation position, whether the model's top token is the true next one
 
 A sequence counts as memorized when greedy decoding of its first `library/memorization/prefix`
-tokens (32) reproduces its next `library/memorization/continuation` tokens (32) exactly; `match`
-is the share of those tokens reproduced (the first mismatch does not stop the count:
-each token is decoded from the model's own earlier ones).
+tokens (32) reproduces its next `library/memorization/continuation` tokens (32) exactly.
+Greedy decoding reproduces them exactly when, and only when, the model's top token after
+every true prefix of the sequence is the true next token: up to the first miss greedy
+decoding reads the true tokens, and at the first miss it leaves them. So one forward of
+the whole sequence decides it, with no decoding: the same verdict as the model's
+key-value cache decoding token by token (tested against `generate`), except where two
+tokens' logits tie within rounding. The same forward gives `accuracy`, the share of
+continuation tokens that are the model's top token after the true tokens before them
+(Tirumala et al. 2022), and `extracted`, the share of the continuation greedy decoding
+reproduces before its first miss.
 
 What the node has seen: with the data plan, the last `state.step` batches up to the
 node's cursor (a fresh lineage: steps 0 .. seq); with `library/memorization/order` (a prepared
@@ -21,21 +27,24 @@ before it. Weights that were imported (state step 0 on a resumed node) were not 
 on this configuration's plan: without an order that is a one-line error.
 
 Values on the node: `dynamics/memorization/share` (memorized / tested),
-`dynamics/memorization/match` (mean share of continuation tokens reproduced),
+`dynamics/memorization/accuracy` and `extracted` (means over the sequences),
 `dynamics/memorization/sequences` (tested), `dynamics/memorization/first_step` and
 `last_step` (the steps seen); the artifact `NAME/sequences.json` (each sequence's step,
-row, whether memorized and its match); and the plot `NAME` (memorized share by the step
-the sequences were seen).
+row, whether memorized, its accuracy and extracted share); and the plot `NAME`
+(memorized share by the step the sequences were seen).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from theseus.analysis import _comet
@@ -48,11 +57,10 @@ from theseus.config import field
 from theseus.data.prepared import DataNotPreparedError, PreparedData
 from theseus.experiments.models.gpt import PretrainGPT
 from theseus.job import Mode, process_count, process_index
-from theseus.model.generation import decoding_params, generate
 from theseus.store import Artifact, Node
 from theseus.training.base import TrainerError
 
-__all__ = ["Memorization", "MemorizationBase", "MemorizationSettings", "greedy_continuations"]
+__all__ = ["Memorization", "MemorizationBase", "MemorizationSettings", "top_token_agreement"]
 
 _BINS = 20  # most bins of steps in the plot
 
@@ -80,7 +88,7 @@ class MemorizationSettings:
         help="tokens after the prefix that greedy decoding must reproduce exactly",
     )
     batch: int = field(
-        "library/memorization/batch", default=64, ge=1, help="sequences decoded together"
+        "library/memorization/batch", default=64, ge=1, help="sequences in one forward"
     )
     seed: int = field(
         "library/memorization/seed", default=0, ge=0, help="draws the sequences tested"
@@ -105,26 +113,30 @@ class MemorizationSettings:
     )
 
 
-def greedy_continuations(
-    model: Any, params: Any, prefixes: np.ndarray, steps: int, batch: int, vocab: int
-) -> np.ndarray:
-    """Greedy continuations `[n, steps]` of `prefixes [n, length]`, `batch` rows at a time.
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _agreement(model: Any, params: Any, tokens: jax.Array, prefix: int, vocab: int) -> jax.Array:
+    logits, _ = model.apply({"params": params}, tokens[:, :-1])
+    top = jnp.argmax(logits[:, prefix - 1 :, :vocab], axis=-1)
+    return top == tokens[:, prefix:]
 
-    Runs `theseus.model.generation.generate` with `temperature=0` (the model's
-    key-value cache, as long as the prefixes plus `steps`, not the model's context: one
-    prefill, then one compiled step a token); the last batch is filled up with copies of
-    its first row, so one program serves every batch.
+
+def top_token_agreement(
+    model: Any, params: Any, tokens: np.ndarray, prefix: int, batch: int, vocab: int
+) -> np.ndarray:
+    """`[n, continuation]` booleans: at each position after the first `prefix` tokens of
+    `tokens [n, prefix + continuation]`, whether the model's top token (among ids below
+    `vocab`) after the true tokens before it is the true token.
+
+    One forward of each sequence (less its last token), `batch` rows at a time; the last
+    batch is filled up with copies of its first row, so one program serves every batch.
+    A row is all true exactly when greedy decoding of its prefix reproduces the rest.
     """
-    out = np.zeros((prefixes.shape[0], steps), np.int32)
-    params = decoding_params(model, params)  # once, not once a batch
-    for begin in range(0, prefixes.shape[0], batch):
-        rows = prefixes[begin : begin + batch]
+    out = np.zeros((tokens.shape[0], tokens.shape[1] - prefix), bool)
+    for begin in range(0, tokens.shape[0], batch):
+        rows = tokens[begin : begin + batch]
         filled = np.concatenate([rows, np.repeat(rows[:1], batch - rows.shape[0], axis=0)])
-        new = generate(
-            model, params, filled.tolist(), steps, temperature=0.0, vocab=vocab,
-            cache_slots=prefixes.shape[1] + steps,
-        )  # fmt: skip
-        out[begin : begin + rows.shape[0]] = np.asarray(new, np.int32)[: rows.shape[0]]
+        agree = _agreement(model, params, jnp.asarray(filled, jnp.int32), prefix, vocab)
+        out[begin : begin + rows.shape[0]] = np.asarray(agree)[: rows.shape[0]]
     return out
 
 
@@ -146,12 +158,14 @@ class MemorizationBase(AnalysisBase[C, M]):
 
     # ----------------------------------------------------------- the user's part
     def select(self, paths: list[str]) -> str | list[str]:
-        """Not used: the analysis decodes with the whole model (nothing is discovered)."""
+        """Not used: the analysis runs the whole model (nothing is discovered)."""
         return paths[0]
 
     def analyze(self, layer: Any, inputs: Any) -> Any:
-        """Not used: the sequences are decoded with the model's key-value cache."""
-        raise AnalysisError(f"{type(self).__name__} decodes sequences; it has no analyze()")
+        """Not used: the analysis runs the whole model on the sequences."""
+        raise AnalysisError(
+            f"{type(self).__name__} runs the whole model on sequences; it has no analyze()"
+        )
 
     def plot(self, results: Any) -> Any:
         """Memorized share by the step the sequences were seen (bins of steps)."""
@@ -281,13 +295,15 @@ class MemorizationBase(AnalysisBase[C, M]):
             ) from None
 
     def compute(self) -> Any:
-        """Draw, replay and greedily decode the sequences. Every host must call it.
+        """Draw and replay the sequences, and run the model on them. Every host must call it.
 
         Returns:
             `{"node", "first_step", "last_step", "prefix", "continuation", "step" [k],
-            "row" [k], "tokens" [k, prefix + continuation], "decoded" [k, continuation],
-            "memorized" [k] bool, "match" [k], "partial"}` for the `k` sequences tested
-            (`partial`: those drawn whose tokens ran into padding).
+            "row" [k], "tokens" [k, prefix + continuation], "top" [k, continuation]
+            (whether each continuation token is the model's top token after the true
+            ones before it), "memorized" [k] bool, "accuracy" [k], "extracted" [k],
+            "partial"}` for the `k` sequences tested (`partial`: those drawn whose tokens
+            ran into padding).
         """
         st = self.settings()
         length = self._checked_lengths()
@@ -297,13 +313,11 @@ class MemorizationBase(AnalysisBase[C, M]):
         steps, rows, tokens = steps[real], rows[real], tokens[real]
         if tokens.shape[0]:
             vocab = min(int(self.tokenizer.vocab_size), int(self.model.config.vocab_size))
-            prefixes = tokens[:, : st.prefix]
-            decoded = greedy_continuations(
-                self.model, self.state.params, prefixes, st.continuation, st.batch, vocab
+            top = top_token_agreement(
+                self.model, self.state.params, tokens, st.prefix, st.batch, vocab
             )
         else:
-            decoded = np.zeros((0, st.continuation), np.int32)
-        same = decoded == tokens[:, st.prefix :]
+            top = np.zeros((0, st.continuation), bool)
         return {
             "node": self.node,
             "first_step": seen.first,
@@ -313,9 +327,10 @@ class MemorizationBase(AnalysisBase[C, M]):
             "step": steps,
             "row": rows,
             "tokens": tokens,
-            "decoded": decoded,
-            "memorized": same.all(axis=1),
-            "match": same.mean(axis=1),
+            "top": top,
+            "memorized": top.all(axis=1),
+            "accuracy": top.mean(axis=1),
+            "extracted": np.cumprod(top, axis=1).sum(axis=1) / st.continuation,
             "partial": int((~real).sum()),
         }
 
@@ -330,9 +345,20 @@ class MemorizationBase(AnalysisBase[C, M]):
             "last_step": int(values["last_step"]),
             "partial": int(values["partial"]),
             "sequences": [
-                {"step": int(s), "row": int(r), "memorized": bool(m), "match": float(f)}
-                for s, r, m, f in zip(
-                    values["step"], values["row"], values["memorized"], values["match"], strict=True
+                {
+                    "step": int(s),
+                    "row": int(r),
+                    "memorized": bool(m),
+                    "accuracy": float(a),
+                    "extracted": float(e),
+                }
+                for s, r, m, a, e in zip(
+                    values["step"],
+                    values["row"],
+                    values["memorized"],
+                    values["accuracy"],
+                    values["extracted"],
+                    strict=True,
                 )
             ],
         }
@@ -344,7 +370,8 @@ class MemorizationBase(AnalysisBase[C, M]):
     @classmethod
     def node_values(cls, results: Any) -> dict[str, Any]:
         """The values `compute()`'s results leave on the node: `dynamics/memorization/
-        sequences`, `first_step`, `last_step`, and with any sequence tested `share`, `match`."""
+        sequences`, `first_step`, `last_step`, and with any sequence tested `share`,
+        `accuracy` and `extracted`."""
         tested = int(results["step"].size)
         logged: dict[str, Any] = {
             "dynamics/memorization/sequences": tested,
@@ -353,7 +380,8 @@ class MemorizationBase(AnalysisBase[C, M]):
         }
         if tested:
             logged["dynamics/memorization/share"] = float(results["memorized"].mean())
-            logged["dynamics/memorization/match"] = float(results["match"].mean())
+            logged["dynamics/memorization/accuracy"] = float(results["accuracy"].mean())
+            logged["dynamics/memorization/extracted"] = float(results["extracted"].mean())
         return logged
 
 
