@@ -144,18 +144,42 @@ def train(root: Path, args: argparse.Namespace) -> tuple[str, str]:
     return trainer.node.name, trainer.node.nonce
 
 
+#: XLA compilations as JAX reports them: `(program name, seconds)`, appended as they end.
+COMPILES: list[tuple[str, float]] = []
+
+
+def _listen_to_compiles() -> None:
+    import jax
+
+    def heard(event: str, seconds: float, **details: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            COMPILES.append((str(details.get("fun_name", "?")), seconds))
+
+    jax.monitoring.register_event_duration_secs_listener(heard)
+
+
+def compiled(since: int) -> str:
+    """The compilations after the first `since`: how many, their seconds, the longest."""
+    done = COMPILES[since:]
+    longest = sorted(done, key=lambda c: -c[1])[:3]
+    named = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in longest)
+    return f"{len(done)} compilations, {sum(s for _, s in done):.1f} s (longest: {named})"
+
+
 def walk(
     root: Path, cls: type, run: str, settings: dict[str, Any], parts: dict[str, list[float]]
 ) -> tuple[float, Any]:
     """`cls` over the lineage of `trained` (`--force`), from a fresh start: JAX's caches
     cleared (its compiled programs are made again, as in a new process), the job built,
     set up at the first checkpoint and walked. `(seconds, the job)`; each node's
-    `compute()` and `_publish()` seconds are appended to `parts`."""
+    `compute()` and `_publish()` seconds are appended to `parts`, and the walk's
+    compilations are printed."""
     import jax
 
     from theseus.quick import quick
 
     jax.clear_caches()
+    since = len(COMPILES)
     start = time.perf_counter()
     with quick(root) as q:
         q.build(cls, run)
@@ -167,7 +191,9 @@ def walk(
         for name in ("compute", "_publish"):  # timed where the walk calls them
             setattr(job, name, timing(getattr(job, name), parts[name]))
         job()
-    return time.perf_counter() - start, job
+    seconds = time.perf_counter() - start
+    print(f"      {run}: {compiled(since)}", flush=True)
+    return seconds, job
 
 
 def timing(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
@@ -202,6 +228,7 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
     shutil.copytree(scratch / "root", theirs_root)
     everything = {**SETTINGS, "library/analyses": list(ANALYSES)}
     warm_up()
+    _listen_to_compiles()
     ours: list[float] = []
     theirs: list[float] = []
     traces: list[int] = []
@@ -210,26 +237,32 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
         name: {"compute": [], "_publish": []} for name in ["ours", *ANALYSES]
     }
     computing: dict[str, list[float]] = {"ours": [], "theirs": []}  # per round, summed
+    compiling: dict[str, list[float]] = {"ours": [], "theirs": []}  # XLA compile seconds
+
+    def compile_seconds(since: int) -> float:
+        return sum(seconds for _, seconds in COMPILES[since:])
 
     def spent(names: list[str]) -> float:
         return sum(sum(parts[name]["compute"]) for name in names)
 
     def measure_ours() -> None:
-        before = spent(["ours"])
+        before, since = spent(["ours"]), len(COMPILES)
         seconds, job = walk(ours_root, FirstAnalyses, "first", everything, parts["ours"])
+        compiling["ours"].append(compile_seconds(since))
         ours.append(seconds)
         computing["ours"].append(spent(["ours"]) - before)
         traces.append(job.traces)
         print(f"  one walk, all seven: {seconds:.1f} s", flush=True)
 
     def measure_theirs() -> None:
-        total, before = 0.0, spent(list(ANALYSES))
+        total, before, since = 0.0, spent(list(ANALYSES)), len(COMPILES)
         for name, registered in ANALYSES.items():
             cls = CATALOGUE[registered]
             seconds, _ = walk(theirs_root, cls, name, SETTINGS, parts[name])
             total += seconds
             print(f"    {name}: {seconds:.1f} s", flush=True)
         theirs.append(total)
+        compiling["theirs"].append(compile_seconds(since))
         computing["theirs"].append(spent(list(ANALYSES)) - before)
         print(f"  seven walks: {total:.1f} s", flush=True)
 
@@ -273,7 +306,9 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
             f"(median): ours computes {computed['ours']:.0f} ms (every analysis, one read) "
             f"and publishes {published['ours']:.0f} ms (seven figures, files, artifacts), "
             f"theirs compute {computed['theirs']:.0f} ms and publish {published['theirs']:.0f} "
-            "ms together: publishing is the same work on both sides and cannot be shared"
+            "ms together: publishing is the same work on both sides and cannot be shared; "
+            f"XLA compilation (median per round) {statistics.median(compiling['ours']):.1f} s "
+            f"for the one walk, {statistics.median(compiling['theirs']):.1f} s for the seven"
         ),
     )
     computation = _report.compare(
@@ -295,7 +330,9 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
     print(
         f"one walk {row.ours}, seven walks {row.theirs}: {statistics.median(row.ratios):.2f}x "
         f"(goal >= {GOAL:g}, {'met' if row.met else 'NOT met'}); the computation alone "
-        f"{computation.ours} vs {computation.theirs}: {statistics.median(computation.ratios):.2f}x"
+        f"{computation.ours} vs {computation.theirs}: {statistics.median(computation.ratios):.2f}x; "
+        f"XLA compilation {statistics.median(compiling['ours']):.1f} s vs "
+        f"{statistics.median(compiling['theirs']):.1f} s"
     )
     return [row, computation], same and max(traces) == 1
 
