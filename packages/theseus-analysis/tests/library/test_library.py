@@ -379,3 +379,89 @@ def test_buckets_hold_equal_shares() -> None:
     of = frequency_buckets(shares, 2)
     np.testing.assert_array_equal(of, [0, 1, 1, 1, 1, 0])
     assert LossByFrequency.NAME == "loss-by-frequency"
+
+
+def _walk_first(root: Path, run: str) -> dict[str, dict[str, bytes]]:
+    """`FirstAnalyses` walked over `trained` as `run`: each node's member PDFs."""
+    with quick(root) as q:
+        q.build(FirstAnalyses, run)
+        for key, value in LIBRARY.items():
+            q.config[key] = value
+        nodes = q.find().spec(run="trained").over(force=True)
+        q.create()()
+        return {
+            node.serialize(): {name: q.store.get(node)[name].content for name in NAMES}
+            for node in nodes
+        }
+
+
+def test_worker_processes_draw_the_same_pdfs(trained, monkeypatch) -> None:
+    """With `THESEUS_RENDER_WORKERS` the members' figures are drawn in worker processes
+    (counted where their answers arrive) into the bytes the walk's process draws."""
+    from theseus.analysis import _renderers
+
+    answers: list[str] = []
+    ask = _renderers._Worker.ask
+
+    def counted(self: Any, payload: bytes) -> Any:
+        status, value = ask(self, payload)
+        answers.append(status if status == "ok" else value)
+        return status, value
+
+    monkeypatch.setattr(_renderers._Worker, "ask", counted)
+    monkeypatch.setenv("THESEUS_RENDER_WORKERS", "0")
+    here = _walk_first(trained, "drawn-here")
+    assert answers == []
+    monkeypatch.setenv("THESEUS_RENDER_WORKERS", "2")
+    there = _walk_first(trained, "drawn-there")
+    assert answers == ["ok"] * len(NAMES) * 2  # every member at each of the two nodes
+    assert there == here
+
+
+class BrokenInduction(InductionHeads):
+    """The induction scores with a figure that raises (module level: a worker tries it)."""
+
+    @classmethod
+    def figure(cls, results: Any) -> Any:
+        raise ValueError("the figure code's own error")
+
+
+def test_a_figure_that_fails_in_a_worker_fails_as_it_would_here(trained, monkeypatch) -> None:
+    class Failing(FirstAnalyses):
+        """`FirstAnalyses` with the broken induction figure."""
+
+    def members(self: Any) -> Any:
+        return (*FirstAnalyses.members(self)[1:], BrokenInduction)
+
+    monkeypatch.setattr(Failing, "members", members)
+    monkeypatch.setenv("THESEUS_RENDER_WORKERS", "2")
+    with quick(trained) as q:
+        q.build(Failing, "failing")
+        for key, value in LIBRARY.items():
+            q.config[key] = value
+        q.find().spec(run="trained").over(force=True)
+        with pytest.raises(ValueError, match="the figure code's own error"):
+            q.create()()
+
+
+@pytest.mark.parametrize(
+    ("asked", "cores", "expected"),
+    [("", 2, 0), ("", 3, 0), ("", 4, 2), ("", 13, 6), ("", 64, 8), ("3", 2, 3), ("0", 64, 0)],
+)
+def test_how_many_workers(asked: str, cores: int, expected: int, monkeypatch) -> None:
+    from theseus.analysis import _renderers
+
+    monkeypatch.setenv("THESEUS_RENDER_WORKERS", asked)
+    monkeypatch.setattr(_renderers.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert _renderers.default_workers() == expected
+
+
+def test_a_bad_worker_count_is_one_line(monkeypatch) -> None:
+    from theseus.analysis import AnalysisError
+    from theseus.analysis._renderers import default_workers
+
+    monkeypatch.setenv("THESEUS_RENDER_WORKERS", "many")
+    with pytest.raises(
+        AnalysisError, match=r"THESEUS_RENDER_WORKERS must be a whole number .* got 'many'"
+    ):
+        default_workers()

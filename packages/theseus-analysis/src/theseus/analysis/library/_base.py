@@ -23,6 +23,10 @@ of their own (`DriftBase`, `MemorizationBase`), each a view of the same trainer 
 this job, on a checkpoint and over a lineage: `from_trainer`), computed on the same
 state at each node after the members and published as they publish alone. So one walk
 reads each checkpoint once for all of them.
+
+A set of two or more other members draws their figures in worker processes
+(`theseus.analysis._renderers`, where the machine has the cores), while this process
+publishes the companions; the PDFs are the same bytes.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from theseus.analysis._base import AnalysisBase, C, M
 from theseus.analysis._engine import compile_program, to_host
 from theseus.analysis._errors import AnalysisError
 from theseus.analysis._publish import render, write_atomic
+from theseus.analysis._renderers import Renderers, default_workers
 from theseus.analysis.library._data import open_plan, repeated_tokens, token_shares
 from theseus.analysis.library._recording import Recording, record
 from theseus.analysis.library._settings import (
@@ -49,6 +54,7 @@ from theseus.analysis.library._settings import (
     ValidationSettings,
 )
 from theseus.data.batches import MixturePlan
+from theseus.job import process_index
 from theseus.model.attention.base import SelfAttention
 from theseus.model.models import Block
 from theseus.store import Artifact, Node
@@ -269,6 +275,7 @@ class LibraryBase(AnalysisBase[C, M]):
         Every host must call it (the results are gathered across hosts).
         """
         aux = self._aux()
+        self._renderers()  # started now, they import while the program runs
         sums = to_host(self._program()(self.state, self._placed_batches(), None))
         results = {m.NAME: m.summarize(aux[m.NAME], sums[m.NAME]) for m in self.members()}
         for name, view in self._companion_views().items():
@@ -293,12 +300,43 @@ class LibraryBase(AnalysisBase[C, M]):
         for member in self.members():
             logged.update(member.values(by_name[member.NAME]))
         self.store.log(node, logged)
+        renderers = self._renderers()
+        drawn = []
         for member in self.members():
             if member.NAME != self.NAME:
-                self._publish_member(member, by_name[member.NAME], node)
-        for name, view in self._companion_views().items():
+                results = by_name[member.NAME]
+                if renderers is None:
+                    drawn.append((member, _here(member, results)))
+                else:
+                    name = member.NAME
+                    drawn.append(
+                        (member, renderers.draw(member, "figure", results, name, member.__name__))
+                    )
+        for name, view in self._companion_views().items():  # while the workers draw
             view._publish(by_name[name], node)
+        for member, figure in drawn:
+            self._publish_member(member, figure(), node)
         return super()._publish(values, node)
+
+    def _renderers(self) -> Renderers | None:
+        """The worker processes that draw the other members' figures: on host zero, for
+        two or more of them, where `default_workers()` gives any; started once."""
+        if "renderers" not in self._library:
+            others = [m for m in self.members() if m.NAME != self.NAME]
+            count = min(default_workers(), len(others)) if len(others) > 1 else 0
+            alone = process_index() == 0
+            self._library["renderers"] = Renderers(count) if count and alone else None
+        renderers: Renderers | None = self._library["renderers"]
+        return renderers
+
+    def __call__(self, resume: bool = False) -> Any:
+        """Run (see `AnalysisBase.__call__`), then stop the drawing workers."""
+        try:
+            return super().__call__(resume)
+        finally:
+            renderers = self._library.pop("renderers", None)
+            if renderers is not None:
+                renderers.close()
 
     def outcome(self, result: Any) -> list[str]:
         """`theseus run`'s lines, and what else each node holds: every member's artifact
@@ -314,9 +352,11 @@ class LibraryBase(AnalysisBase[C, M]):
         return lines
 
     def _publish_member(
-        self, member: type[LibraryAnalysis[Any, Any]], results: Any, node: Node
+        self,
+        member: type[LibraryAnalysis[Any, Any]],
+        rendered: tuple[str, bytes] | None,
+        node: Node,
     ) -> None:
-        rendered = render(member.NAME, member.figure(results), member.__name__)
         if rendered is None:
             return
         filename, content = rendered
@@ -326,6 +366,11 @@ class LibraryBase(AnalysisBase[C, M]):
             _comet.publish(self.configuration, node, member.NAME, filename, content)
         except Exception as exc:  # the file and the artifact are saved; Comet is a copy
             log.warning("%s: %s not sent to Comet: %s", type(self).__name__, member.NAME, exc)
+
+
+def _here(member: type[LibraryAnalysis[Any, Any]], results: Any) -> Any:
+    """`member`'s figure rendered in this process, when called."""
+    return lambda: render(member.NAME, member.figure(results), member.__name__)
 
 
 class LibraryAnalysis(LibraryBase[C, M]):
