@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -54,7 +55,7 @@ from theseus.analysis.library._settings import (
     ValidationSettings,
 )
 from theseus.data.batches import MixturePlan
-from theseus.job import process_index
+from theseus.job import process_count, process_index
 from theseus.model.attention.base import SelfAttention
 from theseus.model.models import Block
 from theseus.store import Artifact, Node
@@ -270,16 +271,22 @@ class LibraryBase(AnalysisBase[C, M]):
 
     def compute(self) -> Any:
         """Run the set's program on the live state: each member's results by its NAME
-        (an analysis alone: its own results).
+        (an analysis alone: its own results), and each companion's. On one host the
+        companions run on threads of their own meanwhile (their programs compile and run
+        beside the set's); on several, after it, in one order on every host.
 
         Every host must call it (the results are gathered across hosts).
         """
         aux = self._aux()
         self._renderers()  # started now, they import while the program runs
-        sums = to_host(self._program()(self.state, self._placed_batches(), None))
-        results = {m.NAME: m.summarize(aux[m.NAME], sums[m.NAME]) for m in self.members()}
-        for name, view in self._companion_views().items():
-            results[name] = view.compute()
+        views = self._companion_views()
+        alone = process_count() == 1  # several hosts must launch programs in one order
+        with ThreadPoolExecutor(max(1, len(views)), "theseus-companion") as pool:
+            running = {name: pool.submit(view.compute) for name, view in views.items() if alone}
+            sums = to_host(self._program()(self.state, self._placed_batches(), None))
+            results = {m.NAME: m.summarize(aux[m.NAME], sums[m.NAME]) for m in self.members()}
+            for name, view in views.items():
+                results[name] = running[name].result() if alone else view.compute()
         return self._gathered(results)
 
     def _gathered(self, by_name: dict[str, Any]) -> Any:
