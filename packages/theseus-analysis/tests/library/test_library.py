@@ -381,23 +381,38 @@ def test_buckets_hold_equal_shares() -> None:
     assert LossByFrequency.NAME == "loss-by-frequency"
 
 
-def _walk_first(root: Path, run: str) -> dict[str, dict[str, bytes]]:
-    """`FirstAnalyses` walked over `trained` as `run`: each node's member PDFs."""
+COMPANIONS = {
+    "library/analyses": [*NAMES, "drift", "memorization"],
+    "library/drift/tokens": 64,
+    "library/memorization/prefix": 8,
+    "library/memorization/continuation": 8,
+    "library/memorization/sequences": 8,
+}
+
+
+def _walk_first(root: Path, run: str, settings: dict[str, Any]) -> dict[str, dict[str, bytes]]:
+    """`FirstAnalyses` walked over `trained` as `run`: each node's PDFs."""
     with quick(root) as q:
         q.build(FirstAnalyses, run)
-        for key, value in LIBRARY.items():
+        for key, value in {**LIBRARY, **settings}.items():
             q.config[key] = value
         nodes = q.find().spec(run="trained").over(force=True)
         q.create()()
         return {
-            node.serialize(): {name: q.store.get(node)[name].content for name in NAMES}
+            node.serialize(): {
+                name: artifact.content
+                for name, artifact in q.store.get(node).items()
+                if artifact.filename.endswith(".pdf")
+            }
             for node in nodes
         }
 
 
-def test_worker_processes_draw_the_same_pdfs(trained, monkeypatch) -> None:
-    """With `THESEUS_RENDER_WORKERS` the members' figures are drawn in worker processes
-    (counted where their answers arrive) into the bytes the walk's process draws."""
+@pytest.mark.parametrize("companions", [False, True])
+def test_worker_processes_draw_the_same_pdfs(trained, monkeypatch, companions: bool) -> None:
+    """With `THESEUS_RENDER_WORKERS` the figures of the members (and of drift and
+    memorization beside them) are drawn in worker processes (counted where their answers
+    arrive) into the bytes the walk's process draws."""
     from theseus.analysis import _renderers
 
     answers: list[str] = []
@@ -408,13 +423,16 @@ def test_worker_processes_draw_the_same_pdfs(trained, monkeypatch) -> None:
         answers.append(status if status == "ok" else value)
         return status, value
 
+    settings = COMPANIONS if companions else {}
+    figures = len(NAMES) + (2 if companions else 0)
     monkeypatch.setattr(_renderers._Worker, "ask", counted)
     monkeypatch.setenv("THESEUS_RENDER_WORKERS", "0")
-    here = _walk_first(trained, "drawn-here")
+    here = _walk_first(trained, f"drawn-here-{companions}", settings)
     assert answers == []
     monkeypatch.setenv("THESEUS_RENDER_WORKERS", "2")
-    there = _walk_first(trained, "drawn-there")
-    assert answers == ["ok"] * len(NAMES) * 2  # every member at each of the two nodes
+    there = _walk_first(trained, f"drawn-there-{companions}", settings)
+    assert answers == ["ok"] * figures * 2  # every figure at each of the two nodes
+    assert all(len(pdfs) == figures for pdfs in here.values())
     assert there == here
 
 

@@ -279,9 +279,13 @@ class Analyzer(abc.ABC):
         return AnalysisResult(values, node, path, artifact, figure)
 
     def _publish(self, values: Any, node: Node) -> tuple[Path | None, Artifact | None, Any]:
-        plotted = self._call("plot", values)
-        figure = figure_of(plotted)
-        rendered = render(self.NAME, plotted, type(self).__name__)
+        drawn = self.__dict__.pop("_drawn", None)  # drawn elsewhere (`LibraryBase`): a callable
+        if drawn is None:
+            plotted = self._call("plot", values)
+            figure = figure_of(plotted)
+            rendered = render(self.NAME, plotted, type(self).__name__)
+        else:
+            figure, rendered = None, drawn()
         if rendered is None:
             return None, None, None
         filename, content = rendered

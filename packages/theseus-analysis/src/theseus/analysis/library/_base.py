@@ -319,8 +319,19 @@ class LibraryBase(AnalysisBase[C, M]):
                     drawn.append(
                         (member, renderers.draw(member, "figure", results, name, member.__name__))
                     )
-        for name, view in self._companion_views().items():  # while the workers draw
-            view._publish(by_name[name], node)
+        views = self._companion_views()
+        if renderers is not None:
+            for name, view in views.items():
+                drawing = _figure_class(type(view))
+                if drawing is not None:  # `_drawn` is read by the view's `_publish`
+                    owner = type(view).__name__
+                    drawn_there = renderers.draw(drawing, "figure", by_name[name], name, owner)
+                    view._drawn = drawn_there  # type: ignore[attr-defined]
+        for name, view in views.items():  # while the workers draw
+            try:
+                view._publish(by_name[name], node)
+            finally:
+                view.__dict__.pop("_drawn", None)  # never a later node's
         for member, figure in drawn:
             self._publish_member(member, figure(), node)
         return super()._publish(values, node)
@@ -373,6 +384,19 @@ class LibraryBase(AnalysisBase[C, M]):
             _comet.publish(self.configuration, node, member.NAME, filename, content)
         except Exception as exc:  # the file and the artifact are saved; Comet is a copy
             log.warning("%s: %s not sent to Comet: %s", type(self).__name__, member.NAME, exc)
+
+
+def _figure_class(kind: type) -> type | None:
+    """The class defining `kind`'s `figure` classmethod when `kind.plot` is that class's
+    `plot` (no subclass changed `plot`, so a worker may draw `figure` in its place), else
+    None. A view's class (`from_trainer`) is made at run time; the class with the figure
+    is one a worker can import."""
+
+    def owner(name: str) -> type | None:
+        return next((c for c in kind.__mro__ if name in vars(c)), None)
+
+    drawing = owner("figure")
+    return drawing if drawing is not None and owner("plot") is drawing else None
 
 
 def _here(member: type[LibraryAnalysis[Any, Any]], results: Any) -> Any:

@@ -107,7 +107,13 @@ class DriftBase(AnalysisBase[C, M]):
         raise AnalysisError(f"{type(self).__name__} compares residual streams; it has no analyze()")
 
     def plot(self, results: Any) -> Any:
-        """CKA by layer, one line per comparison (a note on a node with none)."""
+        """The figure (`figure(results)`)."""
+        return self.figure(results)
+
+    @classmethod
+    def figure(cls, results: Any) -> Any:
+        """CKA by layer, one line per comparison (a note on a node with none). A set that runs this analysis beside it draws it in a worker process
+        (`theseus.analysis._renderers`) unless a subclass overrides `plot()`."""
         curves: dict[str, list[Any]] = {"layer": [], "CKA": [], "compared with": []}
         for key, at, _ in _COMPARISONS:
             if results[key] is None:
@@ -120,7 +126,7 @@ class DriftBase(AnalysisBase[C, M]):
         title = f"Linear CKA of the residual stream at {short(results['node'])}"
         if not curves["layer"]:
             return note(title, "no earlier node analyzed or checkpointed to compare with")
-        figure = self.line(
+        figure = cls.line(
             curves,
             x="layer",
             y="CKA",

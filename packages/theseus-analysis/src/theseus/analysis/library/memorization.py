@@ -168,7 +168,13 @@ class MemorizationBase(AnalysisBase[C, M]):
         )
 
     def plot(self, results: Any) -> Any:
-        """Memorized share by the step the sequences were seen (bins of steps)."""
+        """The figure (`figure(results)`)."""
+        return self.figure(results)
+
+    @classmethod
+    def figure(cls, results: Any) -> Any:
+        """Memorized share by the step the sequences were seen (bins of steps). A set that runs this analysis beside it draws it in a worker process
+        (`theseus.analysis._renderers`) unless a subclass overrides `plot()`."""
         steps, memorized = results["step"], results["memorized"]
         title = f"Memorized at {short(results['node'])}"
         if steps.size == 0:
@@ -184,7 +190,7 @@ class MemorizationBase(AnalysisBase[C, M]):
             if inside.any():
                 x.append(int(edges[b]))
                 y.append(float(memorized[inside].mean()))
-        figure = self.line(
+        figure = cls.line(
             x=x,
             y=y,
             marker="o",
