@@ -408,7 +408,7 @@ def _walk_first(root: Path, run: str, settings: dict[str, Any]) -> dict[str, dic
         }
 
 
-@pytest.mark.parametrize("companions", [False, True])
+@pytest.mark.parametrize("companions", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_worker_processes_draw_the_same_pdfs(trained, monkeypatch, companions: bool) -> None:
     """With `THESEUS_RENDER_WORKERS` the figures of the members (and of drift and
     memorization beside them) are drawn in worker processes (counted where their answers
@@ -444,6 +444,7 @@ class BrokenInduction(InductionHeads):
         raise ValueError("the figure code's own error")
 
 
+@pytest.mark.slow  # ~12 s: a walk of two nodes
 def test_a_figure_that_fails_in_a_worker_fails_as_it_would_here(trained, monkeypatch) -> None:
     class Failing(FirstAnalyses):
         """`FirstAnalyses` with the broken induction figure."""
