@@ -460,7 +460,16 @@ def test_a_figure_that_fails_in_a_worker_fails_as_it_would_here(trained, monkeyp
 
 @pytest.mark.parametrize(
     ("asked", "cores", "expected"),
-    [("", 2, 0), ("", 3, 0), ("", 4, 2), ("", 13, 6), ("", 64, 8), ("3", 2, 3), ("0", 64, 0)],
+    [
+        ("", 2, 0),
+        ("", 3, 0),
+        ("", 4, 2),
+        ("", 6, 4),
+        ("", 13, 8),
+        ("", 64, 8),
+        ("3", 2, 3),
+        ("0", 64, 0),
+    ],
 )
 def test_how_many_workers(asked: str, cores: int, expected: int, monkeypatch) -> None:
     from theseus.analysis import _renderers

@@ -15,8 +15,9 @@ or in a file loaded by path; results that do not pickle; a worker that died) is 
 in the walk's process instead, where an error in the figure code is raised as it would
 be without workers.
 
-How many: `THESEUS_RENDER_WORKERS` (0: none), by default half the usable cores, at most
-8, and none on fewer than four cores (there the walk's own work takes the other core).
+How many: `THESEUS_RENDER_WORKERS` (0: none), by default all usable cores but two (the
+walk's own: its dispatch and XLA's compilations), at most 8, and none on fewer than four
+cores.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ MAX_WORKERS = 8
 
 
 def default_workers() -> int:
-    """Worker processes a walk draws with: `THESEUS_RENDER_WORKERS`, else half the usable
-    cores (at most `MAX_WORKERS`), none on fewer than four.
+    """Worker processes a walk draws with: `THESEUS_RENDER_WORKERS`, else the usable cores
+    but two (at most `MAX_WORKERS`), none on fewer than four.
 
     Raises:
         AnalysisError: `THESEUS_RENDER_WORKERS` is not a whole number of 0 or more.
@@ -69,7 +70,7 @@ def default_workers() -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return 0 if cores < 4 else min(MAX_WORKERS, cores // 2)
+    return 0 if cores < 4 else min(MAX_WORKERS, cores - 2)
 
 
 def _send(stream: IO[bytes], payload: bytes) -> None:
