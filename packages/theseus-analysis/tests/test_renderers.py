@@ -32,8 +32,7 @@ class NotDrawable:
         raise RuntimeError(f"cannot draw {results!r}")
 
 
-@pytest.fixture
-def answers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def count_answers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Each worker answer's status ("ok", or the error it reported), as it arrives."""
     seen: list[str] = []
     ask = _renderers._Worker.ask
@@ -45,6 +44,11 @@ def answers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(_renderers._Worker, "ask", counted)
     return seen
+
+
+@pytest.fixture
+def answers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    return count_answers(monkeypatch)
 
 
 def test_a_worker_draws_the_bytes_drawn_here_and_outlives_a_dead_one(answers: list[str]) -> None:

@@ -31,6 +31,7 @@ from theseus.registry import import_module_or_file
 from theseus.store import Store
 
 ref = import_module_or_file(str(Path(__file__).with_name("library_reference.py")))
+renderer_tests = import_module_or_file(str(Path(__file__).parents[1] / "test_renderers.py"))
 
 SETTINGS = {
     "architecture/n_layers": 2,
@@ -394,21 +395,12 @@ def test_worker_processes_draw_the_same_pdfs(trained, monkeypatch) -> None:
     """With `THESEUS_RENDER_WORKERS` every figure of the set (its members', drift's and
     memorization's) is drawn in a worker process (counted where the answers arrive), into
     the bytes this process draws from the same results."""
-    from theseus.analysis import _renderers
     from theseus.analysis._publish import render
     from theseus.analysis.library import CATALOGUE
     from theseus.analysis.library.drift import DriftBase
     from theseus.analysis.library.memorization import MemorizationBase
 
-    answers: list[str] = []
-    ask = _renderers._Worker.ask
-
-    def counted(self: Any, payload: bytes) -> Any:
-        status, value = ask(self, payload)
-        answers.append(status if status == "ok" else value)
-        return status, value
-
-    monkeypatch.setattr(_renderers._Worker, "ask", counted)
+    answers = renderer_tests.count_answers(monkeypatch)
     monkeypatch.setenv("THESEUS_RENDER_WORKERS", "1")  # one: what the CI's two cores allow
     with quick(trained) as q:
         q.build(FirstAnalyses, "drawn")
