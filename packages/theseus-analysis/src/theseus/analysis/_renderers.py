@@ -158,7 +158,8 @@ def _close(workers: Sequence[_Worker]) -> None:
 
 
 class Renderers:
-    """`count` worker processes, started at once (they import while the caller works).
+    """`count` worker processes, started at once (they import while the caller works);
+    with none, every figure is drawn by the caller.
 
     `draw(cls, "figure", results, name, owner)` returns a callable that gives
     `render(name, cls.figure(results), owner)`: drawn by a worker when one can, else (or
@@ -167,13 +168,12 @@ class Renderers:
     """
 
     def __init__(self, count: int) -> None:
-        if count < 1:
-            raise ValueError(f"Renderers needs at least one worker; got {count}")
+        self.count = count
         self._workers = [_Worker() for _ in range(count)]
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         for worker in self._workers:
             self._idle.put(worker)
-        self._threads = ThreadPoolExecutor(count, thread_name_prefix="theseus-renderer")
+        self._threads = ThreadPoolExecutor(max(1, count), thread_name_prefix="theseus-renderer")
         self._local: set[tuple[str, str]] = set()  # classes a worker could not import
         self._lock = threading.Lock()
         self._finalize = weakref.finalize(self, _close, list(self._workers))
@@ -197,7 +197,12 @@ class Renderers:
 
         with self._lock:
             local = where in self._local
-        if local or cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        if (
+            not self.count
+            or local
+            or cls.__module__ == "__main__"
+            or "<locals>" in cls.__qualname__
+        ):
             return here
         try:
             payload = pickle.dumps((*where, method, results, name, owner))

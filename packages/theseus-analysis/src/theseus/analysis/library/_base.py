@@ -45,7 +45,7 @@ from theseus.analysis import _comet
 from theseus.analysis._base import AnalysisBase, C, M
 from theseus.analysis._engine import compile_program, to_host
 from theseus.analysis._errors import AnalysisError
-from theseus.analysis._publish import render, write_atomic
+from theseus.analysis._publish import write_atomic
 from theseus.analysis._renderers import Renderers, default_workers
 from theseus.analysis.library._data import open_plan, repeated_tokens, token_shares
 from theseus.analysis.library._recording import Recording, record
@@ -308,25 +308,17 @@ class LibraryBase(AnalysisBase[C, M]):
             logged.update(member.values(by_name[member.NAME]))
         self.store.log(node, logged)
         renderers = self._renderers()
-        drawn = []
-        for member in self.members():
-            if member.NAME != self.NAME:
-                results = by_name[member.NAME]
-                if renderers is None:
-                    drawn.append((member, _here(member, results)))
-                else:
-                    name = member.NAME
-                    drawn.append(
-                        (member, renderers.draw(member, "figure", results, name, member.__name__))
-                    )
+        drawn = [
+            (m, renderers.draw(m, "figure", by_name[m.NAME], m.NAME, m.__name__))
+            for m in self.members()
+            if m.NAME != self.NAME
+        ]
         views = self._companion_views()
-        if renderers is not None:
-            for name, view in views.items():
-                drawing = _figure_class(type(view))
-                if drawing is not None:  # `_drawn` is read by the view's `_publish`
-                    owner = type(view).__name__
-                    drawn_there = renderers.draw(drawing, "figure", by_name[name], name, owner)
-                    view._drawn = drawn_there  # type: ignore[attr-defined]
+        for name, view in views.items():
+            drawing = _figure_class(type(view))
+            if drawing is not None and renderers.count:  # read by the view's `_publish`
+                owner = type(view).__name__
+                view._drawn = renderers.draw(drawing, "figure", by_name[name], name, owner)  # type: ignore[attr-defined]
         for name, view in views.items():  # while the workers draw
             try:
                 view._publish(by_name[name], node)
@@ -336,15 +328,15 @@ class LibraryBase(AnalysisBase[C, M]):
             self._publish_member(member, figure(), node)
         return super()._publish(values, node)
 
-    def _renderers(self) -> Renderers | None:
-        """The worker processes that draw the other members' figures: on host zero, for
-        two or more of them, where `default_workers()` gives any; started once."""
+    def _renderers(self) -> Renderers:
+        """What draws the figures: worker processes on host zero for a set of two or
+        more other members, where `default_workers()` gives any (else none: drawn
+        here); started once."""
         if "renderers" not in self._library:
             others = [m for m in self.members() if m.NAME != self.NAME]
             count = min(default_workers(), len(others)) if len(others) > 1 else 0
-            alone = process_index() == 0
-            self._library["renderers"] = Renderers(count) if count and alone else None
-        renderers: Renderers | None = self._library["renderers"]
+            self._library["renderers"] = Renderers(count if process_index() == 0 else 0)
+        renderers: Renderers = self._library["renderers"]
         return renderers
 
     def __call__(self, resume: bool = False) -> Any:
@@ -397,11 +389,6 @@ def _figure_class(kind: type) -> type | None:
 
     drawing = owner("figure")
     return drawing if drawing is not None and owner("plot") is drawing else None
-
-
-def _here(member: type[LibraryAnalysis[Any, Any]], results: Any) -> Any:
-    """`member`'s figure rendered in this process, when called."""
-    return lambda: render(member.NAME, member.figure(results), member.__name__)
 
 
 class LibraryAnalysis(LibraryBase[C, M]):
