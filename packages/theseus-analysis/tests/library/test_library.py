@@ -391,6 +391,7 @@ COMPANIONS = {  # the set with drift and memorization beside it
 }
 
 
+@pytest.mark.slow  # ~12 s: a walk whose seven figures a worker draws (test_renderers.py: alone)
 def test_worker_processes_draw_the_same_pdfs(trained, monkeypatch) -> None:
     """With `THESEUS_RENDER_WORKERS` every figure of the set (its members', drift's and
     memorization's) is drawn in a worker process (counted where the answers arrive), into
