@@ -88,3 +88,19 @@ def test_what_a_worker_cannot_do_is_drawn_here(answers: list[str]) -> None:
         assert answers == ["RuntimeError: cannot draw 'x'"]  # tried there, raised here
     finally:
         renderers.close()
+
+
+def test_a_class_no_worker_can_import_is_tried_once(answers: list[str]) -> None:
+    """A class whose module a worker cannot import (one made at run time, or loaded from
+    somewhere the worker's path does not reach) is drawn here, and its later figures go
+    to no worker."""
+    ghost = type("Ghost", (Curve,), {"__module__": "no_module_a_worker_can_import"})
+    values = [0.1, 0.9]
+    here = render("curve", Curve.figure(values), "Ghost")
+    renderers = _renderers.Renderers(1)
+    try:
+        assert renderers.draw(ghost, "figure", values, "curve", "Ghost")() == here
+        assert renderers.draw(ghost, "figure", values, "curve", "Ghost")() == here
+    finally:
+        renderers.close()
+    assert len(answers) == 1 and answers[0].startswith("ModuleNotFoundError")

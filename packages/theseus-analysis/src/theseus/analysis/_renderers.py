@@ -88,27 +88,40 @@ def _receive(stream: IO[bytes]) -> bytes | None:
     return payload if len(payload) == size else None
 
 
-def _draw(module: str, qualname: str, method: str, results: Any, name: str, owner: str) -> Any:
-    """`render(name, cls.method(results), owner)` for the class `module.qualname`."""
+def _draw(cls: type, method: str, results: Any, name: str, owner: str) -> Any:
+    """`render(name, cls.method(results), owner)`."""
     from theseus.analysis._publish import render
 
+    return render(name, getattr(cls, method)(results), owner)
+
+
+def _resolve(module: str, qualname: str) -> type:
+    """The class `module.qualname`, imported."""
     target: Any = importlib.import_module(module)
     for part in qualname.split("."):
         target = getattr(target, part)
-    return render(name, getattr(target, method)(results), owner)
+    return target
 
 
 def serve() -> None:
     """A worker's loop: a job `(module, qualname, method, results, name, owner)` in, `("ok",
-    render's result)` or `("error", what went wrong)` out, until stdin closes."""
+    render's result)`, `("unimportable", why)` (the job or its class could not be read
+    here) or `("error", what the drawing raised)` out, until stdin closes."""
     jobs = sys.stdin.buffer
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints go to stderr, not the pipe
     while (payload := _receive(jobs)) is not None:
+        answer: tuple[str, Any]
         try:
-            answer: tuple[str, Any] = ("ok", _draw(*pickle.loads(payload)))
-        except BaseException as exc:  # reported; the walk draws it again
-            answer = ("error", f"{type(exc).__name__}: {exc}")
+            module, qualname, method, results, name, owner = pickle.loads(payload)
+            cls = _resolve(module, qualname)
+        except Exception as exc:
+            answer = ("unimportable", f"{type(exc).__name__}: {exc}")
+        else:
+            try:
+                answer = ("ok", _draw(cls, method, results, name, owner))
+            except BaseException as exc:  # reported; the walk draws it again
+                answer = ("error", f"{type(exc).__name__}: {exc}")
         try:
             reply = pickle.dumps(answer)
         except Exception as exc:
@@ -191,9 +204,7 @@ class Renderers:
         where = (cls.__module__, cls.__qualname__)
 
         def here() -> Any:
-            from theseus.analysis._publish import render
-
-            return render(name, getattr(cls, method)(results), owner)
+            return _draw(cls, method, results, name, owner)
 
         with self._lock:
             local = where in self._local
@@ -214,7 +225,7 @@ class Renderers:
             status, value = future.result()
             if status == "ok":
                 return value
-            if "ModuleNotFoundError" in value or "AttributeError" in value:
+            if status == "unimportable":  # later jobs of this class are drawn here at once
                 with self._lock:
                     self._local.add(where)
             log.debug("%s: drawn in this process (the worker: %s)", owner, value)
