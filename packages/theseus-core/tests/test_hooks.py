@@ -9,6 +9,7 @@ float32 on CPU, 1e-6 relative (eager against NumPy, and `jax.jit` against eager)
 from __future__ import annotations
 
 import doctest
+import threading
 from typing import Any
 
 import flax.linen as nn
@@ -204,6 +205,28 @@ def test_stop_ends_only_its_own_block(two_layer, x: jax.Array) -> None:
             model.apply(variables, x)
         after_inner.append("inner block went on")  # pragma: no cover
     assert after_inner == []
+
+
+def test_listening_depth_counts_open_blocks_on_this_thread_only(two_layer, x) -> None:
+    """What a module reads before it takes a path past its submodules' calls: the open
+    `intercept` blocks of its own thread (as Flax keeps interceptors), back to 0 however
+    a block ends: normally, by `stop()`, or by an exception."""
+    model, variables = two_layer
+    other: list[int] = []
+    assert hooks.listening_depth() == 0
+    with hooks.intercept(lambda call: call.proceed()):
+        with hooks.intercept(lambda call: call.proceed()) as inner:
+            assert hooks.listening_depth() == 2
+            thread = threading.Thread(target=lambda: other.append(hooks.listening_depth()))
+            thread.start()
+            thread.join()
+            inner.stop()
+        assert hooks.listening_depth() == 1
+    assert other == [0] and hooks.listening_depth() == 0
+    with pytest.raises(ZeroDivisionError), hooks.intercept(lambda call: call.proceed()):
+        model.apply(variables, x)
+        raise ZeroDivisionError
+    assert hooks.listening_depth() == 0
 
 
 def test_restarting_runs_again_after_each_restart_and_only_its_own() -> None:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
 
@@ -64,6 +65,7 @@ __all__ = [
     "discover",
     "intercept",
     "join",
+    "listening_depth",
     "named_arguments",
     "path_of",
     "record",
@@ -237,6 +239,7 @@ def intercept(
     """
     names = None if methods is None else frozenset(methods)
     interception = Interception()
+    _LISTENING.depth = listening_depth() + 1
 
     def interceptor(
         function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], context: Any
@@ -251,6 +254,23 @@ def intercept(
     except _Stop as stop:
         if stop.args[0] is not interception:
             raise
+    finally:
+        _LISTENING.depth -= 1
+
+
+# How many `intercept` blocks are open on each thread (Flax keeps its interceptors per
+# thread too): a module reads it to keep its submodules' calls visible to a listener.
+_LISTENING = threading.local()
+
+
+def listening_depth() -> int:
+    """How many `intercept` blocks are open on this thread (0: no listener).
+
+    A module that can compute its output past its submodules' calls (the attention's
+    fused path uses `c_attn`'s and `c_proj`'s kernels by einsum) does so only at 0, so
+    a listener always sees, records and replaces every call it could name.
+    """
+    return getattr(_LISTENING, "depth", 0)
 
 
 class _Restart(Exception):

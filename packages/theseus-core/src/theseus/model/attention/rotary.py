@@ -57,6 +57,7 @@ def apply_rotary(
     positions: jax.Array | None = None,
     fraction: float = 1.0,
     scaling: RopeScaling | None = None,
+    heads_first: bool = False,
 ) -> jax.Array:
     """Rotate pairs of features of `x` `[batch, seq, heads, head_dim]` by position.
 
@@ -70,8 +71,9 @@ def apply_rotary(
             None: `0 .. seq-1` for every row.
         fraction: the share of each head's features rotated (1: all of them).
         scaling: Llama 3.1's frequency scaling, or None for none.
+        heads_first: `x` is `[batch, heads, seq, head_dim]` (the fused attention's layout).
     """
-    seq, head_dim = x.shape[1], x.shape[-1]
+    seq, head_dim = x.shape[2 if heads_first else 1], x.shape[-1]
     rot = rotary_width(head_dim, fraction)
     half = rot // 2
     inv_freq = rotary_frequencies(rot, base, scaling)
@@ -79,8 +81,9 @@ def apply_rotary(
         angles = jnp.arange(seq, dtype=jnp.float32)[None, :, None] * inv_freq  # [1, seq, half]
     else:
         angles = positions.astype(jnp.float32)[:, :, None] * inv_freq  # [batch, seq, half]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    heads_axis = 1 if heads_first else 2
+    cos = jnp.expand_dims(jnp.cos(angles), heads_axis)
+    sin = jnp.expand_dims(jnp.sin(angles), heads_axis)
     first, second = x[..., :half].astype(jnp.float32), x[..., half:rot].astype(jnp.float32)
     rotated = jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
     if rot == head_dim:
