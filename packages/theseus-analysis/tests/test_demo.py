@@ -293,7 +293,9 @@ def _drawn(tab: Any) -> str:
     return str(image.get_attribute("src"))
 
 
-def test_the_browser_steps_the_heatmap_and_the_lens_through_training(walked, tmp_path) -> None:
+def test_the_browser_steps_the_heatmap_and_the_lens_through_training(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     """The time slider on the demo's lineage: the induction heatmap and the logit lens at
     each of its two checkpoints (the newest version at each node, the walk's), the
     frame's line on one line; the curves of the highest induction score and of the
@@ -309,7 +311,7 @@ def test_the_browser_steps_the_heatmap_and_the_lens_through_training(walked, tmp
     chromium = import_module_or_file(str(STORE_TESTS / "_ui_store.py")).chromium()
     shots = Path(os.environ.get("THESEUS_UI_SCREENSHOTS", tmp_path / "screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
-    root, lineage = walked
+    root, lineage = request.getfixturevalue("walked")  # once a browser is there to use it
     with running(root) as url, sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=chromium, args=["--no-sandbox", "--disable-gpu"]
