@@ -100,7 +100,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoints", type=int, default=10, help="checkpoints in the lineage")
     p.add_argument("--rounds", type=int, default=3, help="paired rounds of the walks")
-    p.add_argument("--tandem", type=int, default=8, help="rounds of the tandem cost")
+    p.add_argument(
+        "--tandem", type=int, default=8, help="rounds of the tandem cost (0: the walks alone)"
+    )
     for option, default in DEFAULTS.items():
         p.add_argument(f"--{option}", type=int, default=default, help=MODEL[option])
     _report.add_arguments(p)
@@ -474,8 +476,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         train(scratch / "root", args)
         walked, same = walks(scratch, args)
-        print("\ntandem cost ...", flush=True)
-        rows = [*walked, *tandem(scratch / "root", args)]
+        rows = list(walked)
+        if args.tandem:  # 0: the walks alone
+            print("\ntandem cost ...", flush=True)
+            rows += tandem(scratch / "root", args)
         _report.write(args.json, "library", args.quick, rows, {"model": model_text(args)})
         return _report.exit_status(
             walked,

@@ -7,8 +7,8 @@ Each entry is a benchmark script with the options of one row group of
 two models' state but the batch-8 comparison of ``train_step.py`` (about 10 GB; its
 docstring has the arithmetic); the 354M and the batch-32 runs time the trainer alone.
 On a v5e, each program's ~15 s of opening the chip and its compilations included, the
-plan takes about 20 minutes (``EXPECTED_S``: each entry's time on 2026-12-06, in several
-device calls).
+plan takes about 25 minutes (``EXPECTED_S``: each entry's time on 2026-12-06 and, for
+``library``, 2026-12-07, in several device calls: more than one session's device time).
 
 ``--tiny`` (a smoke test of the plan on a CPU, ``JAX_PLATFORMS=cpu``) replaces the model
 and SAE sizes by ``TINY``'s; each script's own ``--quick`` cuts its repeats.
@@ -111,6 +111,30 @@ TPU_BENCHMARKS = (
         limit_s=480,
     ),
     Benchmark(
+        "library",
+        "the analysis library on the 124M GPT: its seven analyses in one --over walk of 10 "
+        "checkpoints vs seven walks (the tandem rows: the CPU table)",
+        (
+            "--layers",
+            "12",
+            "--width",
+            "768",
+            "--heads",
+            "12",
+            "--block",
+            "1024",
+            "--batch",
+            "8",
+            "--checkpoints",
+            "10",
+            "--rounds",
+            "1",
+            "--tandem",
+            "0",
+        ),
+        limit_s=600,
+    ),
+    Benchmark(
         "kernels",
         "attention and loss kernels, one layer: JAX's Pallas splash/flash and theseus's "
         "chunked loss vs tokamax (where installed)",
@@ -121,7 +145,7 @@ TPU_BENCHMARKS = (
 EXPECTED_S = {"train_124m_b8": 137, "train_124m_b32": 83, "train_124m_b32_remat": 89,
               "train_354m_b8": 114, "generation_b1": 127, "generation_b8": 169,
               "analysis_tandem": 103, "analysis_debugger": 40, "sae": 104, "harness": 62,
-              "kernels": 179}  # fmt: skip
+              "library": 300, "kernels": 179}  # fmt: skip
 
 
 PROBE = (

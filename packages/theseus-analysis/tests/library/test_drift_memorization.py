@@ -223,8 +223,15 @@ def test_memorization_over_the_lineage_replays_the_rows_the_plan_gave_each_step(
     assert _snapshot(root) == before  # a second walk writes nothing
 
 
+@pytest.mark.parametrize(
+    ("member", "first"),
+    [
+        ("logit-lens", True),  # drift's fixed batch is the set's first validation batch
+        pytest.param("induction", False, marks=pytest.mark.slow),  # one more forward
+    ],
+)
 def test_beside_the_first_analyses_each_writes_what_it_writes_alone_compiled_once(
-    trained: tuple[Path, list[Node]], alone: Any, root: Path
+    trained: tuple[Path, list[Node]], alone: Any, root: Path, member: str, first: bool
 ) -> None:
     _, nodes = trained
     walked_alone = alone[0]
@@ -240,7 +247,7 @@ def test_beside_the_first_analyses_each_writes_what_it_writes_alone_compiled_onc
         with quick(root) as q:
             q.build(FirstAnalyses, "first")
             q.find().spec(run="trained").over()
-            q.config["library/analyses"] = ["induction", "drift", "memorization"]
+            q.config["library/analyses"] = [member, "drift", "memorization"]
             q.config["library/induction/length"] = 8
             q.config["library/drift/reference"] = nodes[0].serialize()  # as alone
             job = q.create()
@@ -250,7 +257,11 @@ def test_beside_the_first_analyses_each_writes_what_it_writes_alone_compiled_onc
         jax.monitoring.unregister_event_duration_listener(listen)
     assert [r.node for r in walk.results] == nodes
     views = job._companion_views()
-    assert (job.traces, views["drift"].traces) == (1, 1)  # one program each, traced once
+    # one program for the set, traced once; drift's residual streams are recorded in it (in
+    # the forward of the first validation batch, or in one more where no member reads
+    # validation batches), so drift traces no program of its own
+    assert (job.traces, views["drift"].traces) == (1, 0)
+    assert job._shared_drift().first is first
     assert compiled and set(compiled) == {nodes[0].seq}  # nothing compiled after the first
 
     def held(root: Path, node: Node) -> tuple[dict[str, object], dict[str, bytes]]:

@@ -30,6 +30,7 @@ from theseus.training.sharding import ParameterShardingContext
 
 __all__ = [
     "Source",
+    "at_positions",
     "earlier_source",
     "from_bytes",
     "node_source",
@@ -70,20 +71,27 @@ def residual_program(
     """`jit(fn(state, batch, key))`: each path's output `[rows, length, d]` at the flat
     positions `chosen`, stacked `[len(paths), len(chosen), d]` in float32 (see the module
     docstring)."""
-    where = jnp.asarray(chosen)
 
     def body(state: Any, batch: dict[str, Any], key: jax.Array | None) -> Any:
         _, calls = forward(
             lambda: trace(state, batch, key, sharding=sharding), paths, unchanged, owner
         )
-        layers = []
-        for path in paths:
-            out = calls[path].output
-            h = out[0] if isinstance(out, tuple) else out  # a block called with a cache
-            layers.append(h.reshape(-1, h.shape[-1])[where].astype(jnp.float32))
-        return jnp.stack(layers)
+        return at_positions(calls, paths, chosen)
 
     return compile_program(body, sharding, owner, on_trace)
+
+
+def at_positions(calls: dict[str, Any], paths: tuple[str, ...], chosen: np.ndarray) -> jax.Array:
+    """Under jit: each path's recorded output `[rows, length, d]` at the flat positions
+    `chosen`, stacked `[len(paths), len(chosen), d]` in float32 (what `residual_program`
+    returns, and what a set's program computes for a drift beside it)."""
+    where = jnp.asarray(chosen)
+    layers = []
+    for path in paths:
+        out = calls[path].output
+        h = out[0] if isinstance(out, tuple) else out  # a block called with a cache
+        layers.append(h.reshape(-1, h.shape[-1])[where].astype(jnp.float32))
+    return jnp.stack(layers)
 
 
 def to_bytes(residuals: np.ndarray) -> bytes:

@@ -212,6 +212,14 @@ class DriftBase(AnalysisBase[C, M]):
         state, _ = owner.read_checkpoint(owner.checkpoint_path(source.node))
         return self._residuals(program, state, batch)
 
+    def fixed_tokens(self) -> tuple[dict[str, np.ndarray], dict[str, Any], np.ndarray]:
+        """The fixed batch (this host's rows, and placed) and the flat positions of it
+        whose residual streams are compared (`library/drift/tokens`, `library/drift/seed`)."""
+        st = self.settings()
+        rows, batch = self._fixed_batch()
+        chosen = picks(int(batch["x"].shape[0]), int(batch["x"].shape[1]), st.tokens, st.seed)
+        return rows, batch, chosen
+
     def compute(self) -> Any:
         """Residuals at the live node, and their CKA with the previous node's (and the
         reference's). Every host must call it.
@@ -220,14 +228,24 @@ class DriftBase(AnalysisBase[C, M]):
             `{"node", "digest", "residuals" [layers, tokens, d] float16, "previous",
             "cka" [layers] or None, "reference", "cka_reference" [layers] or None}`.
         """
-        st = self.settings()
+        return self.compute_from(None)
+
+    def compute_from(self, recorded: np.ndarray | None) -> Any:
+        """`compute()`, given the live node's residual streams when another program
+        already recorded them: `recorded [layers, tokens, d]` (float32, every selected
+        block at the positions `fixed_tokens()` names; a `library/first` set's program
+        records them in the forward its members share). None: this analysis's own
+        program computes them. An earlier node's residuals that must be recomputed
+        from its checkpoint still come from its own program."""
         node = self.node
         name = type(self).NAME
-        rows, batch = self._fixed_batch()
-        chosen = picks(int(batch["x"].shape[0]), int(batch["x"].shape[1]), st.tokens, st.seed)
+        rows, batch, chosen = self.fixed_tokens()
         digest = tokens_digest(rows["x"], chosen, len(self._prepare().paths))
-        program = self._residual_fn(chosen)
-        current = self._residuals(program, self.state, batch)
+        program = self._residual_fn(chosen)  # traced only where it is called
+        if recorded is None:
+            current = self._residuals(program, self.state, batch)
+        else:
+            current = np.stack([kept(h) for h in recorded])
 
         artifact, marker = f"{name}/residuals.npy", f"analysis/{name}/residuals"
         memory = self._memory[0] if self._memory and self._memory[1] == digest else None
