@@ -1,7 +1,7 @@
 """The analysis library: all its analyses in one `--over` walk vs one walk each; in tandem.
 
-Run: ``uv run python benchmarks/library.py [--checkpoints 10 --rounds 3 --tandem 8]
-[--quick] [--json PATH]`` (about 15 minutes on the shared 2-core CPU machine under load;
+Run: ``uv run python benchmarks/library.py [--checkpoints 10 --rounds 3 --tandem 8
+--commands 1] [--quick] [--json PATH]`` (about 15 minutes on the shared 2-core CPU machine under load;
 ``--quick``: 1 checkpoint, one round, one tandem round).
 
 A small GPT (``--layers`` 2, ``--width`` 64, 4 heads, ``--block`` 64, ``--batch`` 8, the
@@ -35,6 +35,14 @@ synthetic language need):
    (after the first, median) computation and publishing, ours against theirs summed.
    Publishing (figures, files, artifacts) is the same work on both sides, so where it
    dominates a node it bounds the ratio.
+   **As commands** (``--commands`` rounds, default 1; 0: none): the same two sides as a
+   researcher types them, each walk a new process, ``theseus run first first.yaml ROOT
+   --over trained --force`` with ``library/analyses`` = all seven against seven ``theseus
+   run NAME NAME.yaml ROOT --over trained --force`` (each configured with ``theseus
+   configure`` beforehand, untimed; the settings as ``KEY=VALUE``), timed from each
+   process's start to its exit: Python's start, the imports and the accelerator's opening
+   count once for the one walk and seven times for the seven. Both sides write to roots
+   of their own; the same values check follows. The goal (>= 3) is this row's too.
 2. **Tandem cost.** A trainer resumed at the last checkpoint with the seven analyses as
    tandem views (``ANALYSIS``), and ``library/first`` with all seven as one more. A
    validation step is ``trainer.validate()``; each variant adds one view's
@@ -54,6 +62,7 @@ import math
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -108,6 +117,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="paired rounds of the walks")
     p.add_argument(
         "--tandem", type=int, default=8, help="rounds of the tandem cost (0: the walks alone)"
+    )
+    p.add_argument(
+        "--commands",
+        type=int,
+        default=1,
+        help="rounds of the walks as `theseus run` commands, each a new process (0: none)",
     )
     for option, default in DEFAULTS.items():
         p.add_argument(f"--{option}", type=int, default=default, help=MODEL[option])
@@ -346,6 +361,108 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
     return [row, computation], same and max(traces) == 1
 
 
+# ------------------------------------------------------ 1b. as theseus run commands
+def job_settings(root: Path, job: str, settings: dict[str, Any]) -> list[str]:
+    """`KEY=VALUE` arguments of `theseus run` for the settings `job` declares (found with
+    the quick API, untimed), lists as `[a,b]`."""
+    from theseus.quick import quick
+    from theseus.registry import JOBS
+
+    with quick(root) as q:
+        q.build(JOBS[job], "probe")
+        declared = [key for key in settings if key in q.config]
+
+    def text(value: Any) -> str:
+        return f"[{','.join(map(str, value))}]" if isinstance(value, list) else str(value)
+
+    return [f"{key}={text(settings[key])}" for key in declared]
+
+
+def run_command(root: Path, job: str, run: str, overrides: list[str], config: Path) -> float:
+    """`theseus configure JOB` (untimed), then `theseus run RUN CONFIG ROOT --over trained
+    --force KEY=VALUE...` in a new process: its seconds, from the process's start to its
+    exit (Python's start, the imports and the accelerator's opening included)."""
+    cli = [sys.executable, "-c", "import sys; from theseus.cli import main; sys.exit(main())"]
+    if not config.exists():
+        subprocess.run([*cli, "configure", job, str(config)], check=True, capture_output=True)
+    command = [*cli, "run", run, str(config), str(root), "--over", "trained", "--force"]
+    start = time.perf_counter()
+    done = subprocess.run([*command, *overrides], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[3:])} failed:\n{done.stderr[-3000:]}")
+    return seconds
+
+
+def as_commands(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], bool]:
+    """The one walk and the seven as a researcher types them: `theseus run first ...
+    --over trained --force` against seven `theseus run NAME ... --over trained --force`,
+    each a new process; `args.commands` rounds, alternating which side goes first."""
+    ours_root, theirs_root = scratch / "ours-commands", scratch / "theirs-commands"
+    shutil.copytree(scratch / "root", ours_root)
+    shutil.copytree(scratch / "root", theirs_root)
+    configs = scratch / "configs"
+    configs.mkdir(exist_ok=True)
+    everything = {**SETTINGS, "library/analyses": list(ANALYSES)}
+    ours_args = job_settings(scratch / "root", "library/first", everything)
+    theirs_args = {n: job_settings(scratch / "root", j, SETTINGS) for n, j in ANALYSES.items()}
+    ours: list[float] = []
+    theirs: list[float] = []
+
+    def measure_ours() -> None:
+        seconds = run_command(ours_root, "library/first", "first", ours_args,
+                              configs / "first.yaml")  # fmt: skip
+        ours.append(seconds)
+        print(f"  one command, all seven: {seconds:.1f} s", flush=True)
+
+    def measure_theirs() -> None:
+        total = 0.0
+        for name, job in ANALYSES.items():
+            seconds = run_command(theirs_root, job, name, theirs_args[name],
+                                  configs / f"{name}.yaml")  # fmt: skip
+            total += seconds
+            print(f"    {name}: {seconds:.1f} s", flush=True)
+        theirs.append(total)
+        print(f"  seven commands: {total:.1f} s", flush=True)
+
+    for index in range(args.commands):
+        print(f"commands, round {index + 1}/{args.commands}", flush=True)
+        sides = [measure_ours, measure_theirs]
+        for side in sides if index % 2 == 0 else sides[::-1]:
+            side()
+    same, compared, worst, where = same_values(ours_root, theirs_root)
+    relative, _ = tolerances()
+    print(f"check: {compared} dynamics/ values equal: {same} (largest difference {worst:.2e}, "
+          f"in {where})", flush=True)  # fmt: skip
+    row = _report.compare(
+        f"library as commands: `theseus run first --over` vs seven `theseus run NAME --over` "
+        f"({counted(args.checkpoints)}, {model_text(args)})",
+        ours,
+        theirs,
+        unit="s",
+        fmt="{:.1f} s",
+        ratio="theirs/ours",
+        meaning="theirs time / ours time; above 1: the one command faster",
+        goal=(">=", GOAL),
+        note=(
+            "each walk a new process, `theseus run RUN CONFIG ROOT --over trained --force` "
+            "with the settings as KEY=VALUE (each configured by `theseus configure` "
+            "beforehand, untimed), timed from the process's start to its exit: Python's "
+            "start, the imports and the accelerator's opening count on both sides, once for "
+            f"the one walk and seven times for the seven; {args.commands} round(s), "
+            f"alternating which side goes first; {compared} dynamics/ values equal (within "
+            f"{relative:g} relative): {same}, largest difference {worst:.1e} ({where})"
+        ),
+    )
+    print(
+        f"one command {row.ours}, seven commands {row.theirs}: "
+        f"{statistics.median(row.ratios):.2f}x (goal >= {GOAL:g}, "
+        f"{'met' if row.met else 'NOT met'})",
+        flush=True,
+    )
+    return [row], same
+
+
 def tolerances() -> tuple[float, float]:
     """The values check's relative and absolute tolerance on JAX's default backend."""
     import jax
@@ -495,8 +612,12 @@ def main(argv: list[str] | None = None) -> int:
             f"training {args.checkpoints} steps of a {model_text(args)}, a checkpoint after each ..."
         )
         train(scratch / "root", args)
-        walked, same = walks(scratch, args)
+        walked, same = walks(scratch, args) if args.rounds else ([], True)
         rows = list(walked)
+        if args.commands:
+            typed, agreed = as_commands(scratch, args)
+            rows += typed
+            walked, same = [*walked, *typed], same and agreed
         if args.tandem:  # 0: the walks alone
             print("\ntandem cost ...", flush=True)
             rows += tandem(scratch / "root", args)
