@@ -1,8 +1,8 @@
 """The analysis library: all its analyses in one `--over` walk vs one walk each; in tandem.
 
 Run: ``uv run python benchmarks/library.py [--checkpoints 10 --rounds 3 --tandem 8
---commands 1] [--quick] [--json PATH]`` (about 15 minutes on the shared 2-core CPU machine under load;
-``--quick``: 1 checkpoint, one round, one tandem round).
+--commands 1] [--quick] [--json PATH]`` (5 minutes on the quiet 2-core CPU machine, about
+15 under load; ``--quick``: 1 checkpoint, at most one round of each kind).
 
 A small GPT (``--layers`` 2, ``--width`` 64, 4 heads, ``--block`` 64, ``--batch`` 8, the
 synthetic language) trains ``--checkpoints`` steps with a checkpoint after each, once;
@@ -74,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or
 from benchmarks import _report
 
 GOAL = 3.0
-QUICK = {"checkpoints": 1, "rounds": 1, "tandem": 1}
+QUICK = {"checkpoints": 1, "rounds": 1, "tandem": 1, "commands": 1}
 #: Each analysis's `NAME` and registered job.
 ANALYSES = {
     "induction": "library/induction",
@@ -128,11 +128,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument(f"--{option}", type=int, default=default, help=MODEL[option])
     _report.add_arguments(p)
     args = p.parse_args(argv)
-    if args.quick:
-        args.checkpoints, args.rounds, args.tandem = (
-            QUICK["checkpoints"],
-            QUICK["rounds"],
-            QUICK["tandem"],
+    if args.quick:  # cuts the repeats; what was turned off (0) stays off
+        args.checkpoints = QUICK["checkpoints"]
+        args.rounds, args.tandem, args.commands = (
+            min(getattr(args, key), QUICK[key]) for key in ("rounds", "tandem", "commands")
         )
     return args
 
