@@ -31,7 +31,6 @@ publishes the companions; the PDFs are the same bytes.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +55,7 @@ from theseus.analysis.library._settings import (
     InductionSettings,
     ValidationSettings,
 )
-from theseus.analysis.library.drift import DriftBase
+from theseus.analysis.library._shared import DRIFT, SharedDrift, shared_drift
 from theseus.data.batches import MixturePlan
 from theseus.job import process_count, process_index
 from theseus.model.attention.base import SelfAttention
@@ -69,30 +68,6 @@ log = logging.getLogger("theseus.analysis")
 
 #: What a member's `DATA` may be: the repeated random tokens, or validation batches.
 DATA_KINDS = ("repeated", "validation")
-#: The set's program's output holding a drift companion's residual streams.
-_DRIFT = "drift-residuals"
-
-
-@dataclasses.dataclass(frozen=True)
-class _SharedDrift:
-    """A drift companion whose residual streams the set's program records.
-
-    Attributes:
-        name: the companion's `NAME`.
-        view: the companion.
-        paths: the blocks it compares (a subset of the set's).
-        chosen: the flat positions of its fixed batch it compares.
-        first: True where its fixed batch is the set's first validation batch (read
-            from that forward), False where the program runs one more forward on it.
-        batch: its fixed batch, placed (the program's input where `first` is False).
-    """
-
-    name: str
-    view: DriftBase[Any, Any]
-    paths: tuple[str, ...]
-    chosen: np.ndarray
-    first: bool
-    batch: dict[str, Any]
 
 
 class LibraryBase(AnalysisBase[C, M]):
@@ -271,7 +246,7 @@ class LibraryBase(AnalysisBase[C, M]):
                 out = {m.NAME: m.measure(aux[m.NAME], seen) for m in groups["validation"]}
                 if drift is not None and drift.first:  # summed over the batches: batch 0's
                     streams = at_positions(seen.calls, drift.paths, drift.chosen)
-                    out[_DRIFT] = jnp.where(index == 0, streams, 0.0)
+                    out[DRIFT] = jnp.where(index == 0, streams, 0.0)
                 return out
 
             def body(state: Any, batches: dict[str, Any], key: Any) -> Any:
@@ -284,8 +259,8 @@ class LibraryBase(AnalysisBase[C, M]):
                     each = jax.lax.map(lambda a: validation(state, *a), (stacked, indices))
                     out.update(jax.tree.map(lambda a: a.sum(axis=0), each))
                 if drift is not None and not drift.first:
-                    seen = record(trace, state, batches[_DRIFT], sharding, blocks, (), owner)
-                    out[_DRIFT] = at_positions(seen.calls, drift.paths, drift.chosen)
+                    seen = record(trace, state, batches[DRIFT], sharding, blocks, (), owner)
+                    out[DRIFT] = at_positions(seen.calls, drift.paths, drift.chosen)
                 return out
 
             def count() -> None:
@@ -307,7 +282,7 @@ class LibraryBase(AnalysisBase[C, M]):
                 batches["validation"] = tuple(place(b) for b in self.validation_batches())
             drift = self._shared_drift()
             if drift is not None and not drift.first:
-                batches[_DRIFT] = drift.batch
+                batches[DRIFT] = drift.batch
             self._library["batches"] = batches
         return dict(self._library["batches"])
 
@@ -335,34 +310,22 @@ class LibraryBase(AnalysisBase[C, M]):
             results = {m.NAME: m.summarize(aux[m.NAME], sums[m.NAME]) for m in self.members()}
             for name, view in views.items():
                 if drift is not None and name == shared:
-                    results[name] = drift.view.compute_from(sums[_DRIFT])
+                    results[name] = drift.view.compute_from(sums[DRIFT])
                 else:
                     results[name] = running[name].result() if alone else view.compute()
         return self._gathered(results)
 
-    def _shared_drift(self) -> _SharedDrift | None:
-        """The drift companion whose residual streams this set's program records (in
-        the forward on the first validation batch where that is drift's fixed batch, else
-        in one more forward), so drift compiles no program of its own at the walked
-        nodes; None without a drift companion or where it compares blocks this set does
-        not record. Decided once per instance."""
+    def _shared_drift(self) -> SharedDrift | None:
+        """The drift companion whose residual streams this set's program records
+        (`_shared.shared_drift`), decided once per instance."""
         if "drift" not in self._library:
-            found = None
-            blocks = tuple(self._prepare().paths)
-            for name, view in self._companion_views().items():
-                if not isinstance(view, DriftBase):
-                    continue
-                paths = tuple(view._prepare().paths)
-                if not set(paths) <= set(blocks):
-                    break
-                rows, batch, chosen = view.fixed_tokens()
-                first = any(m.DATA == "validation" for m in self.members()) and _same_rows(
-                    rows, self.validation_batches()[0]
-                )
-                found = _SharedDrift(name, view, paths, chosen, first, batch)
-                break
-            self._library["drift"] = found
-        drift: _SharedDrift | None = self._library["drift"]
+            validation = any(m.DATA == "validation" for m in self.members())
+            self._library["drift"] = shared_drift(
+                self._companion_views(),
+                tuple(self._prepare().paths),
+                self.validation_batches()[0] if validation else None,
+            )
+        drift: SharedDrift | None = self._library["drift"]
         return drift
 
     def _gathered(self, by_name: dict[str, Any]) -> Any:
@@ -452,13 +415,6 @@ class LibraryBase(AnalysisBase[C, M]):
             _comet.publish(self.configuration, node, member.NAME, filename, content)
         except Exception as exc:  # the file and the artifact are saved; Comet is a copy
             log.warning("%s: %s not sent to Comet: %s", type(self).__name__, member.NAME, exc)
-
-
-def _same_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    """Whether two batches of host rows hold the same arrays under the same keys."""
-    return a.keys() == b.keys() and all(
-        np.shape(a[k]) == np.shape(b[k]) and np.array_equal(a[k], b[k]) for k in a
-    )
 
 
 def _figure_class(kind: type) -> type | None:
