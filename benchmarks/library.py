@@ -241,6 +241,33 @@ def warm_up() -> None:
     to_pdf(line(x=[0, 1], y=[0.0, 1.0], marker="o", xlabel="layer", ylabel="loss"))
 
 
+def alternate(
+    rounds: int, label: str, ours: Callable[[], None], theirs: Callable[[], None]
+) -> None:
+    """`rounds` rounds of both sides, the first side alternating (ours first in round 1)."""
+    for index in range(rounds):
+        print(f"{label} {index + 1}/{rounds}", flush=True)
+        for side in (ours, theirs) if index % 2 == 0 else (theirs, ours):
+            side()
+
+
+def seconds_row(
+    what: str, ours: list[float], theirs: list[float], faster: str, note: str
+) -> _report.Row:
+    """A row of paired walk times in seconds, theirs / ours, against the goal."""
+    return _report.compare(
+        what,
+        ours,
+        theirs,
+        unit="s",
+        fmt="{:.1f} s",
+        ratio="theirs/ours",
+        meaning=f"theirs time / ours time; above 1: {faster} faster",
+        goal=(">=", GOAL),
+        note=note,
+    )
+
+
 # ------------------------------------------------------------- 1. one walk vs seven
 def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], bool]:
     from theseus.analysis.library import CATALOGUE, FirstAnalyses
@@ -288,11 +315,7 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
         computing["theirs"].append(spent(list(ANALYSES)) - before)
         print(f"  seven walks: {total:.1f} s", flush=True)
 
-    for index in range(args.rounds):
-        print(f"round {index + 1}/{args.rounds}", flush=True)
-        sides = [measure_ours, measure_theirs]
-        for side in sides if index % 2 == 0 else sides[::-1]:
-            side()
+    alternate(args.rounds, "round", measure_ours, measure_theirs)
 
     same, compared, worst, where = same_values(ours_root, theirs_root)
     relative, _ = tolerances()
@@ -308,17 +331,13 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
         f"ms and publish {published['theirs']:.0f} ms together",
         flush=True,
     )
-    row = _report.compare(
+    row = seconds_row(
         f"library: all seven analyses in one --over walk vs seven walks "
         f"({counted(args.checkpoints)}, {model_text(args)})",
         ours,
         theirs,
-        unit="s",
-        fmt="{:.1f} s",
-        ratio="theirs/ours",
-        meaning="theirs time / ours time; above 1: the one walk faster",
-        goal=(">=", GOAL),
-        note=(
+        "the one walk",
+        (
             "`FirstAnalyses` with library/analyses = all seven walked over the lineage "
             "(`q.find()...over(force=True)`, as `theseus run --over --force`) against each "
             "analysis walked alone, in-process, each walk from its build to its last node "
@@ -424,26 +443,18 @@ def as_commands(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.R
         theirs.append(total)
         print(f"  seven commands: {total:.1f} s", flush=True)
 
-    for index in range(args.commands):
-        print(f"commands, round {index + 1}/{args.commands}", flush=True)
-        sides = [measure_ours, measure_theirs]
-        for side in sides if index % 2 == 0 else sides[::-1]:
-            side()
+    alternate(args.commands, "commands, round", measure_ours, measure_theirs)
     same, compared, worst, where = same_values(ours_root, theirs_root)
     relative, _ = tolerances()
     print(f"check: {compared} dynamics/ values equal: {same} (largest difference {worst:.2e}, "
           f"in {where})", flush=True)  # fmt: skip
-    row = _report.compare(
+    row = seconds_row(
         f"library as commands: `theseus run first --over` vs seven `theseus run NAME --over` "
         f"({counted(args.checkpoints)}, {model_text(args)})",
         ours,
         theirs,
-        unit="s",
-        fmt="{:.1f} s",
-        ratio="theirs/ours",
-        meaning="theirs time / ours time; above 1: the one command faster",
-        goal=(">=", GOAL),
-        note=(
+        "the one command",
+        (
             "each walk a new process, `theseus run RUN CONFIG ROOT --over trained --force` "
             "with the settings as KEY=VALUE (each configured by `theseus configure` "
             "beforehand, untimed), timed from the process's start to its exit: Python's "
