@@ -57,7 +57,7 @@ def shared_drift(
     for name, view in views.items():
         if not isinstance(view, DriftBase):
             continue
-        paths = tuple(view._prepare().paths)
+        paths = view.compared_blocks()
         if not set(paths) <= set(blocks):
             return None
         rows, batch, chosen = view.fixed_tokens()

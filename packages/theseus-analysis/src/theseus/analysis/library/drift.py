@@ -212,6 +212,10 @@ class DriftBase(AnalysisBase[C, M]):
         state, _ = owner.read_checkpoint(owner.checkpoint_path(source.node))
         return self._residuals(program, state, batch)
 
+    def compared_blocks(self) -> tuple[str, ...]:
+        """The paths of the blocks whose outputs are compared (`select`), in call order."""
+        return tuple(self._prepare().paths)
+
     def fixed_tokens(self) -> tuple[dict[str, np.ndarray], dict[str, Any], np.ndarray]:
         """The fixed batch (this host's rows, and placed) and the flat positions of it
         whose residual streams are compared (`library/drift/tokens`, `library/drift/seed`)."""
@@ -240,7 +244,7 @@ class DriftBase(AnalysisBase[C, M]):
         node = self.node
         name = type(self).NAME
         rows, batch, chosen = self.fixed_tokens()
-        digest = tokens_digest(rows["x"], chosen, len(self._prepare().paths))
+        digest = tokens_digest(rows["x"], chosen, len(self.compared_blocks()))
         program = self._residual_fn(chosen)  # traced only where it is called
         if recorded is None:
             current = self._residuals(program, self.state, batch)
