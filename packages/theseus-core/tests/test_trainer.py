@@ -122,8 +122,16 @@ def _hand_written_loop(trainer: BaseTrainer, batches: list[dict], lr: float) -> 
     return params
 
 
-def test_train_step_matches_a_hand_written_flax_optax_loop(root: Path) -> None:
-    trainer = _train(root, jobs.SyntheticTrainer, "reference", steps=6)
+@pytest.fixture(scope="module")
+def reference(root: Path) -> BaseTrainer:
+    """`reference`: the tiny trainer, 6 steps; the tests below only read it."""
+    return _train(root, jobs.SyntheticTrainer, "reference", steps=6)
+
+
+def test_train_step_matches_a_hand_written_flax_optax_loop(
+    root: Path, reference: BaseTrainer
+) -> None:
+    trainer = reference
     with quick(root) as q:
         q.build(jobs.SyntheticTrainer, "reference-batches")
         jobs.tiny(q.config, steps=6)
@@ -176,8 +184,8 @@ def test_cadence_values_and_checkpoints_land_on_the_right_nodes(root: Path) -> N
     assert latest.seq == 7
 
 
-def test_train_function_compiles_once(root: Path) -> None:
-    trainer = _train(root, jobs.SyntheticTrainer, "compile-once", steps=6)
+def test_train_function_compiles_once(reference: BaseTrainer) -> None:
+    trainer = reference  # trained 6 steps, each validation and step by one program
     assert trainer.loop.compiled_train()._cache_size() == 1
     assert trainer.loop.compiled_val()._cache_size() == 1
 
