@@ -5,8 +5,11 @@ Run: ``uv run python benchmarks/library.py [--checkpoints 10 --rounds 3 --tandem
 15 under load; ``--quick``: 1 checkpoint, at most one round of each kind).
 
 A small GPT (``--layers`` 2, ``--width`` 64, 4 heads, ``--block`` 64, ``--batch`` 8, the
-synthetic language) trains ``--checkpoints`` steps with a checkpoint after each, once;
-its root is copied so that each side writes a store of its own. The library's seven
+synthetic language) trains ``--checkpoints`` steps with a checkpoint after each, once, in
+a process of its own (so that this one has not opened the accelerator when the commands
+below start theirs: a TPU is held by one process at a time); its root is copied so that
+each side writes a store of its own (the checkpoints hard-linked where the filesystem
+allows: the analyses only read them). The library's seven
 analyses (induction, icl, logit-lens, loss-by-position, loss-by-frequency, drift,
 memorization) run with the same settings on both sides (`SETTINGS`, every one at its
 default but the ICL's early position and the induction tokens, which the block and the
@@ -59,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import shutil
 import statistics
@@ -149,7 +153,23 @@ def model_text(args: argparse.Namespace) -> str:
 
 
 def train(root: Path, args: argparse.Namespace) -> tuple[str, str]:
-    """Train the GPT with a checkpoint at every step; `(name, nonce)` of its lineage."""
+    """Train the GPT with a checkpoint at every step, in a process of its own (so that this
+    one has not opened the accelerator when the commands' processes need it: a TPU is held
+    by one process at a time); `(name, nonce)` of its lineage."""
+    return in_child(_train, root, args)
+
+
+def in_child(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a new (spawned) process: its result, or its exception raised here."""
+    import concurrent.futures
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
+        return child.submit(fn, *args).result()
+
+
+def _train(root: Path, args: argparse.Namespace) -> tuple[str, str]:
     from theseus.data.datasets import Synthetic
     from theseus.experiments.models.gpt import PretrainGPT
     from theseus.quick import quick
@@ -164,6 +184,24 @@ def train(root: Path, args: argparse.Namespace) -> tuple[str, str]:
         trainer = q.create()
         trainer()
     return trainer.node.name, trainer.node.nonce
+
+
+def twin(root: Path, to: Path) -> None:
+    """A copy of the trained `root` at `to` for one side to write into: its checkpoints
+    hard-linked where the filesystem allows (the analyses only read them; the 124M GPT's
+    ten are 15 GB), everything else (the store, which both sides write) copied."""
+    checkpoints = root / "checkpoints"
+
+    def place(source: str, target: str) -> None:
+        if Path(source).is_relative_to(checkpoints):
+            try:
+                os.link(source, target)
+                return
+            except OSError:
+                pass
+        shutil.copy2(source, target)
+
+    shutil.copytree(root, to, copy_function=place)
 
 
 #: XLA compilations as JAX reports them: `(program name, seconds)`, appended as they end.
@@ -273,8 +311,8 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
     from theseus.analysis.library import CATALOGUE, FirstAnalyses
 
     ours_root, theirs_root = scratch / "ours", scratch / "theirs"
-    shutil.copytree(scratch / "root", ours_root)
-    shutil.copytree(scratch / "root", theirs_root)
+    twin(scratch / "root", ours_root)
+    twin(scratch / "root", theirs_root)
     everything = {**SETTINGS, "library/analyses": list(ANALYSES)}
     warm_up()
     _listen_to_compiles()
@@ -396,6 +434,14 @@ def job_settings(root: Path, job: str, settings: dict[str, Any]) -> list[str]:
     return [f"{key}={text(settings[key])}" for key in declared]
 
 
+def command_settings(root: Path) -> tuple[list[str], dict[str, list[str]]]:
+    """`job_settings` of the one walk and of each of the seven (in a process of its own:
+    building a job's configuration opens the accelerator)."""
+    everything = {**SETTINGS, "library/analyses": list(ANALYSES)}
+    ours = job_settings(root, "library/first", everything)
+    return ours, {name: job_settings(root, job, SETTINGS) for name, job in ANALYSES.items()}
+
+
 def run_command(root: Path, job: str, run: str, overrides: list[str], config: Path) -> float:
     """`theseus configure JOB` (untimed), then `theseus run RUN CONFIG ROOT --over trained
     --force KEY=VALUE...` in a new process: its seconds, from the process's start to its
@@ -417,13 +463,11 @@ def as_commands(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.R
     --over trained --force` against seven `theseus run NAME ... --over trained --force`,
     each a new process; `args.commands` rounds, alternating which side goes first."""
     ours_root, theirs_root = scratch / "ours-commands", scratch / "theirs-commands"
-    shutil.copytree(scratch / "root", ours_root)
-    shutil.copytree(scratch / "root", theirs_root)
+    twin(scratch / "root", ours_root)
+    twin(scratch / "root", theirs_root)
     configs = scratch / "configs"
     configs.mkdir(exist_ok=True)
-    everything = {**SETTINGS, "library/analyses": list(ANALYSES)}
-    ours_args = job_settings(scratch / "root", "library/first", everything)
-    theirs_args = {n: job_settings(scratch / "root", j, SETTINGS) for n, j in ANALYSES.items()}
+    ours_args, theirs_args = in_child(command_settings, scratch / "root")
     ours: list[float] = []
     theirs: list[float] = []
 
@@ -622,12 +666,12 @@ def main(argv: list[str] | None = None) -> int:
             f"training {args.checkpoints} steps of a {model_text(args)}, a checkpoint after each ..."
         )
         train(scratch / "root", args)
+        # The commands first: their processes open the accelerator, which this one opens
+        # for the walks in this process and the tandem rows (and then holds).
+        typed, agreed = as_commands(scratch, args) if args.commands else ([], True)
         walked, same = walks(scratch, args) if args.rounds else ([], True)
-        rows = list(walked)
-        if args.commands:
-            typed, agreed = as_commands(scratch, args)
-            rows += typed
-            walked, same = [*walked, *typed], same and agreed
+        rows = [*walked, *typed]
+        walked, same = list(rows), same and agreed
         if args.tandem:  # 0: the walks alone
             print("\ntandem cost ...", flush=True)
             rows += tandem(scratch / "root", args)
