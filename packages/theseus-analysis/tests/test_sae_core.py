@@ -124,6 +124,28 @@ def test_topk_keeps_exactly_the_k_largest() -> None:
         np.testing.assert_allclose(row, want, rtol=1e-6)
 
 
+def test_topk_reports_the_features_that_fired_as_numpy_finds_them() -> None:
+    """A step reads which top-k features fired from the kept indices: equal to NumPy's
+    any(features > 0) over the dense activations, where some rows keep fewer than k
+    positive activations (a kept value of zero did not fire) and some features never
+    fire."""
+    config = SAEConfig(d_in=D, width=16, architecture="topk", k=4)
+    params = init_params(config, jax.random.key(8))
+    params["b_enc"] = params["b_enc"].at[:10].set(-100.0).at[10:13].set(-1.0)
+    x = planted(64, seed=9)[1]
+    pre = (x - np.asarray(params["b_dec"])) @ np.asarray(params["W_enc"]) + np.asarray(
+        params["b_enc"]
+    )
+    features = np.zeros_like(pre)
+    for row, scores in zip(features, pre, strict=True):
+        top = np.argsort(scores)[-4:]
+        row[top] = np.maximum(scores[top], 0)
+    want = (features > 0).any(axis=0)
+    assert want.any() and not want[:10].any() and (features > 0).sum(axis=1).min() < 4
+    _, parts = loss_and_metrics(params, jnp.asarray(x), config)
+    np.testing.assert_array_equal(np.asarray(parts["fired"]), want)
+
+
 def test_a_step_sharded_over_four_devices_equals_one_device() -> None:
     assert jax.device_count() >= 4
     _, data = planted(4096, seed=2)
