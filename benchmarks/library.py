@@ -94,6 +94,8 @@ SETTINGS = {
     "library/icl/early": 8,  # the default 50 lies beyond the 64-token block's late position
     "library/induction/tokens": "data",  # the synthetic language uses a few of its ids
 }
+#: The one walk's settings: the same, and all seven analyses in `library/first`.
+EVERYTHING = {**SETTINGS, "library/analyses": list(ANALYSES)}
 MODEL = {  # option -> configuration key
     "layers": "architecture/n_layers",
     "width": "architecture/n_embd",
@@ -313,7 +315,6 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
     ours_root, theirs_root = scratch / "ours", scratch / "theirs"
     twin(scratch / "root", ours_root)
     twin(scratch / "root", theirs_root)
-    everything = {**SETTINGS, "library/analyses": list(ANALYSES)}
     warm_up()
     _listen_to_compiles()
     ours: list[float] = []
@@ -334,7 +335,7 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
 
     def measure_ours() -> None:
         before, since = spent(["ours"]), len(COMPILES)
-        seconds, job = walk(ours_root, FirstAnalyses, "first", everything, parts["ours"])
+        seconds, job = walk(ours_root, FirstAnalyses, "first", EVERYTHING, parts["ours"])
         compiling["ours"].append(compile_seconds(since))
         ours.append(seconds)
         computing["ours"].append(spent(["ours"]) - before)
@@ -437,8 +438,7 @@ def job_settings(root: Path, job: str, settings: dict[str, Any]) -> list[str]:
 def command_settings(root: Path) -> tuple[list[str], dict[str, list[str]]]:
     """`job_settings` of the one walk and of each of the seven (in a process of its own:
     building a job's configuration opens the accelerator)."""
-    everything = {**SETTINGS, "library/analyses": list(ANALYSES)}
-    ours = job_settings(root, "library/first", everything)
+    ours = job_settings(root, "library/first", EVERYTHING)
     return ours, {name: job_settings(root, job, SETTINGS) for name, job in ANALYSES.items()}
 
 
