@@ -141,21 +141,24 @@ def _pre(params: Params, x: jax.Array) -> jax.Array:
     return (x - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
 
 
+def _top_k(pre: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The top-k activations of ``pre [..., width]`` (the ``k`` largest, after a ReLU,
+    scattered into zeros), and the kept ``values`` and their ``indices``, ``[rows, k]``."""
+    width = pre.shape[-1]
+    values, indices = jax.lax.top_k(pre, k)
+    values, indices = jax.nn.relu(values.reshape(-1, k)), indices.reshape(-1, k)
+    rows = jnp.arange(values.shape[0])[:, None]
+    chosen = jnp.zeros((values.shape[0], width), pre.dtype).at[rows, indices].set(values)
+    return chosen.reshape(pre.shape), values, indices
+
+
 def encode(params: Params, x: jax.Array, config: SAEConfig) -> jax.Array:
     """The feature activations of ``x`` (``[..., d_in]`` to ``[..., width]``)."""
     pre = _pre(params, x)
     if config.architecture == "relu":
         return jax.nn.relu(pre)
     if config.architecture == "topk":
-        values, indices = jax.lax.top_k(pre, config.k)
-        flat = pre.reshape(-1, config.width)  # the k largest scattered into zeros
-        rows = jnp.arange(flat.shape[0])[:, None]
-        chosen = (
-            jnp.zeros_like(flat)
-            .at[rows, indices.reshape(-1, config.k)]
-            .set(jax.nn.relu(values.reshape(-1, config.k)))
-        )
-        return chosen.reshape(pre.shape)
+        return _top_k(pre, config.k)[0]
     threshold = jnp.exp(params["log_threshold"])
     return _jump(jax.nn.relu(pre), threshold, config.bandwidth)
 
@@ -170,7 +173,15 @@ def loss_and_metrics(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The training loss of a batch ``[n, d_in]``, its parts (``mse``, ``sparsity``) and
     which features fired on it (``fired``, ``[width]``)."""
-    features = encode(params, x, config)
+    if config.architecture == "topk":
+        # Which features fired, from the kept indices: k of the width per row, where a
+        # reduction over the dense activations would read all of them.
+        features, values, indices = _top_k(_pre(params, x), config.k)
+        kept = jnp.where(values > 0, indices, config.width)  # out of range: dropped
+        fired = jnp.zeros(config.width, bool).at[kept].set(True, mode="drop")
+    else:
+        features = encode(params, x, config)
+        fired = jnp.any(features > 0, axis=tuple(range(features.ndim - 1)))
     error = decode(params, features) - x
     mse = jnp.mean(jnp.sum(error**2, axis=-1))
     if config.architecture == "relu":
@@ -182,7 +193,6 @@ def loss_and_metrics(
         sparsity = config.l0 * jnp.mean(jnp.sum(active, axis=-1))
     else:
         sparsity = jnp.zeros((), mse.dtype)
-    fired = jnp.any(features > 0, axis=tuple(range(features.ndim - 1)))
     return mse + sparsity, {"mse": mse, "sparsity": sparsity, "fired": fired}
 
 
