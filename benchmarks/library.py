@@ -154,10 +154,15 @@ def model_text(args: argparse.Namespace) -> str:
     return f"GPT {args.layers}x{args.width}, block {args.block}, batch {args.batch}"
 
 
-def train(root: Path, args: argparse.Namespace) -> tuple[str, str]:
-    """Train the GPT with a checkpoint at every step, in a process of its own (so that this
-    one has not opened the accelerator when the commands' processes need it: a TPU is held
-    by one process at a time); `(name, nonce)` of its lineage."""
+#: The commands' `KEY=VALUE` settings: the one walk's, and each of the seven's by name.
+Settings = tuple[list[str], dict[str, list[str]]]
+
+
+def train(root: Path, args: argparse.Namespace) -> Settings | None:
+    """Train the GPT with a checkpoint at every step and, when the commands are measured,
+    build their settings (`command_settings`), both in one process of its own: this one
+    must not open the accelerator before the commands' processes need it (a TPU is held by
+    one process at a time), and each process opens it once (about 15 s on a TPU)."""
     return in_child(_train, root, args)
 
 
@@ -171,7 +176,7 @@ def in_child(fn: Callable[..., Any], *args: Any) -> Any:
         return child.submit(fn, *args).result()
 
 
-def _train(root: Path, args: argparse.Namespace) -> tuple[str, str]:
+def _train(root: Path, args: argparse.Namespace) -> Settings | None:
     from theseus.data.datasets import Synthetic
     from theseus.experiments.models.gpt import PretrainGPT
     from theseus.quick import quick
@@ -183,9 +188,8 @@ def _train(root: Path, args: argparse.Namespace) -> tuple[str, str]:
         for key, value in {**TRAINING, **model_settings(args)}.items():
             q.config[key] = value
         q.config["training/tokens"] = args.checkpoints * args.batch * args.block
-        trainer = q.create()
-        trainer()
-    return trainer.node.name, trainer.node.nonce
+        q.create()()
+    return command_settings(root) if args.commands else None
 
 
 def twin(root: Path, to: Path) -> None:
@@ -213,9 +217,9 @@ COMPILES: list[tuple[str, float]] = []
 def _listen_to_compiles() -> None:
     import jax
 
-    def heard(event: str, seconds: float, **details: Any) -> None:
+    def heard(event: str, duration_secs: float, **details: str | int) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
-            COMPILES.append((str(details.get("fun_name", "?")), seconds))
+            COMPILES.append((str(details.get("fun_name", "?")), duration_secs))
 
     jax.monitoring.register_event_duration_secs_listener(heard)
 
@@ -435,8 +439,8 @@ def job_settings(root: Path, job: str, settings: dict[str, Any]) -> list[str]:
     return [f"{key}={text(settings[key])}" for key in declared]
 
 
-def command_settings(root: Path) -> tuple[list[str], dict[str, list[str]]]:
-    """`job_settings` of the one walk and of each of the seven (in a process of its own:
+def command_settings(root: Path) -> Settings:
+    """`job_settings` of the one walk and of each of the seven (in the training process:
     building a job's configuration opens the accelerator)."""
     ours = job_settings(root, "library/first", EVERYTHING)
     return ours, {name: job_settings(root, job, SETTINGS) for name, job in ANALYSES.items()}
@@ -458,7 +462,9 @@ def run_command(root: Path, job: str, run: str, overrides: list[str], config: Pa
     return seconds
 
 
-def as_commands(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], bool]:
+def as_commands(
+    scratch: Path, args: argparse.Namespace, settings: Settings
+) -> tuple[list[_report.Row], bool]:
     """The one walk and the seven as a researcher types them: `theseus run first ...
     --over trained --force` against seven `theseus run NAME ... --over trained --force`,
     each a new process; `args.commands` rounds, alternating which side goes first."""
@@ -467,7 +473,7 @@ def as_commands(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.R
     twin(scratch / "root", theirs_root)
     configs = scratch / "configs"
     configs.mkdir(exist_ok=True)
-    ours_args, theirs_args = in_child(command_settings, scratch / "root")
+    ours_args, theirs_args = settings
     ours: list[float] = []
     theirs: list[float] = []
 
@@ -665,10 +671,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"training {args.checkpoints} steps of a {model_text(args)}, a checkpoint after each ..."
         )
-        train(scratch / "root", args)
+        settings = train(scratch / "root", args)
         # The commands first: their processes open the accelerator, which this one opens
         # for the walks in this process and the tandem rows (and then holds).
-        typed, agreed = as_commands(scratch, args) if args.commands else ([], True)
+        typed, agreed = as_commands(scratch, args, settings) if settings else ([], True)
         walked, same = walks(scratch, args) if args.rounds else ([], True)
         rows = [*walked, *typed]
         walked, same = list(rows), same and agreed

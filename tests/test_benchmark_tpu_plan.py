@@ -98,8 +98,11 @@ def test_tiny_replaces_only_the_sizes() -> None:
     assert len({b.name for b in plan}) == len(plan)
     assert all((ROOT / "benchmarks" / f"{b.script}.py").exists() for b in plan)
     assert set(tpu_plan.EXPECTED_S) == {b.name for b in plan}
-    # each entry fits one device call (600 s), the whole plan two sessions' 30 device-minutes
-    assert max(tpu_plan.EXPECTED_S.values()) < 600
+    # each entry fits one device call (600 s), but `library` (its commands: about 11 minutes
+    # on the v5e, measured in parts), and the whole plan two sessions' 30 device-minutes
+    assert max(v for k, v in tpu_plan.EXPECTED_S.items() if k != "library") < 600
+    # the plan's own limit never stops an entry that takes its usual time
+    assert all(b.limit_s > 1.2 * tpu_plan.EXPECTED_S[b.name] for b in tpu_plan.TPU_BENCHMARKS)
     assert sum(tpu_plan.EXPECTED_S.values()) < 2 * 25 * 60
 
 
