@@ -293,6 +293,9 @@ def _drawn(tab: Any) -> str:
     return str(image.get_attribute("src"))
 
 
+@pytest.mark.slow  # ~10 s (a walk over the demo, then Chromium); the default suite keeps the
+# demo's printed slider and curve pages served (above), Chromium stepping a slider
+# (tests/test_suite_browser.py) and `run --over` (test_cli_analysis.py)
 def test_the_browser_steps_the_heatmap_and_the_lens_through_training(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
