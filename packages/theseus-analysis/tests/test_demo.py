@@ -282,6 +282,23 @@ def walked(demo, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return copy, f"{node.name}~{node.nonce}"
 
 
+def test_the_first_analyses_walk_the_demos_lineage_from_the_command_line(walked) -> None:
+    """README "The first analyses": `theseus run first ... --over demo` (the `walked`
+    fixture, which also checks its "analyzed 2 of 2 checkpoints") left the induction score
+    and the logit lens, pictures and values, on each checkpoint of the demo's lineage. The
+    default suite's `theseus run --over` from the command line (the browser test below
+    reads the same walk, in the slow set)."""
+    root, lineage = walked
+    with Store(store_root(root), readonly=True) as store:
+        for seq in (0, 1):
+            node = Node(*lineage.split("~"), seq)
+            for name in ("induction", "logit-lens"):
+                assert store.history(node, name)[-1].content.startswith(b"%PDF"), (seq, name)
+            values = store.values(node)
+            assert "dynamics/induction/max" in values, seq
+            assert "dynamics/logit_lens/L1/loss" in values, seq
+
+
 def _drawn(tab: Any) -> str:
     """The slider's picture once drawn (a polled evaluate: the page's CSP refuses
     `wait_for_function`'s string evaluation); its address."""
@@ -293,9 +310,9 @@ def _drawn(tab: Any) -> str:
     return str(image.get_attribute("src"))
 
 
-@pytest.mark.slow  # ~10 s (a walk over the demo, then Chromium); the default suite keeps the
-# demo's printed slider and curve pages served (above), Chromium stepping a slider
-# (tests/test_suite_browser.py) and `run --over` (test_cli_analysis.py)
+@pytest.mark.slow  # Chromium over the walk (~4 s); the default suite keeps the walk (above),
+# the demo's printed slider and curve pages served, and Chromium stepping a slider
+# (tests/test_suite_browser.py)
 def test_the_browser_steps_the_heatmap_and_the_lens_through_training(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
