@@ -61,12 +61,9 @@ synthetic language need):
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +73,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file or with -m
 from benchmarks import _report
+from benchmarks._lineage import in_child, job_settings, run_command, same_values, twin
 
 GOAL = 3.0
 QUICK = {"checkpoints": 1, "rounds": 1, "tandem": 1, "commands": 1}
@@ -166,16 +164,6 @@ def train(root: Path, args: argparse.Namespace) -> Settings | None:
     return in_child(_train, root, args)
 
 
-def in_child(fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)` in a new (spawned) process: its result, or its exception raised here."""
-    import concurrent.futures
-    import multiprocessing
-
-    spawn = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
-        return child.submit(fn, *args).result()
-
-
 def _train(root: Path, args: argparse.Namespace) -> Settings | None:
     from theseus.data.datasets import Synthetic
     from theseus.experiments.models.gpt import PretrainGPT
@@ -190,24 +178,6 @@ def _train(root: Path, args: argparse.Namespace) -> Settings | None:
         q.config["training/tokens"] = args.checkpoints * args.batch * args.block
         q.create()()
     return command_settings(root) if args.commands else None
-
-
-def twin(root: Path, to: Path) -> None:
-    """A copy of the trained `root` at `to` for one side to write into: its checkpoints
-    hard-linked where the filesystem allows (the analyses only read them; the 124M GPT's
-    ten are 15 GB), everything else (the store, which both sides write) copied."""
-    checkpoints = root / "checkpoints"
-
-    def place(source: str, target: str) -> None:
-        if Path(source).is_relative_to(checkpoints):
-            try:
-                os.link(source, target)
-                return
-            except OSError:
-                pass
-        shutil.copy2(source, target)
-
-    shutil.copytree(root, to, copy_function=place)
 
 
 #: XLA compilations as JAX reports them: `(program name, seconds)`, appended as they end.
@@ -360,7 +330,7 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
 
     alternate(args.rounds, "round", measure_ours, measure_theirs)
 
-    same, compared, worst, where = same_values(ours_root, theirs_root)
+    same, compared, worst, where = same_dynamics(ours_root, theirs_root)
     relative, _ = tolerances()
     print(
         f"check: {compared} dynamics/ values on {counted(args.checkpoints)} equal in the two "
@@ -423,43 +393,11 @@ def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], b
 
 
 # ------------------------------------------------------ 1b. as theseus run commands
-def job_settings(root: Path, job: str, settings: dict[str, Any]) -> list[str]:
-    """`KEY=VALUE` arguments of `theseus run` for the settings `job` declares (found with
-    the quick API, untimed), lists as `[a,b]`."""
-    from theseus.quick import quick
-    from theseus.registry import JOBS
-
-    with quick(root) as q:
-        q.build(JOBS[job], "probe")
-        declared = [key for key in settings if key in q.config]
-
-    def text(value: Any) -> str:
-        return f"[{','.join(map(str, value))}]" if isinstance(value, list) else str(value)
-
-    return [f"{key}={text(settings[key])}" for key in declared]
-
-
 def command_settings(root: Path) -> Settings:
     """`job_settings` of the one walk and of each of the seven (in the training process:
     building a job's configuration opens the accelerator)."""
     ours = job_settings(root, "library/first", EVERYTHING)
     return ours, {name: job_settings(root, job, SETTINGS) for name, job in ANALYSES.items()}
-
-
-def run_command(root: Path, job: str, run: str, overrides: list[str], config: Path) -> float:
-    """`theseus configure JOB` (untimed), then `theseus run RUN CONFIG ROOT --over trained
-    --force KEY=VALUE...` in a new process: its seconds, from the process's start to its
-    exit (Python's start, the imports and the accelerator's opening included)."""
-    cli = [sys.executable, "-c", "import sys; from theseus.cli import main; sys.exit(main())"]
-    if not config.exists():
-        subprocess.run([*cli, "configure", job, str(config)], check=True, capture_output=True)
-    command = [*cli, "run", run, str(config), str(root), "--over", "trained", "--force"]
-    start = time.perf_counter()
-    done = subprocess.run([*command, *overrides], capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[3:])} failed:\n{done.stderr[-3000:]}")
-    return seconds
 
 
 def as_commands(
@@ -479,7 +417,7 @@ def as_commands(
 
     def measure_ours() -> None:
         seconds = run_command(ours_root, "library/first", "first", ours_args,
-                              configs / "first.yaml")  # fmt: skip
+                              configs / "first.yaml", over="trained")  # fmt: skip
         ours.append(seconds)
         print(f"  one command, all seven: {seconds:.1f} s", flush=True)
 
@@ -487,14 +425,14 @@ def as_commands(
         total = 0.0
         for name, job in ANALYSES.items():
             seconds = run_command(theirs_root, job, name, theirs_args[name],
-                                  configs / f"{name}.yaml")  # fmt: skip
+                                  configs / f"{name}.yaml", over="trained")  # fmt: skip
             total += seconds
             print(f"    {name}: {seconds:.1f} s", flush=True)
         theirs.append(total)
         print(f"  seven commands: {total:.1f} s", flush=True)
 
     alternate(args.commands, "commands, round", measure_ours, measure_theirs)
-    same, compared, worst, where = same_values(ours_root, theirs_root)
+    same, compared, worst, where = same_dynamics(ours_root, theirs_root)
     relative, _ = tolerances()
     print(f"check: {compared} dynamics/ values equal: {same} (largest difference {worst:.2e}, "
           f"in {where})", flush=True)  # fmt: skip
@@ -532,38 +470,11 @@ def tolerances() -> tuple[float, float]:
     return RELATIVE_ACCELERATOR, ABSOLUTE_ACCELERATOR
 
 
-def same_values(ours: Path, theirs: Path) -> tuple[bool, int, float, str]:
-    """Whether every `dynamics/` value of every node is equal in the two roots' stores
-    (numbers within `tolerances()`); how many were compared, the largest difference and
-    the value it is in."""
-    from theseus.store import Store
-
+def same_dynamics(ours: Path, theirs: Path) -> tuple[bool, int, float, str]:
+    """`same_values` of every `dynamics/` value of the lineage's nodes in the two roots,
+    within `tolerances()`."""
     relative, absolute = tolerances()
-
-    def dynamics(root: Path) -> dict[str, dict[str, Any]]:
-        with Store(root / "store") as store:
-            nodes = store.query().spec(run="trained").all()
-            return {
-                n.serialize(): {
-                    k: v for k, v in store.values(n).items() if k.startswith("dynamics/")
-                }
-                for n in nodes
-            }
-
-    a, b = dynamics(ours), dynamics(theirs)
-    same, compared, worst, where = a.keys() == b.keys(), 0, 0.0, "none"
-    for node in sorted(a.keys() & b.keys()):
-        same = same and a[node].keys() == b[node].keys()
-        for key in sorted(a[node].keys() & b[node].keys()):
-            x, y = a[node][key], b[node][key]
-            compared += 1
-            if isinstance(x, int | float) and isinstance(y, int | float):
-                if abs(x - y) > worst:
-                    worst, where = abs(x - y), f"{key} ({x!r} vs {y!r})"
-                same = same and math.isclose(x, y, rel_tol=relative, abs_tol=absolute)
-            else:
-                same = same and x == y
-    return same and compared > 0, compared, worst, where
+    return same_values(ours, theirs, relative, absolute, run="trained", prefix="dynamics/")
 
 
 def node_parts(
