@@ -9,7 +9,9 @@ synthetic language) trains ``--checkpoints`` steps with a checkpoint after each,
 a process of its own (so that this one has not opened the accelerator when the commands
 below start theirs: a TPU is held by one process at a time); its root is copied so that
 each side writes a store of its own (the checkpoints hard-linked where the filesystem
-allows: the analyses only read them). The library's seven
+allows: the analyses only read them). ``--trained DIR`` keeps the trained lineage in DIR
+and, run again with the same settings, trains nothing: training and measuring in two runs
+(on a device lent for minutes at a time). The library's seven
 analyses (induction, icl, logit-lens, loss-by-position, loss-by-frequency, drift,
 memorization) run with the same settings on both sides (`SETTINGS`, every one at its
 default but the ICL's early position and the induction tokens, which the block and the
@@ -61,6 +63,7 @@ synthetic language need):
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import statistics
@@ -128,6 +131,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="rounds of the walks as `theseus run` commands, each a new process (0: none)",
     )
+    p.add_argument(
+        "--trained",
+        type=Path,
+        metavar="DIR",
+        help="train the lineage into DIR and keep it there; where DIR already holds the one "
+        "these settings train, train nothing (so training and measuring can be run apart)",
+    )
     for option, default in DEFAULTS.items():
         p.add_argument(f"--{option}", type=int, default=default, help=MODEL[option])
     _report.add_arguments(p)
@@ -152,6 +162,8 @@ def model_text(args: argparse.Namespace) -> str:
     return f"GPT {args.layers}x{args.width}, block {args.block}, batch {args.batch}"
 
 
+#: The file in a trained root that records the settings it was trained with.
+TRAINED = "library-benchmark.json"
 #: The commands' `KEY=VALUE` settings: the one walk's, and each of the seven's by name.
 Settings = tuple[list[str], dict[str, list[str]]]
 
@@ -160,8 +172,30 @@ def train(root: Path, args: argparse.Namespace) -> Settings | None:
     """Train the GPT with a checkpoint at every step and, when the commands are measured,
     build their settings (`command_settings`), both in one process of its own: this one
     must not open the accelerator before the commands' processes need it (a TPU is held by
-    one process at a time), and each process opens it once (about 15 s on a TPU)."""
-    return in_child(_train, root, args)
+    one process at a time), and each process opens it once (about 15 s on a TPU).
+
+    A `root` that holds the lineage these settings train (its `TRAINED` record says so) is
+    not trained again; one that holds anything else is refused."""
+    record = root / TRAINED
+    wanted = {"checkpoints": args.checkpoints, **model_settings(args)}
+    if record.exists():
+        found = json.loads(record.read_text())
+        if found != wanted:
+            raise SystemExit(
+                f"--trained {root} holds a lineage trained with {found}, not {wanted}: "
+                "give the same settings, or another folder"
+            )
+        print(f"the lineage in {root} is trained with these settings: not trained again")
+        return in_child(command_settings, root) if args.commands else None
+    if root.exists() and any(root.iterdir()):
+        raise SystemExit(
+            f"--trained {root} is neither empty nor a lineage this benchmark trained "
+            f"(no {TRAINED}): give a new or empty folder"
+        )
+    print(f"training {args.checkpoints} steps of a {model_text(args)}, a checkpoint after each ...")
+    settings = in_child(_train, root, args)
+    record.write_text(json.dumps(wanted))
+    return settings
 
 
 def _train(root: Path, args: argparse.Namespace) -> Settings | None:
@@ -283,12 +317,12 @@ def seconds_row(
 
 
 # ------------------------------------------------------------- 1. one walk vs seven
-def walks(scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], bool]:
+def walks(root: Path, scratch: Path, args: argparse.Namespace) -> tuple[list[_report.Row], bool]:
     from theseus.analysis.library import CATALOGUE, FirstAnalyses
 
     ours_root, theirs_root = scratch / "ours", scratch / "theirs"
-    twin(scratch / "root", ours_root)
-    twin(scratch / "root", theirs_root)
+    twin(root, ours_root)
+    twin(root, theirs_root)
     warm_up()
     _listen_to_compiles()
     ours: list[float] = []
@@ -401,14 +435,14 @@ def command_settings(root: Path) -> Settings:
 
 
 def as_commands(
-    scratch: Path, args: argparse.Namespace, settings: Settings
+    root: Path, scratch: Path, args: argparse.Namespace, settings: Settings
 ) -> tuple[list[_report.Row], bool]:
     """The one walk and the seven as a researcher types them: `theseus run first ...
     --over trained --force` against seven `theseus run NAME ... --over trained --force`,
     each a new process; `args.commands` rounds, alternating which side goes first."""
     ours_root, theirs_root = scratch / "ours-commands", scratch / "theirs-commands"
-    twin(scratch / "root", ours_root)
-    twin(scratch / "root", theirs_root)
+    twin(root, ours_root)
+    twin(root, theirs_root)
     configs = scratch / "configs"
     configs.mkdir(exist_ok=True)
     ours_args, theirs_args = settings
@@ -579,19 +613,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     scratch = Path(tempfile.mkdtemp(prefix="library-"))
     try:
-        print(
-            f"training {args.checkpoints} steps of a {model_text(args)}, a checkpoint after each ..."
-        )
-        settings = train(scratch / "root", args)
+        root = args.trained.resolve() if args.trained else scratch / "root"
+        settings = train(root, args)
         # The commands first: their processes open the accelerator, which this one opens
         # for the walks in this process and the tandem rows (and then holds).
-        typed, agreed = as_commands(scratch, args, settings) if settings else ([], True)
-        walked, same = walks(scratch, args) if args.rounds else ([], True)
+        typed, agreed = as_commands(root, scratch, args, settings) if settings else ([], True)
+        walked, same = walks(root, scratch, args) if args.rounds else ([], True)
         rows = [*walked, *typed]
         walked, same = list(rows), same and agreed
         if args.tandem:  # 0: the walks alone
             print("\ntandem cost ...", flush=True)
-            rows += tandem(scratch / "root", args)
+            twin(root, scratch / "tandem")  # the kept root stays as trained
+            rows += tandem(scratch / "tandem", args)
         _report.write(args.json, "library", args.quick, rows, {"model": model_text(args)})
         return _report.exit_status(
             walked,
