@@ -231,7 +231,29 @@ def test_a_task_that_needs_a_download_is_one_line(
         assert not any(k.startswith("eval/") for n in _checkpointed(root) for k in store.values(n))
     del before
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the user's cached copies: not refused
-    assert needs_download(task_manager(root, str(lineage)), task) is None
+    assert needs_download(task_manager(root, str(lineage), [task]), task) is None
+
+
+@pytest.mark.slow  # lm-eval's whole index, about 11 s
+def test_a_task_read_from_its_own_folders_is_the_task_of_the_whole_index(tmp_path: Path) -> None:
+    """`task_manager` indexes only the folders of lm-eval's that define the tasks asked for
+    (a group with its members) and the whole folder where it cannot tell (a tag, a group
+    of tags, an unknown name): what each task stands for equals lm-eval's own whole index."""
+    from lm_eval.tasks import TaskManager
+
+    from theseus.analysis._eval_cli import _leaves
+
+    whole = TaskManager(include_path=[str(TASKS)])
+    for task, small in [
+        ("hellaswag", True), ("arc_easy", True), ("lambada_openai", True),
+        ("mmlu_abstract_algebra", True), ("mmlu", False), ("ai2_arc", False),
+    ]:  # fmt: skip
+        manager = task_manager(tmp_path, None, [task])
+        assert (len(manager.all_tasks) < 100) == small, task
+        ours, theirs = _leaves(manager, task, set()), _leaves(whole, task, set())
+        assert theirs and ours == theirs, task
+        assert manager.task_index[task].yaml_path == whole.task_index[task].yaml_path, task
+        assert needs_download(manager, task) == needs_download(whole, task) is not None
 
 
 @pytest.mark.slow  # two fresh interpreters import lm-eval and JAX and join: about 30 s

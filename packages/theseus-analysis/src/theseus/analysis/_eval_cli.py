@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -76,10 +77,12 @@ def task_manager(root: str | Path, include_path: str | None, tasks: Sequence[str
     """lm-eval's tasks with the shipped synthetic ones and `include_path`; the synthetic
     tasks get ROOT's language when ROOT holds prepared synthetic data.
 
-    Indexing lm-eval's own folder (thousands of YAML files) takes seconds, so when every
-    one of `tasks` is a task of the two local folders, only they are indexed; a full
-    index is kept for the process (made again when a YAML file of `include_path`
-    changes).
+    Indexing lm-eval's own folder (about 14,000 YAML files) takes 10 s or more, so when
+    every one of `tasks` is a task of the two local folders, only they are indexed; else,
+    when lm-eval's folders that define them (found by reading the files as text) define
+    every task and group member they name, only those folders are added (`_defining`);
+    else, as for an unknown task, the whole folder. Each index is kept for the process
+    (made again when a YAML file of `include_path` changes).
     """
     from theseus.analysis.evaluation import TASKS
     from theseus.data.datasets import Synthetic
@@ -102,7 +105,81 @@ def task_manager(root: str | Path, include_path: str | None, tasks: Sequence[str
         local = _manager(paths, metadata, stamp, False)
         if all(str(getattr(local.task_index.get(t), "kind", "")).endswith("TASK") for t in tasks):
             return local
+        folders = _defining(tuple(tasks), local)
+        if folders:
+            return _manager((*folders, *paths), metadata, stamp, False)
     return _manager(paths, metadata, stamp, True)
+
+
+def _defining(tasks: tuple[str, ...], local: Any, rounds: int = 4) -> tuple[str, ...]:
+    """Folders of lm-eval's task folder whose YAML files define each of `tasks` (a task or
+    a group, not a tag: a tag's members can be anywhere) and, for a group, every member,
+    as far down as it goes; () when any of them is not found that way.
+
+    A definition is a line `task: NAME` or `group: NAME` (quoted or not) at the top
+    level of a file, found by reading the files as bytes (a fraction of a second, where
+    lm-eval's index parses every file as YAML); the folders found are then indexed as
+    lm-eval would.
+    """
+    import lm_eval.tasks
+
+    from theseus.analysis.evaluation import TASKS
+
+    files = sorted(Path(lm_eval.tasks.__file__).parent.rglob("*.yaml"))
+    folders: set[str] = set()
+    wanted = [t for t in tasks if t not in local.task_index]
+    index: dict[str, Any] = dict(local.task_index)
+    for _ in range(rounds):
+        if not wanted:
+            break
+        lines = {
+            name: re.compile(
+                rb"^['\"]?(?:task|group)['\"]?[ \t]*:[ \t]*['\"]?"
+                + re.escape(name.encode())
+                + rb"['\"]?[ \t]*$",
+                re.M,
+            )
+            for name in wanted
+        }
+        found: dict[str, set[str]] = {name: set() for name in wanted}
+        for file in files:
+            text = file.read_bytes()
+            for name, line in lines.items():
+                if name.encode() in text and line.search(text):
+                    found[name].add(str(file.parent))
+        if not all(found.values()):
+            return ()
+        folders |= {folder for where in found.values() for folder in where}
+        more = _manager((*_in_order(folders), str(TASKS)), (), (), False).task_index
+        index = {**local.task_index, **more}
+        wanted = sorted({m for t in tasks for m in _members(index, t, set()) if m not in index})
+    named = {*tasks, *(m for t in tasks for m in _members(index, t, set()))}
+    if wanted or any(
+        n not in index or str(index[n].kind.name) not in ("TASK", "PY_TASK", "GROUP") for n in named
+    ):
+        return ()
+    return _in_order(folders)
+
+
+def _in_order(folders: set[str]) -> tuple[str, ...]:
+    """`folders` as lm-eval's roots that index what its whole index would for the names
+    they define: a folder inside another left out, and in the reverse of the order in
+    which lm-eval's index visits them (it reads one root's files in path order and the
+    first definition of a name wins; of several roots the last wins)."""
+    top = [f for f in folders if not any(f.startswith(g + "/") for g in folders)]
+    return tuple(sorted(top, key=lambda f: f + "/", reverse=True))
+
+
+def _members(index: dict[str, Any], name: str, seen: set[str]) -> list[str]:
+    """Every task and group name below group `name` in `index` (names not in it included,
+    so the caller can look for them)."""
+    entry = index.get(name)
+    if entry is None or name in seen or str(entry.kind.name) != "GROUP":
+        return []
+    seen.add(name)
+    listed = (entry.cfg or {}).get("task") or []
+    names = [m if isinstance(m, str) else m.get("task", "") for m in listed]
+    return [n for m in names if m for n in (m, *_members(index, m, seen))]
 
 
 @functools.lru_cache(maxsize=8)
