@@ -3,14 +3,12 @@
 The one-line out-of-memory exit is checked on the error texts JAX gives (XLA:TPU at
 compile time, PJRT allocating on a TPU, XLA on a GPU), copied from real reports; the
 expected numbers are worked out by hand from them (XLA's "G" is 2**30 bytes). The plan
-itself runs end to end at tiny sizes on the CPU in a slow test.
+itself runs end to end at tiny sizes on the CPU in two slow tests
+(`_tpu_plan_tiny.py`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -127,25 +125,3 @@ def test_the_tpu_plan_refuses_a_machine_without_a_tpu_unless_tiny() -> None:
     assert plan == run.BENCHMARKS and device is None  # auto on a CPU: the CPU table
     with pytest.raises(SystemExit):
         run.parse(["--tiny"])
-
-
-@pytest.mark.slow
-def test_the_tiny_tpu_plan_runs_on_the_cpu(tmp_path: Path) -> None:
-    for module in ("lm_eval", "safetensors", "tokenizers"):
-        pytest.importorskip(module)
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device
-    env["JAX_PLATFORMS"] = "cpu"
-    command = [sys.executable, "-m", "benchmarks", "--device", "tpu", "--tiny", "--quick",
-               "--out", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    record = json.loads((tmp_path / "results-tpu.json").read_text())
-    assert [r["name"] for r in record["benchmarks"]] == [b.name for b in tpu_plan.TPU_BENCHMARKS]
-    assert all(r["status"] == "ok" for r in record["benchmarks"])
-    assert record["machine"]["device"]["backend"] == "cpu" and record["machine"]["tiny"]
-    table = (tmp_path / "results-tpu.md").read_text()
-    assert table.startswith("# Benchmarks on 1 cpu (cpu): TINY sizes")
-    assert (
-        "MFU of the trainer" in table and "lm-eval requests/s: theseus eval's model alone" in table
-    )
-    assert not (tmp_path / "results.md").exists()
