@@ -22,7 +22,8 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from click.testing import CliRunner  # noqa: E402
 
-from theseus.analysis._eval_cli import evaluate_node, needs_download, task_manager  # noqa: E402
+from theseus.analysis._eval_cli import evaluate_node  # noqa: E402
+from theseus.analysis._task_index import needs_download, task_manager  # noqa: E402
 from theseus.analysis.evaluation import TASKS, TheseusLM  # noqa: E402
 from theseus.analysis.evaluation._harness import open_trainer_at  # noqa: E402
 from theseus.cli import main  # noqa: E402
@@ -241,7 +242,7 @@ def test_a_task_read_from_its_own_folders_is_the_task_of_the_whole_index(tmp_pat
     of tags, an unknown name): what each task stands for equals lm-eval's own whole index."""
     from lm_eval.tasks import TaskManager
 
-    from theseus.analysis._eval_cli import _leaves
+    from theseus.analysis._task_index import _leaves
 
     whole = TaskManager(include_path=[str(TASKS)])
     for task, small in [
