@@ -75,6 +75,8 @@ def _defining(tasks: tuple[str, ...], local: Any, rounds: int = 4) -> tuple[str,
 
     from theseus.analysis.evaluation import TASKS
 
+    if not all(tasks):
+        return ()
     files = sorted(Path(lm_eval.tasks.__file__).parent.rglob("*.yaml"))
     folders: set[str] = set()
     wanted = [t for t in tasks if t not in local.task_index]
