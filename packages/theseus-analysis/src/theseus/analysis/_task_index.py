@@ -129,9 +129,13 @@ def _members(index: dict[str, Any], name: str, seen: set[str]) -> list[str]:
     if entry is None or name in seen or str(entry.kind.name) != "GROUP":
         return []
     seen.add(name)
-    listed = (entry.cfg or {}).get("task") or []
-    names = [m if isinstance(m, str) else m.get("task", "") for m in listed]
-    return [n for m in names if m for n in (m, *_members(index, m, seen))]
+    return [n for m in _listed(entry.cfg or {}) if m for n in (m, *_members(index, m, seen))]
+
+
+def _listed(config: dict[str, Any]) -> list[str]:
+    """The names a group's configuration lists under `task` (each a name, or a mapping
+    whose `task` is one)."""
+    return [m if isinstance(m, str) else m.get("task", "") for m in config.get("task") or []]
 
 
 @functools.lru_cache(maxsize=8)
@@ -159,8 +163,7 @@ def _leaves(manager: Any, name: str, seen: set[str]) -> list[dict[str, Any]]:
     if kind == "TAG":
         members = [n for n, e in manager.task_index.items() if name in (e.tags or ())]
     else:
-        listed = config.get("task") or []
-        members = [m if isinstance(m, str) else m.get("task", "") for m in listed]
+        members = _listed(config)
     return [leaf for member in members for leaf in _leaves(manager, member, seen)]
 
 
