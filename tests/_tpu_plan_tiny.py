@@ -56,3 +56,12 @@ def check(record: dict[str, Any], table: str, names: list[str], out: Path) -> No
     assert record["machine"]["device"]["backend"] == "cpu" and record["machine"]["tiny"]
     assert table.startswith("# Benchmarks on 1 cpu (cpu): TINY sizes")
     assert not (out / "results.md").exists()
+
+
+def run_half(which: int, out: Path) -> str:
+    """Run half `which` (0 or 1) of the plan into `out`, check its record and table
+    (`check`), and return the table."""
+    names = halves()[which]
+    record, table = run_tiny(names, out)
+    check(record, table, names, out)
+    return table
