@@ -55,13 +55,15 @@ def task_manager(root: str | Path, include_path: str | None, tasks: Sequence[str
         local = _manager(paths, metadata, stamp, False)
         if all(str(getattr(local.task_index.get(t), "kind", "")).endswith("TASK") for t in tasks):
             return local
-        folders = _defining(tuple(tasks), local)
+        folders = _defining(tuple(tasks), local, (paths, metadata, stamp))
         if folders:
-            return _manager((*folders, *paths), metadata, stamp, False)
+            return _manager((*folders, *paths), metadata, stamp, False)  # made by _defining
     return _manager(paths, metadata, stamp, True)
 
 
-def _defining(tasks: tuple[str, ...], local: Any, rounds: int = 4) -> tuple[str, ...]:
+def _defining(
+    tasks: tuple[str, ...], local: Any, scope: tuple[Any, Any, Any], rounds: int = 4
+) -> tuple[str, ...]:
     """Folders of lm-eval's task folder whose YAML files define each of `tasks` (a task or
     a group, not a tag: a tag's members can be anywhere) and, for a group, every member,
     as far down as it goes; () when any of them is not found that way.
@@ -69,11 +71,10 @@ def _defining(tasks: tuple[str, ...], local: Any, rounds: int = 4) -> tuple[str,
     A definition is a line `task: NAME` or `group: NAME` (quoted or not) at the top
     level of a file, found by reading the files as bytes (a fraction of a second, where
     lm-eval's index parses every file as YAML); the folders found are then indexed as
-    lm-eval would.
+    lm-eval would, after them `local`'s folders with its language and stamp (`scope`:
+    `_manager`'s other arguments), which makes the index `task_manager` then returns.
     """
     import lm_eval.tasks
-
-    from theseus.analysis.evaluation import TASKS
 
     if not all(tasks):
         return ()
@@ -102,8 +103,8 @@ def _defining(tasks: tuple[str, ...], local: Any, rounds: int = 4) -> tuple[str,
         if not all(found.values()):
             return ()
         folders |= {folder for where in found.values() for folder in where}
-        more = _manager((*_in_order(folders), str(TASKS)), (), (), False).task_index
-        index = {**local.task_index, **more}
+        paths, metadata, stamp = scope
+        index = dict(_manager((*_in_order(folders), *paths), metadata, stamp, False).task_index)
         wanted = sorted({m for t in tasks for m in _members(index, t, set()) if m not in index})
     named = {*tasks, *(m for t in tasks for m in _members(index, t, set()))}
     if wanted or any(
