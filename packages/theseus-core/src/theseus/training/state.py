@@ -15,6 +15,8 @@ configuration.
 
 from __future__ import annotations
 
+import collections
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +49,8 @@ class StateLayout:
     Attributes:
         abstract: the `TrainState` as `jax.ShapeDtypeStruct`s carrying their shardings.
         shardings: the `TrainState`'s `NamedSharding`s (the train step's `out_shardings`).
-        init: `init(key) -> TrainState`, traceable; `initialize` compiles it.
+        init: `init(key) -> params`, compiled into the parameters' shardings (shared by
+            the layouts of equal models; `initialize` adds the optimizer state).
         apply_fn: the model's `apply`.
         tx: the optimizer.
         fresh_opt_state: `tx.init` compiled into the optimizer state's shardings (what a
@@ -56,7 +59,7 @@ class StateLayout:
 
     abstract: Any
     shardings: Any
-    init: Callable[[jax.Array], TrainState]
+    init: Callable[[jax.Array], Any]
     apply_fn: Callable[..., Any]
     tx: optax.GradientTransformation
     fresh_opt_state: Callable[[Any], Any]
@@ -68,15 +71,16 @@ def layout(
     block_size: int,
     sharding: ParameterShardingContext,
 ) -> StateLayout:
-    """Trace `model.init` abstractly and place each leaf by its logical axes."""
-    example = jnp.zeros((1, block_size), jnp.int32)
+    """Trace `model.init` abstractly and place each leaf by its logical axes.
 
-    def boxed_init(key: jax.Array) -> TrainState:
-        with sharding.rules():
-            variables = model.init(key, example)
-        return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
-
-    boxed = jax.eval_shape(boxed_init, jax.random.key(0))
+    The model's part (its abstract parameters, and their compiled initializer) is kept
+    for the next layout of an equal model, context and sharding in this process (a sweep,
+    a walk, a test suite): only the optimizer's part is traced again.
+    """
+    params = _model_part(model, block_size, sharding)
+    boxed = jax.eval_shape(
+        lambda p: TrainState.create(apply_fn=model.apply, params=p, tx=tx), params.boxed
+    )
     shardings = nn.unbox(sharding.state_shardings(boxed))
     abstract = jax.tree_util.tree_map(
         lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
@@ -86,16 +90,94 @@ def layout(
     return StateLayout(
         abstract=abstract,
         shardings=shardings,
-        init=lambda key: nn.unbox(boxed_init(key)),
+        init=params.initializer(shardings.params),
         apply_fn=model.apply,
         tx=tx,
         fresh_opt_state=jax.jit(tx.init, out_shardings=shardings.opt_state),
     )
 
 
+@dataclass
+class _ModelPart:
+    """A model's abstract parameters (logically partitioned) and their initializer.
+
+    `initializer(shardings)` is `init(key) -> params`, compiled into `shardings`: the
+    parameters' shardings follow from the boxed parameters and the sharding context
+    alone, so every layout of the same key asks for the same ones, and the first
+    compiled initializer serves them all.
+    """
+
+    model: nn.Module
+    example: jax.Array
+    sharding: ParameterShardingContext
+    boxed: Any
+    _init: Any = None
+
+    def initializer(self, shardings: Any) -> Callable[[jax.Array], Any]:
+        if self._init is None:
+
+            def init(key: jax.Array) -> Any:
+                with self.sharding.rules():
+                    return nn.unbox(self.model.init(key, self.example)["params"])
+
+            self._init = jax.jit(init, out_shardings=shardings)
+        return self._init
+
+
+_MODEL_PARTS: collections.OrderedDict[Any, _ModelPart] = collections.OrderedDict()
+_KEPT = 16  # model parts kept (the least recently used goes first)
+_MODEL_PARTS_LOCK = threading.Lock()
+
+
+def _model_part(
+    model: nn.Module, block_size: int, sharding: ParameterShardingContext
+) -> _ModelPart:
+    """The `_ModelPart` of `model` at `block_size` under `sharding`, traced once per key.
+
+    The key is the model itself (a Flax module compares and hashes by its class and
+    fields), the block size, the sharding context (mesh, rules, strategy) and whether
+    64-bit types are on; a model that cannot be hashed (a field holding an array) is
+    traced every time.
+    """
+    example = jnp.zeros((1, block_size), jnp.int32)
+
+    def trace() -> _ModelPart:
+        def boxed_init(key: jax.Array) -> Any:
+            with sharding.rules():
+                return model.init(key, example)["params"]
+
+        return _ModelPart(model, example, sharding, jax.eval_shape(boxed_init, jax.random.key(0)))
+
+    key = (model, block_size, sharding, bool(jax.config.read("jax_enable_x64")))
+    try:
+        hash(key)
+    except TypeError:  # a field that cannot be hashed
+        return trace()
+    with _MODEL_PARTS_LOCK:
+        part = _MODEL_PARTS.get(key)
+        if part is not None:
+            _MODEL_PARTS.move_to_end(key)
+            return part
+    part = trace()
+    with _MODEL_PARTS_LOCK:
+        part = _MODEL_PARTS.setdefault(key, part)  # another thread's, where it was first
+        while len(_MODEL_PARTS) > _KEPT:
+            _MODEL_PARTS.popitem(last=False)
+    return part
+
+
 def initialize(target: StateLayout, seed: int) -> TrainState:
     """A fresh state from `seed`, each leaf created directly in its sharding."""
-    return jax.jit(target.init, out_shardings=target.shardings)(jax.random.key(seed))
+    return _with_optimizer(target, target.init(jax.random.key(seed)))
+
+
+def _with_optimizer(target: StateLayout, params: Any) -> TrainState:
+    """A state at step 0 holding placed `params` (taken: donated) and a fresh optimizer state."""
+
+    def create(params: Any) -> TrainState:
+        return TrainState.create(apply_fn=target.apply_fn, params=params, tx=target.tx)
+
+    return jax.jit(create, out_shardings=target.shardings, donate_argnums=0)(params)
 
 
 def from_params(target: StateLayout, params: Any) -> TrainState:
@@ -124,12 +206,7 @@ def from_params(target: StateLayout, params: Any) -> TrainState:
         leaves.append(jax.device_put(np.asarray(found, leaf.dtype), leaf.sharding))
     if given:
         raise ValueError(f"parameter {next(iter(given))} is not one of the model's")
-    placed = jax.tree_util.tree_unflatten(treedef, leaves)
-
-    def create(params: Any) -> TrainState:
-        return TrainState.create(apply_fn=target.apply_fn, params=params, tx=target.tx)
-
-    return jax.jit(create, out_shardings=target.shardings)(placed)
+    return _with_optimizer(target, jax.tree_util.tree_unflatten(treedef, leaves))
 
 
 def restore(
