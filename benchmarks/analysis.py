@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 # ------------------------------------------------------------------ 1. tandem cost
 def tandem_cost(trainer: Any, args: argparse.Namespace, rows: list[_report.Row]) -> bool:
     [crop] = trainer.loop.views
-    pdf = CropPDF.from_trainer(trainer)
+    pdf: Any = CropPDF.from_trainer(trainer)  # a TrainerView: its run() takes background
     cfg = trainer.configuration
     print(
         f"\n1. tandem cost: PretrainGPT {cfg['architecture/n_layers']} layers, n_embd "

@@ -104,3 +104,25 @@ def test_a_model_that_cannot_be_hashed_is_traced_each_time() -> None:
         np.asarray(plain_params(model, 1)["Dense_0"]["kernel"]),
         rtol=1e-6,
     )
+
+
+class Wide(nn.Module):
+    """A one-layer module, hashable by its width."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return nn.Dense(self.features)(x[..., None].astype(jnp.float32))
+
+
+def test_only_the_sixteen_latest_models_are_kept() -> None:
+    sharding, tx = ParameterShardingContext.create(), optax.sgd(0.1)
+    first = train_state.layout(Wide(1), tx, BLOCK, sharding)
+    assert train_state.layout(Wide(1), tx, BLOCK, sharding).init is first.init
+    others = {  # sixteen more: Wide(1) becomes the least recently used, and goes
+        features: train_state.layout(Wide(features), tx, BLOCK, sharding).init
+        for features in range(2, 18)
+    }
+    assert train_state.layout(Wide(17), tx, BLOCK, sharding).init is others[17]
+    assert train_state.layout(Wide(1), tx, BLOCK, sharding).init is not first.init
