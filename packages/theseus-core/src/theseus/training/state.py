@@ -148,7 +148,8 @@ def _model_part(
 
         return _ModelPart(model, example, sharding, jax.eval_shape(boxed_init, jax.random.key(0)))
 
-    key = (model, block_size, sharding, bool(jax.config.read("jax_enable_x64")))
+    x64 = jax.dtypes.canonicalize_dtype(np.float64) == np.float64  # 64-bit types on
+    key = (model, block_size, sharding, x64)
     try:
         hash(key)
     except TypeError:  # a field that cannot be hashed
