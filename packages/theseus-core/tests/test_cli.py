@@ -44,8 +44,8 @@ def fail(*args: str) -> str:
     return lines[0]
 
 
-def configured(tmp_path: Path, *overrides: str) -> Path:
-    out = tmp_path / "counter.yaml"
+def configured(tmp_path: Path, *overrides: str, name: str = "counter.yaml") -> Path:
+    out = tmp_path / name
     ok("configure", "tests/counter", str(out), "--import", JOBS_FILE, *overrides)
     return out
 
@@ -219,7 +219,7 @@ def test_run_notes_file_values_that_the_saved_configuration_overrides(tmp_path: 
     )
     end = store_of(root).query().latest().first()
     assert end is not None
-    other = configured(tmp_path, "counter.steps=1", "counter.start=5")
+    other = configured(tmp_path, "counter.steps=1", "counter.start=5", name="other.yaml")
     result = ok("run", "train", str(other), str(root), "--resume", str(end), "--import", JOBS_FILE)
     assert (
         "differ from the configuration saved" in result.stderr and "counter/start" in result.stderr
@@ -398,3 +398,37 @@ def test_a_real_subprocess_runs_the_console_script(tmp_path: Path) -> None:
     assert "Traceback" in crashed.stderr and "planned failure at step 0" in crashed.stderr
     failed = store_of(tmp_path / "root").query().where("job/status", "=", "failed").all()
     assert len(failed) == 1 and failed[0].seq == 0
+
+
+def test_configure_keeps_a_file_that_holds_other_settings_unless_forced(tmp_path: Path) -> None:
+    out = configured(tmp_path)
+    configured(tmp_path)  # the same settings again: written, nothing lost
+    edited = out.read_text().replace("steps: ", "steps: 9  # mine\n# was: ", 1)
+    out.write_text(edited)
+    message = fail("configure", "tests/counter", str(out), "--import", JOBS_FILE)
+    assert message.startswith(f"Error (FileExistsError): {out} exists and holds other settings")
+    assert "nothing was written. Pass --force to replace it" in message
+    assert out.read_text() == edited
+    fail("configure", "tests/counter", str(out), "--import", JOBS_FILE, "counter.steps=9")
+    assert out.read_text() == edited
+
+    ok("configure", "tests/counter", str(out), "--import", JOBS_FILE, "--force")
+    assert out.read_text() == configured(tmp_path / "b").read_text()  # the defaults again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "counter.yaml"]  # no temporary
+
+
+def test_a_configuration_write_cut_short_leaves_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = configured(tmp_path)
+    before = out.read_bytes()
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    result = invoke("configure", "tests/counter", str(out), "--import", JOBS_FILE, "--force",
+                    "counter.steps=9")  # fmt: skip
+    assert result.exit_code == 1 and "No space left on device" in result.stderr
+    assert out.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["counter.yaml"]

@@ -131,18 +131,38 @@ def jobs_command(prefix: str) -> None:
 @click.argument("job_name", metavar="JOB")
 @click.argument("out", metavar="OUT.yaml", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("--force", is_flag=True, help="Replace OUT.yaml even where it holds other settings.")
 @common_options
-def configure_command(job_name: str, out: Path, overrides: tuple[str, ...]) -> None:
-    """Write JOB's full configuration (defaults, then KEY=VALUE overrides) to OUT.yaml."""
+def configure_command(job_name: str, out: Path, overrides: tuple[str, ...], force: bool) -> None:
+    """Write JOB's full configuration (defaults, then KEY=VALUE overrides) to OUT.yaml.
+
+    An OUT.yaml that already holds something else (edited by hand, another job's) is
+    kept unless --force is given.
+    """
     tree = _job_class(job_name).schema()
     tree.update(parse_overrides(overrides))
     tree.check()  # the rules across settings, before the file is written
+    text = dump(tree)
+    if not force and out.exists() and _text_of(out) != text:
+        raise FileExistsError(
+            f"{out} exists and holds other settings than {tree.job}'s with these "
+            "overrides (edited by hand?); nothing was written. Pass --force to replace "
+            "it, or name another OUT.yaml."
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     dump(tree, out)
     click.echo(f"Wrote {len(tree)} settings of {tree.job} to {out}.")
     missing = tree.missing()
     if missing:
         click.echo(f"Fill in before running (required, no default): {', '.join(missing)}.")
+
+
+def _text_of(path: Path) -> str | None:
+    """The text of file `path`, or None where it is not a readable text file."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 @main.command("run")

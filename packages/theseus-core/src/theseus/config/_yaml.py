@@ -10,6 +10,7 @@ help as a comment, and a required setting that has no value as ``null`` with a
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,23 @@ def dump(tree: Tree, file: str | Path | None = None) -> str:
     emit(nested, 0)
     text = "\n".join(lines) + "\n"
     if file is not None:
-        Path(file).write_text(text)
+        _write_atomic(Path(file), text)
     return text
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file beside it and a rename, so a
+    crash or a full disk leaves the old file whole (or no file), never a part of one."""
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(temp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
 
 
 def load(source: str | Path) -> dict[str, Any]:
