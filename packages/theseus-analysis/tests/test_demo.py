@@ -8,6 +8,9 @@ logit lens run `--over` its lineage, and saves a screenshot of each frame (under
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import io
 import json
 import os
 import re
@@ -26,7 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from theseus.analysis._demo_cli import python_line
 from theseus.analysis.demo import AttentionPattern
 from theseus.cli import main
 from theseus.data.datasets import Synthetic
@@ -103,6 +109,12 @@ def test_demo_trains_analyzes_and_prints_where_everything_is(demo) -> None:
     over = CliRunner().invoke(main, [*argv[argv.index("--import") :], "--limit", "1"])
     assert over.exit_code == 0, over.output
     assert "skipped" in over.output  # the last node holds both tasks already
+    (line,) = [line for line in result.output.splitlines() if "theseus.quick" in line]
+    code = shlex.split(line)[-1]  # `PYTHON -c CODE`, as printed
+    printed_node = io.StringIO()
+    with contextlib.redirect_stdout(printed_node):
+        exec(code, {})
+    assert printed_node.getvalue().strip() == str(node)
     match = re.search(r"without layer (\d) head (\d): ([+-][\d.]+) nats", result.output)
     assert match and int(match.group(1)) < 2 and int(match.group(2)) < 4
     # the SAE commands it prints are the README's (tests/test_readme_features.py runs
@@ -372,3 +384,20 @@ def test_the_browser_steps_the_heatmap_and_the_lens_through_training(
             tab.screenshot(path=shots / f"demo-curves-{key.replace('/', '-')}.png")
         browser.close()
     assert problems == []
+
+
+@settings(max_examples=200, deadline=None)
+@example('o\'brien "$HOME" `x`')
+@example("undecodable-\udcff")  # a byte that is not UTF-8, as os.fsdecode gives it
+@given(st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00/"), min_size=1))
+def test_the_printed_python_line_is_one_shell_word_of_code_whatever_the_root(name: str) -> None:
+    """A root named `o'brien`, `$HOME`, `a "b"` or `é`: the shell gives Python the code
+    whole, and the code names the root as it is."""
+    root = Path("/tmp") / name
+    words = shlex.split(python_line("python", root))
+    assert words[:2] == ["python", "-c"] and len(words) == 3
+    tree = ast.parse(words[2])
+    [call] = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "init"
+    ]
+    assert ast.literal_eval(call.args[0]) == str(root)

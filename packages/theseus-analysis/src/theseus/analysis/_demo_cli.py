@@ -47,6 +47,20 @@ SAMPLES = 3  # lines the trained model writes at the end
 UI_PORT = 8765  # where `theseus-store ui` serves by default (its --port)
 
 
+def python_line(python: str, root: Path) -> str:
+    """`PYTHON -c CODE` that finds the demo's latest checkpoint with `theseus.quick`, as a
+    shell reads it whatever the root's name holds (quotes, `$`, spaces, any letter): the
+    root is a Python string literal in CODE, and CODE one shell word."""
+    literal = repr(str(root))
+    if literal.startswith("'"):  # the same string between double quotes: CODE reads better
+        literal = '"' + literal[1:-1].replace('"', '\\"') + '"'
+    code = (
+        f"from theseus.quick import init; q = init({literal}); "
+        'print(q.find().spec(run="demo").checkpoint().latest().first())'
+    )
+    return f"{python} -c {shlex.quote(code)}"
+
+
 def _command(name: str) -> str:
     """How to call a program of this environment from the user's shell afterwards.
 
@@ -301,10 +315,7 @@ def demo(root: Path, steps: int, progress_bars: bool) -> None:
         f"{shlex.quote(str(root))} {trainer.node.name}~{trainer.node.nonce} "
         f"{shlex.quote(prompts[0])} --temperature 0.8 --max-new-tokens 40"
     )
-    click.echo(
-        f'  {python} -c "from theseus.quick import init; '
-        f"q = init({str(root)!r}); print(q.find().spec(run='demo').checkpoint().latest().first())\""
-    )
+    click.echo(f"  {python_line(python, root)}")
     click.echo(
         f"  {_command('theseus')} --import theseus.analysis.demo eval {shlex.quote(str(root))} "
         f"{lineage} --over --tasks synthetic_mc,synthetic_ppl"
