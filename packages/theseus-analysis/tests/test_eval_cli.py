@@ -315,7 +315,8 @@ def test_two_processes_evaluate_as_one(lineage: Path, tmp_path: Path) -> None:
 def test_library_progress_bars_are_off_unless_asked_for(lineage: Path, tmp_path: Path) -> None:
     """lm-eval draws a tqdm bar while it builds a task's requests (`100%|...| 3/3 [...]`);
     `theseus eval` turns it off in its process, `--progress-bars` leaves it on. Theseus's
-    own lines (each task's scores) are there either way."""
+    own lines (each task's scores) are there either way, and git's complaint where there
+    is no repository (lm-eval asks git for the results' `git_hash`) never is."""
     import os
     import subprocess
     import sys
@@ -327,6 +328,7 @@ def test_library_progress_bars_are_off_unless_asked_for(lineage: Path, tmp_path:
         if k not in ("TQDM_DISABLE", "HF_DATASETS_DISABLE_PROGRESS_BARS")
     }
     env["JAX_PLATFORMS"] = "cpu"
+    env["GIT_DIR"] = str(tmp_path / "no-repository")  # as outside any: git says "fatal: ..."
     command = [sys.executable, "-c", "from theseus.cli import main; main()", "eval", str(root),
                "scored", "--tasks", "tiny_mc", "--include-path", str(root), "--limit", "3",
                "--force"]  # fmt: skip
@@ -339,3 +341,4 @@ def test_library_progress_bars_are_off_unless_asked_for(lineage: Path, tmp_path:
         assert done.returncode == 0, done.stderr[-3000:]
         assert "tiny_mc: " in done.stdout and "evaluating tiny_mc on " in done.stdout
         assert bool(bar.search(done.stderr)) == asked, done.stderr[-3000:]
+        assert "not a git repository" not in done.stderr  # lm-eval's git_hash, asked quietly

@@ -57,6 +57,29 @@ def _quiet() -> None:
     logger = logging.getLogger("lm_eval.api.task")
     if not any(isinstance(f, _OwnTaskNote) for f in logger.filters):
         logger.addFilter(_OwnTaskNote())
+    import lm_eval.evaluator
+
+    if getattr(lm_eval.evaluator, "get_git_commit_hash", None) not in (None, _git_hash):
+        lm_eval.evaluator.get_git_commit_hash = _git_hash
+
+
+def _git_hash() -> str | None:
+    """What lm-eval records as its results' `git_hash` (`git describe --always` in the
+    working folder, else the commit of a `.git` above it, else None), without git's
+    "fatal: not a git repository" on the user's terminal where there is no repository:
+    lm-eval lets git write to the process's stderr."""
+    import os
+    import subprocess
+
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        described = subprocess.check_output(
+            ["git", "describe", "--always"], stderr=subprocess.DEVNULL
+        )
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
+    return described.strip().decode()
 
 
 def metric_values(task: str, results: dict[str, Any]) -> dict[str, float]:
