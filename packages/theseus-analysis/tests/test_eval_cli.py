@@ -342,3 +342,22 @@ def test_library_progress_bars_are_off_unless_asked_for(lineage: Path, tmp_path:
         assert "tiny_mc: " in done.stdout and "evaluating tiny_mc on " in done.stdout
         assert bool(bar.search(done.stderr)) == asked, done.stderr[-3000:]
         assert "not a git repository" not in done.stderr  # lm-eval's git_hash, asked quietly
+
+
+def test_an_unknown_task_is_one_line_naming_the_tasks_close_to_it(tmp_path: Path) -> None:
+    from lm_eval.tasks import TaskManager
+
+    from theseus.analysis._task_index import check_tasks
+    from theseus.analysis.evaluation import EvaluationError
+
+    helpers.write_task(tmp_path)
+    manager = TaskManager(include_path=str(tmp_path), include_defaults=False)
+    with pytest.raises(EvaluationError) as refused:
+        check_tasks(manager, ["tiny_mcq", "zzzz"], str(tmp_path))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"task(s) tiny_mcq, zzzz are not in lm-eval's task folder nor in {tmp_path}"
+    )
+    assert "(tiny_mcq: did you mean tiny_mc?)" in message  # and nothing is close to zzzz
+    check_tasks(manager, ["tiny_mc"], str(tmp_path))  # a known task passes

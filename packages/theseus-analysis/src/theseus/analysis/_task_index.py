@@ -11,6 +11,7 @@ whose data lives on the Hugging Face Hub.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 from collections.abc import Sequence
@@ -193,9 +194,17 @@ def check_tasks(manager: Any, tasks: list[str], include_path: str | None) -> Non
 
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
+        close = {
+            task: difflib.get_close_matches(task, manager.all_tasks, n=3, cutoff=0.75)
+            for task in unknown
+        }
+        hints = "; ".join(
+            f"{task}: did you mean {' or '.join(near)}?" for task, near in close.items() if near
+        )
         raise EvaluationError(
             f"task(s) {', '.join(unknown)} are not in lm-eval's task folder"
             + (f" nor in {include_path}" if include_path else "")
+            + (f" ({hints})" if hints else "")
             + "; `lm_eval ls tasks` lists them, --include-path adds a folder of task YAML"
         )
     for task in tasks:
