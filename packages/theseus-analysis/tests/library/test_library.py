@@ -316,16 +316,29 @@ def test_a_name_that_is_no_analysis_is_one_line(trained) -> None:
     root = trained
     from theseus.analysis import AnalysisError
 
-    with quick(root) as q:
-        q.build(FirstAnalyses, "wrong")
-        q.find().spec(run="trained").checkpoint().latest().resume()
-        q.config["library/analyses"] = ["induction", "attention"]
-        with pytest.raises(
-            AnalysisError,
-            match=r"library/analyses names 'induction', 'attention'; expected distinct names among "
-            r"induction, icl, logit-lens, loss-by-position, loss-by-frequency, drift, memorization,",
-        ):
-            q.create()
+    among = (
+        "among induction, icl, logit-lens, loss-by-position, loss-by-frequency, drift, "
+        "memorization, "
+    )
+    for analyses, expected in (
+        (
+            ["induction", "attention", "lens"],
+            "library/analyses names 'attention', 'lens', which the library has no analysis "
+            f"of (lens: did you mean logit-lens?); name analyses {among}",
+        ),
+        (
+            ["icl", "induction", "icl"],
+            f"library/analyses names 'icl' more than once; name each analysis once, {among}",
+        ),
+        ([], f"library/analyses is empty; name one or more {among}"),
+    ):
+        with quick(root) as q:
+            q.build(FirstAnalyses, "wrong")
+            q.find().spec(run="trained").checkpoint().latest().resume()
+            q.config["library/analyses"] = analyses
+            with pytest.raises(AnalysisError) as refused:
+                q.create()
+        assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)
 
 
 def test_the_logit_lens_frames_share_one_scale() -> None:

@@ -12,6 +12,7 @@ lineage (`--over`) finds to skip a node already analyzed with the same settings.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, ClassVar
 
 from theseus.analysis._errors import AnalysisError
@@ -64,12 +65,29 @@ class FirstAnalyses(LibraryBase, PretrainGPT):
             known = [*self.KNOWN, *self.COMPANIONS]
             names = list(self.configure(SetSettings).analyses)
             unknown = [n for n in names if n not in known]
-            if not names or unknown or len(set(names)) < len(names):
-                got = ", ".join(map(repr, names)) or "nothing"
-                raise AnalysisError(
-                    f"library/analyses names {got}; expected distinct names among "
-                    f"{', '.join(known)}, e.g. library/analyses=[induction,logit-lens]"
+            twice = sorted({n for n in names if names.count(n) > 1})
+            among = f"among {', '.join(known)}, e.g. library/analyses=[induction,logit-lens]"
+            if unknown:
+                near = {  # a part of a name (lens), else a near spelling (inductoin)
+                    n: [k for k in known if n in k] or difflib.get_close_matches(n, known, n=1)
+                    for n in unknown
+                }
+                hints = "".join(
+                    f" ({n}: did you mean {' or '.join(close)}?)"
+                    for n, close in near.items()
+                    if close
                 )
+                raise AnalysisError(
+                    f"library/analyses names {', '.join(map(repr, unknown))}, which the "
+                    f"library has no analysis of{hints}; name analyses {among}"
+                )
+            if twice:
+                raise AnalysisError(
+                    f"library/analyses names {', '.join(map(repr, twice))} more than once; "
+                    f"name each analysis once, {among}"
+                )
+            if not names:
+                raise AnalysisError(f"library/analyses is empty; name one or more {among}")
             self._library["named"] = tuple(names)
         named: tuple[str, ...] = self._library["named"]
         return named
