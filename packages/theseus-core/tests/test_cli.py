@@ -219,11 +219,14 @@ def test_run_notes_file_values_that_the_saved_configuration_overrides(tmp_path: 
     )
     end = store_of(root).query().latest().first()
     assert end is not None
-    other = configured(tmp_path, "counter.steps=1", "counter.start=5", name="other.yaml")
+    other = configured(tmp_path, "counter.start=5", name="other.yaml")  # steps: the default
     result = ok("run", "train", str(other), str(root), "--resume", str(end), "--import", JOBS_FILE)
     assert (
-        "differ from the configuration saved" in result.stderr and "counter/start" in result.stderr
+        "1 setting(s) of" in result.stderr
+        and "differ from the configuration saved" in result.stderr
     )
+    assert "counter/start" in result.stderr
+    assert "counter/steps" not in result.stderr  # left at its default in the file: not chosen
     last = store_of(root).query().latest().first()
     assert (
         last is not None and store_of(root).values(last)["counter/value"] == 4.0

@@ -92,10 +92,24 @@ def _check_resumed_name(
 
 
 def _note_saved(
-    tree: Any, from_file: dict[str, Any], settings: dict[str, Any], config_file: Path, where: object
+    tree: Any,
+    from_file: dict[str, Any],
+    settings: dict[str, Any],
+    config_file: Path,
+    where: object,
+    job: type[BasicJob],
 ) -> None:
-    """Say which settings of the file the configuration saved at `where` replaced."""
-    changed = [k for k, v in tree.flat().items() if v != from_file[k] and k not in settings]
+    """Say which settings of the file the configuration saved at `where` replaced.
+
+    A value the file holds at its default (as `theseus configure` wrote it, untouched) is
+    not named: the note is for what someone chose.
+    """
+    defaults = job.schema().flat()
+    changed = [
+        k
+        for k, v in tree.flat().items()
+        if v != from_file[k] and k not in settings and from_file[k] != defaults.get(k, v)
+    ]
     if changed:
         click.echo(
             f"Note: {len(changed)} setting(s) of {config_file} differ from the "
@@ -320,7 +334,7 @@ def run_command(
             finder = q.find().node(node)
             from_file = tree.flat()
             finder.resume() if resume_node else finder.branch()
-            _note_saved(tree, from_file, settings, config_file, base)
+            _note_saved(tree, from_file, settings, config_file, base, cls)
         tree.update(settings)
         with scheduled_here(scheduled) if scheduled else contextlib.nullcontext():
             job = q.create()
@@ -387,7 +401,7 @@ def _run_over(
         from_file = tree.flat()
         node = from_host_zero(lambda: q.store.resolve(lineage))  # host zero reads the store
         nodes = q.find().name(node.name).nonce(node.nonce).over(force=force)
-        _note_saved(tree, from_file, settings, config_file, lineage)
+        _note_saved(tree, from_file, settings, config_file, lineage, _job_class(values["job"]))
         tree.update(settings)
         job = q.create()
         result = job()
