@@ -164,9 +164,11 @@ def test_a_result_of_another_configuration_is_recomputed(root, reference) -> Non
         "  3 skipped: they already hold 'stats' for this configuration (--force recomputes "
         "them as a new version)",
         f"  artifact 'stats' version 3 on node {nodes[2]}",
-        f"  file {result.results[0].path} holds its result (read it back: theseus-store get "
-        f"{store_at} {nodes[2]} stats -o FILE)",
+        f"  file {result.results[0].path} holds the result of the lineage's last "
+        f"checkpoint, {nodes[3]} (skipped: it held it already); each node keeps its own as "
+        f"its artifact (read any back: theseus-store get {store_at} NODE stats -o FILE)",
     ]
+    assert result.results[0].path.read_bytes() == reference[3]
     with Store(root / "store") as store:
         assert [a.version for a in store.history(nodes[2], "stats")] == [1, 2, 3]
         assert store.get(nodes[2])["stats"].content == reference[2]
@@ -194,6 +196,25 @@ def test_a_resumed_run_is_skipped_by_a_walk_of_the_same_configuration(root) -> N
         f"  file {result.results[-1].path} holds the result of the last node analyzed, "
         f"{nodes[3]}; each node keeps its own as the artifact above (read any back: "
         f"theseus-store get {root / 'store'} NODE stats -o FILE)"
+    )
+
+
+def test_a_walk_that_skips_the_last_node_leaves_its_result_in_the_file(root, reference) -> None:
+    """The walk writes each analyzed node's file over the previous one's; the lineage's
+    last node, done before (a --resume of it), is skipped, and the file is its result
+    again, not seq 2's."""
+    with quick(root) as q:
+        q.build(jobs.Stats, "inspect")
+        q.find().spec(run="trained").seq(3).resume()
+        q.create()()
+    job, nodes, result = _walk(root)
+    assert [n.seq for n in result.skipped] == [3]
+    assert [r.node.seq for r in result.results] == [0, 1, 2]
+    path = result.results[-1].path
+    assert path.read_bytes() == reference[3] != reference[2]
+    assert job.outcome(result)[-1].startswith(
+        f"  file {path} holds the result of the lineage's last checkpoint, {nodes[3]} "
+        "(skipped: it held it already)"
     )
 
 

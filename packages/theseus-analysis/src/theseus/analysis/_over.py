@@ -225,6 +225,8 @@ def walk(
                 )
     finally:
         reporter.close()
+    if todo and todo[-1] != nodes[-1] and is_primary():
+        _files_of(job, store, nodes[-1])
     seconds = time.perf_counter() - started
     outcome = OverResult(list(nodes), results, skipped, seconds, read, waited)
     if todo:
@@ -234,6 +236,22 @@ def walk(
             f"{outcome.hidden:.0%} of it while the previous one was analyzed"
         )
     return outcome
+
+
+def _files_of(job: Job, store: Store, last: Node) -> None:
+    """Put the last node's results back in the job's files (host zero).
+
+    The walk wrote each analyzed node's files over the previous one's; where the
+    lineage's last node was skipped (it held its result already), that left an earlier
+    node's result in the files. Each file of the job's result folder that `last` holds
+    an artifact of is rewritten with that artifact's bytes.
+    """
+    from theseus.analysis._publish import write_atomic
+
+    for artifact in store.get(last).values():
+        path = job.spec.result() / artifact.filename
+        if path.is_file() and path.read_bytes() != artifact.content:
+            write_atomic(path, artifact.content)
 
 
 def outcome_lines(job: Job, result: OverResult) -> list[str]:
@@ -264,7 +282,14 @@ def outcome_lines(job: Job, result: OverResult) -> list[str]:
     if written:
         last = written[-1]
         root = shlex.quote(str(store_root(job.spec.root)))
-        if len(written) == 1:
+        final = result.nodes[-1]
+        if final in result.skipped:  # `walk` put the final node's result back in the file
+            lines.append(
+                f"  file {last.path} holds the result of the lineage's last checkpoint, "
+                f"{final} (skipped: it held it already); each node keeps its own as its "
+                f"artifact (read any back: theseus-store get {root} NODE {name} -o FILE)"
+            )
+        elif len(written) == 1:
             lines.append(
                 f"  file {last.path} holds its result (read it back: theseus-store get "
                 f"{root} {last.node} {name} -o FILE)"
