@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -39,8 +41,12 @@ def test_plot_error_shares_the_theseus_root_when_the_store_is_installed():
         (np.full((3, 3), np.nan), r"shape \(3, 3\) whose values are all NaN"),
         (pd.DataFrame(np.full((2, 2), np.nan)), r"all NaN"),
         (None, r"got None"),
+        (
+            np.array([[1e308, -1e308], [0.0, 1.0]]),
+            r"got values from -1e\+308 to 1e\+308, a range wider than a float64 holds",
+        ),
     ],
-    ids=["3d", "1d", "0d", "empty", "nan", "nan-frame", "none"],
+    ids=["3d", "1d", "0d", "empty", "nan", "nan-frame", "none", "overflowing-range"],
 )
 def test_heatmap_rejects(data, pattern):
     with pytest.raises(tp.PlotValueError, match=pattern):
@@ -50,6 +56,30 @@ def test_heatmap_rejects(data, pattern):
 def test_heatmap_rejects_text():
     with pytest.raises(tp.PlotTypeError, match="needs numbers for data"):
         tp.heatmap([["a", "b"], ["c", "d"]])
+
+
+def test_heatmap_rejects_complex_numbers_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ComplexWarning on the way
+        with pytest.raises(tp.PlotTypeError, match=r"needs real numbers for data, got complex"):
+            tp.heatmap(np.ones((2, 2), dtype=complex))
+
+
+def test_a_none_in_a_nested_list_is_a_missing_cell():
+    mesh = tp.heatmap([[1, None], [2, 3]]).axes[0].collections[0]
+    assert np.ma.getmaskarray(mesh.get_array()).reshape(2, 2).tolist() == [
+        [False, True],
+        [False, False],
+    ]
+
+
+@pytest.mark.parametrize("helper", [tp.line, tp.scatter, tp.bar])
+def test_a_name_that_is_not_a_column_of_the_data_is_one_line(helper):
+    with pytest.raises(
+        tp.PlotValueError,
+        match=r"got x='step', which is not a column of data; its columns are 'a', 'loss'\. ",
+    ):
+        helper({"a": [1, 2], "loss": [0.5, 0.4]}, x="step", y="loss")
 
 
 def test_heatmap_with_some_nan_is_fine():

@@ -110,8 +110,7 @@ def heatmap(
         >>> fig.axes[0].get_xlabel()
         'Feature'
     """
-    data = to_host(data)
-    check_matrix(data, "heatmap")
+    data = check_matrix(to_host(data), "heatmap")
     kwargs.setdefault("rasterized", int(np.prod(np.shape(data))) > RASTERIZE_CELLS)
     with theme():
         target = target_axes(ax, figsize, "heatmap")

@@ -61,6 +61,11 @@ def to_host(value: Any) -> Any:
 
 
 def _numeric(values: Any, name: str, helper: str) -> np.ndarray:
+    if np.iscomplexobj(values):
+        raise PlotTypeError(
+            f"{helper}() needs real numbers for {name}, got complex ones; plot the part "
+            "you mean, e.g. np.abs(values) or values.real."
+        )
     try:
         return np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as error:
@@ -71,16 +76,21 @@ def _numeric(values: Any, name: str, helper: str) -> np.ndarray:
         ) from error
 
 
-def check_matrix(data: Any, helper: str = "heatmap") -> None:
+def check_matrix(data: Any, helper: str = "heatmap") -> Any:
     """Check that ``data`` is a non-empty 2-D numeric matrix with a finite value somewhere.
 
     Args:
         data: A host array, nested list or data frame (after :func:`to_host`).
         helper: Name of the calling helper, used in messages.
 
+    Returns:
+        What to draw: a data frame as given (its labels are the ticks), anything else as
+        a float64 matrix (a None in a nested list is a missing cell, NaN).
+
     Raises:
-        PlotValueError: ``data`` is not 2-D, is empty, or is NaN everywhere.
-        PlotTypeError: ``data`` is not numeric.
+        PlotValueError: ``data`` is not 2-D, is empty, is NaN everywhere, or spans more
+            than a float64 can hold (its colour scale would be infinite).
+        PlotTypeError: ``data`` is not numeric, or is complex.
     """
     if data is None:
         raise PlotValueError(f"{helper}() needs data: pass a 2-D array [rows, columns], got None.")
@@ -106,6 +116,16 @@ def check_matrix(data: Any, helper: str = "heatmap") -> None:
             "there is nothing to colour. Check the computation that produced it (a 0/0, "
             "a masked reduction) or drop the NaNs first."
         )
+    finite = matrix[np.isfinite(matrix)]
+    with np.errstate(over="ignore"):
+        span = float(finite.max()) - float(finite.min()) if finite.size else 0.0
+    if not np.isfinite(span):
+        raise PlotValueError(
+            f"{helper}() got values from {finite.min():.3g} to {finite.max():.3g}, a range "
+            "wider than a float64 holds, so the colour scale has no finite length; rescale "
+            "them (e.g. divide by their largest magnitude) or set vmin= and vmax=."
+        )
+    return data if is_frame(data) else matrix
 
 
 def _is_vector(value: Any) -> bool:
@@ -181,6 +201,13 @@ def check_vectors(data: Any, variables: Mapping[str, Any], helper: str) -> None:
         column = value if _is_vector(value) else _lookup(data, value)
         if column is not None:
             columns[name] = column
+        elif isinstance(data, Mapping) or is_frame(data):
+            keys = list(data.keys())
+            shown = ", ".join(map(repr, keys[:12])) + (", ..." if len(keys) > 12 else "")
+            raise PlotValueError(
+                f"{helper}() got {name}={value!r}, which is not a column of data; its "
+                f"columns are {shown or 'none'}. Name one of them, or pass {name}= a vector."
+            )
     lengths = {name: len(column) for name, column in columns.items()}
     for name, length in lengths.items():
         if length == 0:
