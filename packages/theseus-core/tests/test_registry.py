@@ -269,3 +269,9 @@ def test_plugin_modules_load_with_the_builtins(
         ImportFailedError, match=r"'g' entry point 'broken' .* names 'no_module_named_this_xyz'"
     ):
         len(Registry("job", builtins=(), plugins="g"))
+
+
+def test_resolve_job_refuses_what_is_neither_a_name_nor_a_class() -> None:
+    for wrong in (42, None, ["gpt/train/pretrain"]):
+        with pytest.raises(RegistryError, match=r"^expected a job: a registered name \(a str"):
+            resolve_job(wrong)  # type: ignore[arg-type]

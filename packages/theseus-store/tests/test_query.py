@@ -81,6 +81,21 @@ def test_methods_that_take_a_node_refuse_a_string(store: Store) -> None:
     for method in (store.get, store.values, store.checkpoints, store.ancestors, store.job_config):
         with pytest.raises(ValueTypeError, match=r"Node\.deserialize"):
             method("general.default.x~abc~1")  # type: ignore[arg-type]
+    with pytest.raises(ValueTypeError, match=r"^query\(\)\.node\(\) expects a .*Node\.deserialize"):
+        store.query().node("general.default.x~abc~1")  # type: ignore[arg-type]
+
+
+def test_seq_takes_an_integer_of_any_kind_and_nothing_else(
+    store: Store, runs: dict[str, list[Node]]
+) -> None:
+    import numpy as np
+
+    gpt = runs["train-gpt"]
+    lineage = store.query().name(gpt[0].name).nonce(gpt[0].nonce)
+    assert lineage.seq(np.int64(1)).all() == [gpt[1]]
+    for wrong in ("1", 1.0, True, None):
+        with pytest.raises(ValueTypeError, match=r"^query\(\)\.seq\(\) expects an int"):
+            store.query().seq(wrong)  # type: ignore[arg-type]
 
 
 def test_where_none_nan_and_bool(store: Store) -> None:

@@ -251,6 +251,12 @@ def resolve_job(name_or_class: str | type) -> type:
     """
     if isinstance(name_or_class, type):
         return name_or_class
+    if not isinstance(name_or_class, str):
+        raise RegistryError(
+            f"expected a job: a registered name (a str, as `theseus jobs` lists them), a "
+            f"'module:QualName' key or a job class; got {type(name_or_class).__name__} "
+            f"{name_or_class!r}"
+        )
     if ":" not in name_or_class or name_or_class in JOBS:
         return JOBS[name_or_class]
     module, _, qualname = name_or_class.partition(":")

@@ -16,6 +16,7 @@ an old node never makes it latest.
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -89,7 +90,17 @@ class Query:
         return self
 
     def node(self, node: Node) -> Query:
-        """Keep only ``node``."""
+        """Keep only ``node``.
+
+        Raises:
+            ValueTypeError: ``node`` is not a Node (the message says how to make one).
+        """
+        if not isinstance(node, Node):
+            raise ValueTypeError(
+                f"query().node() expects a theseus.store.Node; got {type(node).__name__} "
+                f"{node!r}. Build one with Node.deserialize(text) (the form "
+                "`theseus-store show` prints), or use query().name(...).nonce(...).seq(...)."
+            )
         return self._add(
             "n.name = ? AND n.nonce = ? AND n.seq = ?", node.name, node.nonce, node.seq
         )
@@ -103,8 +114,17 @@ class Query:
         return self._add("n.nonce = ?", nonce)
 
     def seq(self, seq: int) -> Query:
-        """Keep nodes at this position of their lineage."""
-        return self._add("n.seq = ?", seq)
+        """Keep nodes at this position of their lineage.
+
+        Raises:
+            ValueTypeError: ``seq`` is not an int.
+        """
+        if isinstance(seq, bool) or not isinstance(seq, numbers.Integral):
+            raise ValueTypeError(
+                f"query().seq() expects an int, a node's position in its lineage (0, 1, "
+                f"...); got {type(seq).__name__} {seq!r}"
+            )
+        return self._add("n.seq = ?", int(seq))
 
     def spec(
         self, project: str | None = None, group: str | None = None, run: str | None = None
