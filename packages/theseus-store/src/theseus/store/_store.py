@@ -196,7 +196,12 @@ class Store(StoreReader):
         return True
 
     def close(self) -> None:
-        """Close the database connection (idempotent)."""
+        """Close the database connection (idempotent).
+
+        The store stays usable: its next call opens a connection again, as a forked
+        process does with a store it inherited. Close it to release the database file
+        (or the PostgreSQL connection) between uses, not to forbid them.
+        """
         self._db.close()
 
     def __enter__(self) -> Store:
