@@ -152,3 +152,8 @@ def test_bad_figsize(figsize):
 def test_ax_that_is_not_an_axes():
     with pytest.raises(tp.PlotTypeError, match="ax= to be a matplotlib Axes or None, got Figure"):
         tp.scatter(x=[0, 1], y=[0.0, 1.0], ax=Figure())
+
+
+def test_y_alone_is_drawn_against_its_index():
+    [drawn] = tp.line(y=[3.0, 1.0, 2.0]).axes[0].lines
+    assert drawn.get_xdata().tolist() == [0, 1, 2] and drawn.get_ydata().tolist() == [3.0, 1.0, 2.0]

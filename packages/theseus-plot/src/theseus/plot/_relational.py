@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -94,6 +95,9 @@ def line(
         ).items()
     }
     check_vectors(data, variables, "line")
+    y_alone = data is None and variables["x"] is None and variables["y"] is not None
+    if y_alone and hasattr(variables["y"], "__len__"):  # against its index, as plt.plot(y)
+        variables["x"] = np.arange(len(variables["y"]))
     with theme():
         target = target_axes(ax, figsize, "line")
         sns.lineplot(
