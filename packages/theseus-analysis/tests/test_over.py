@@ -180,12 +180,17 @@ def test_a_result_of_another_configuration_is_recomputed(root, reference) -> Non
     assert same.results == [] and len(same.skipped) == STEPS
 
 
-def test_a_resumed_run_is_skipped_by_a_walk_of_the_same_configuration(root) -> None:
+def _walk_after_resuming(root: Path, seq: int):
+    """`Stats` resumed on node `seq` alone (`--resume`), then walked over the lineage."""
     with quick(root) as q:
         q.build(jobs.Stats, "inspect")
-        q.find().spec(run="trained").seq(1).resume()
+        q.find().spec(run="trained").seq(seq).resume()
         q.create()()
-    job, nodes, result = _walk(root)
+    return _walk(root)
+
+
+def test_a_resumed_run_is_skipped_by_a_walk_of_the_same_configuration(root) -> None:
+    job, nodes, result = _walk_after_resuming(root, 1)
     assert [n.seq for n in result.skipped] == [1]
     lines = job.outcome(result)
     assert lines[1] == (
@@ -203,11 +208,7 @@ def test_a_walk_that_skips_the_last_node_leaves_its_result_in_the_file(root, ref
     """The walk writes each analyzed node's file over the previous one's; the lineage's
     last node, done before (a --resume of it), is skipped, and the file is its result
     again, not seq 2's."""
-    with quick(root) as q:
-        q.build(jobs.Stats, "inspect")
-        q.find().spec(run="trained").seq(3).resume()
-        q.create()()
-    job, nodes, result = _walk(root)
+    job, nodes, result = _walk_after_resuming(root, 3)
     assert [n.seq for n in result.skipped] == [3]
     assert [r.node.seq for r in result.results] == [0, 1, 2]
     path = result.results[-1].path
