@@ -47,7 +47,9 @@ TEST_DEPS = {
         *("httpx", "httpx2", "playwright", "numpy"),
     ],
     "theseus-core": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "hypothesis"],
-    "theseus-analysis": ["pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox"],
+    "theseus-analysis": [
+        *("pytest", "pytest-timeout", "pytest-xdist", "filelock", "equinox", "hypothesis"),
+    ],
 }
 # What the whole suite (every package's tests at once, as the README runs it) needs.
 SUITE_DEPS = sorted({dep for deps in TEST_DEPS.values() for dep in deps})
