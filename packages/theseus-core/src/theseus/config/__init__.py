@@ -19,6 +19,7 @@ from theseus.config._errors import (
     UnknownKeyError,
 )
 from theseus.config._field import field, normalize_path
+from theseus.config._files import write_atomic
 from theseus.config._hydrate import active, check_settings, configure, using
 from theseus.config._range import Range, Rule, rule
 from theseus.config._retired import Retired
@@ -49,4 +50,5 @@ __all__ = [
     "parse_overrides",
     "rule",
     "using",
+    "write_atomic",
 ]

@@ -10,7 +10,6 @@ help as a comment, and a required setting that has no value as ``null`` with a
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import yaml
 from theseus.config._compose import MISSING
 from theseus.config._errors import ConfigError
 from theseus.config._field import normalize_path
+from theseus.config._files import write_atomic
 from theseus.config._tree import Tree
 from theseus.config._types import describe, plain
 
@@ -83,23 +83,8 @@ def dump(tree: Tree, file: str | Path | None = None) -> str:
     emit(nested, 0)
     text = "\n".join(lines) + "\n"
     if file is not None:
-        _write_atomic(Path(file), text)
+        write_atomic(Path(file), text)
     return text
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file beside it and a rename, so a
-    crash or a full disk leaves the old file whole (or no file), never a part of one."""
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
 
 
 def load(source: str | Path) -> dict[str, Any]:

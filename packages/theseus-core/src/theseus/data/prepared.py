@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from theseus.config import write_atomic
 from theseus.data._errors import DataError
 from theseus.data.tokenizer import Tokenizer, get_tokenizer
 from theseus.errors import TheseusError
@@ -45,15 +46,6 @@ class DataNotPreparedError(TheseusError, FileNotFoundError):
 def dataset_dir(root: str | os.PathLike[str], name: str) -> Path:
     """The folder that holds dataset `name` under a Theseus root."""
     return Path(root) / "data" / name
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _doc_starts(tokens: np.ndarray, eot: int) -> np.ndarray:
@@ -94,7 +86,7 @@ def write_prepared(
                 f"{split} ids go up to {int(tokens.max())}, beyond the "
                 f"{tokenizer.name} tokenizer's vocabulary of {tokenizer.vocab_size}"
             )
-        _atomic_write(folder / f"{split}.bin", tokens.tobytes())
+        write_atomic(folder / f"{split}.bin", tokens.tobytes())
         with open(folder / f".{split}.docs.tmp", "wb") as handle:
             np.save(handle, _doc_starts(tokens, tokenizer.eot))
         os.replace(folder / f".{split}.docs.tmp", folder / f"{split}.docs.npy")
@@ -107,7 +99,7 @@ def write_prepared(
         "count": counts,
         "meta": meta or {},
     }
-    _atomic_write(header_path, json.dumps(header, indent=2, sort_keys=True).encode())
+    write_atomic(header_path, json.dumps(header, indent=2, sort_keys=True).encode())
     return folder
 
 

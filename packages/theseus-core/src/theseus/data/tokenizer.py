@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from theseus.config import write_atomic
 from theseus.data._errors import DataError
 
 __all__ = [
@@ -254,15 +255,6 @@ def tokenizer_name(text: str, prefix: str, eot: str = END_OF_TEXT) -> str:
     return f"{prefix}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def install_tokenizer(
     root: str | os.PathLike[str], text: str, prefix: str, eot: str = END_OF_TEXT
 ) -> str:
@@ -291,8 +283,8 @@ def install_tokenizer(
         return name
     folder.mkdir(parents=True, exist_ok=True)
     if eot != END_OF_TEXT:
-        _write(folder / _SPECIAL, json.dumps({"eot": eot}))
-    _write(path, text)
+        write_atomic(folder / _SPECIAL, json.dumps({"eot": eot}))
+    write_atomic(path, text)
     return name
 
 
