@@ -9,6 +9,7 @@ import pytest
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from theseus.plot import heatmap, to_png
 
@@ -25,14 +26,28 @@ def _counting_draws(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return drawn
 
 
+def _counting_layouts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    laid: list[int] = []
+    original = ConstrainedLayoutEngine.execute
+
+    def execute(self: ConstrainedLayoutEngine, fig: Any) -> Any:
+        laid.append(1)
+        return original(self, fig)
+
+    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", execute)
+    return laid
+
+
 def test_a_heatmap_is_laid_out_once_before_it_is_saved(monkeypatch: pytest.MonkeyPatch) -> None:
     """seaborn draws the whole figure to turn overlapping tick labels, which `heatmap`
-    levels again and measures itself: one draw (declutter's) is what is left. The
-    picture is seaborn's own annotation colours and levelled labels all the same."""
+    levels again and measures itself: one pass of the layout engine (declutter's, which
+    measures the labels) is what is left, and no draw. The picture is seaborn's own
+    annotation colours and levelled labels all the same."""
     drawn = _counting_draws(monkeypatch)
+    laid = _counting_layouts(monkeypatch)
     data = np.arange(12.0).reshape(3, 4) / 11
     fig = heatmap(data, annot=True, fmt=".2f", xlabel="Head", ylabel="Layer")
-    assert len(drawn) == 1
+    assert (len(drawn), len(laid)) == (0, 1)
     ax = fig.axes[0]
     # the annotations as seaborn writes them: the value, dark on light cells, white on dark
     texts = {t.get_text(): t.get_color() for t in ax.texts}

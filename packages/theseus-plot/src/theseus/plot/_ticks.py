@@ -27,6 +27,16 @@ _GAP = 0.15
 _MAX_THINNING_ROUNDS = 6
 
 
+def _lay_out(fig: Figure) -> None:
+    """Place the axes and measure every tick label: the figure's layout engine alone where
+    it has one (it measures each label to find the margins), else a draw with no output."""
+    engine = fig.get_layout_engine()
+    if engine is None:
+        fig.draw_without_rendering()
+    else:
+        engine.execute(fig)
+
+
 def _visible_labels(axis: Axis) -> list[Text]:
     lo, hi = sorted(axis.get_view_interval())
     labels = []
@@ -75,7 +85,7 @@ def _thin_numeric(fig: Figure, axis: Axis, along_x: bool) -> None:
         if len(labels) <= 2 or not _collide(fig, labels, along_x):
             return
         locator.set_params(nbins=max(1, len(labels) // 2))
-        fig.draw_without_rendering()
+        _lay_out(fig)
 
 
 def _is_index(labels: list[Text]) -> bool:
@@ -112,7 +122,7 @@ def _spread_categorical(fig: Figure, axis: Axis, along_x: bool) -> None:
         for index, label in enumerate(labels):
             label.set_visible(index % step == 0)
             marks[id(label)].set_visible(index % step == 0)  # no mark without a label
-    fig.draw_without_rendering()
+    _lay_out(fig)
 
 
 def declutter(fig: Figure, ax: Axes) -> None:
@@ -123,7 +133,7 @@ def declutter(fig: Figure, ax: Axes) -> None:
         ax: The Axes whose x and y tick labels are checked and, if needed,
             rotated, thinned or reduced.
     """
-    fig.draw_without_rendering()
+    _lay_out(fig)
     for axis, along_x in ((ax.xaxis, True), (ax.yaxis, False)):
         if isinstance(axis.get_major_locator(), MaxNLocator):
             _thin_numeric(fig, axis, along_x)
