@@ -165,3 +165,87 @@ def test_too_few_documents_to_hold_one_out_is_refused_at_prepare(tmp_path: Path)
     header = TextFiles.open(tmp_path / "root").header["count"]
     assert f"{header['train']:,} training and {header['val']:,} validation tokens" in result.output
     assert header["val"] > 0
+
+
+def _files(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file's bytes and inode: what a second preparation must leave alone."""
+    return {p.name: (p.read_bytes(), p.stat().st_ino) for p in sorted(folder.iterdir())}
+
+
+def test_preparing_the_same_tokens_again_writes_nothing(tmp_path: Path) -> None:
+    folder = Synthetic.prepare(tmp_path, tokens=3_000, val_tokens=500)
+    before = _files(folder)
+    assert Synthetic.prepare(tmp_path, tokens=3_000, val_tokens=500) == folder
+    assert _files(folder) == before
+
+
+def test_other_tokens_never_replace_a_prepared_dataset_unless_asked(tmp_path: Path) -> None:
+    """The runs of a root read its data again on resume and in analyses: a second
+    preparation with other settings is refused and leaves every file as it was;
+    inside `replacing()` it replaces them, and the header's digest is the sha256 of
+    the new token files' bytes."""
+    import hashlib
+
+    from theseus.data import DataError, replacing
+
+    folder = Synthetic.prepare(tmp_path, tokens=3_000, val_tokens=500)
+    before = _files(folder)
+    with pytest.raises(DataError) as refused:
+        Synthetic.prepare(tmp_path, tokens=4_000, val_tokens=500, seed=3)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "3,000 training and 500 validation tokens" in message
+    assert "4,000 training" in message and "--replace" in message
+    assert _files(folder) == before
+    with replacing():
+        Synthetic.prepare(tmp_path, tokens=4_000, val_tokens=500, seed=3)
+    header = json.loads((folder / "header.json").read_text())
+    assert header["count"] == {"train": 4000, "val": 500}
+    expected = hashlib.sha256(
+        (folder / "train.bin").read_bytes() + (folder / "val.bin").read_bytes()
+    )
+    assert header["digest"] == f"sha256:{expected.hexdigest()}"
+    with pytest.raises(DataError):  # outside the block, refused again
+        Synthetic.prepare(tmp_path, tokens=3_000, val_tokens=500)
+
+
+def test_a_header_written_before_the_digest_is_compared_by_its_files(tmp_path: Path) -> None:
+    from theseus.data import DataError
+
+    folder = Synthetic.prepare(tmp_path, tokens=3_000, val_tokens=500)
+    header = json.loads((folder / "header.json").read_text())
+    del header["digest"]
+    (folder / "header.json").write_text(json.dumps(header))
+    before = _files(folder)
+    Synthetic.prepare(tmp_path, tokens=3_000, val_tokens=500)
+    assert _files(folder) == before
+    with pytest.raises(DataError, match="already holds other prepared tokens"):
+        Synthetic.prepare(tmp_path, tokens=3_000, val_tokens=500, seed=5)
+    assert _files(folder) == before
+
+
+def test_the_command_keeps_prepared_tokens_unless_told_to_replace_them(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from theseus.cli import main
+
+    def prepare(*extra: str) -> tuple[int, str]:
+        args = ["data", "prepare", "synthetic", str(tmp_path), "--tokens", "3000"]
+        done = CliRunner().invoke(main, [*args, "--val-tokens", "500", *extra])
+        return done.exit_code, done.output
+
+    assert prepare() == (
+        0,
+        f"Prepared synthetic under {tmp_path}: 3,000 training and 500 validation tokens "
+        "(bytes tokenizer).\n",
+    )
+    folder = tmp_path / "data" / "synthetic"
+    before = _files(folder)
+    code, out = prepare()
+    assert code == 0 and "already holds these tokens" in out and "nothing written" in out
+    code, out = prepare("--seed", "4")
+    assert code != 0 and "already holds other prepared tokens" in out and "--replace" in out
+    assert _files(folder) == before
+    code, out = prepare("--seed", "4", "--replace")
+    assert code == 0 and out.startswith("Prepared synthetic under")
+    assert json.loads((folder / "header.json").read_text())["meta"]["language"]["seed"] == 4

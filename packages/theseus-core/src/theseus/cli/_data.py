@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, cast
@@ -57,14 +58,24 @@ def data_group() -> None:
     type=ROOT,
     help="The root the prepared files go under (ROOT/data), as ROOT after DATASET does.",
 )
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Replace other tokens already prepared under ROOT/data/DATASET (the runs trained on "
+    "them read the new ones when resumed or analyzed); without it they are kept.",
+)
 @common_options
 @click.pass_context
 @with_root_help
-def prepare_command(ctx: click.Context, dataset: str, root_option: Path | None) -> None:
+def prepare_command(
+    ctx: click.Context, dataset: str, root_option: Path | None, replace: bool
+) -> None:
     """Prepare DATASET under ROOT; other --options go to the dataset's prepare().
 
     ROOT comes right after DATASET (theseus data prepare DATASET ROOT [--OPTION VALUE ...])
-    or as --root ROOT; the files go to ROOT/data/.
+    or as --root ROOT; the files go to ROOT/data/. Tokens prepared there before are
+    never replaced by others without --replace (a dataset's own --force
+    goes to its prepare()); the same tokens again write nothing.
     """
     args = list(ctx.args)
     given = args.pop(0) if args and not args[0].startswith("--") else None
@@ -88,14 +99,32 @@ def prepare_command(ctx: click.Context, dataset: str, root_option: Path | None) 
         )
     options = parse_options(args)
     preparable = cast(PreparableDataset, cls)
-    folder = preparable.prepare(root, **options)
+    from theseus.data.prepared import dataset_dir, replacing  # numpy: only when preparing
+
+    before = _stamp(dataset_dir(root, dataset) / "header.json")
+    with replacing() if replace else contextlib.nullcontext():
+        folder = preparable.prepare(root, **options)
     header = Path(folder) / "header.json" if isinstance(folder, str | Path) else None
     if header is None or not header.is_file():  # a dataset of the user's own
         click.echo(f"Prepared {dataset} under {root}.")
         return
     written = json.loads(header.read_text())
     count = written["count"]
-    click.echo(
-        f"Prepared {dataset} under {root}: {count['train']:,} training and {count['val']:,} "
-        f"validation tokens ({written['tokenizer']} tokenizer)."
+    tokens = (
+        f"{count['train']:,} training and {count['val']:,} validation tokens "
+        f"({written['tokenizer']} tokenizer)"
     )
+    if before is not None and before == _stamp(header):
+        click.echo(f"{dataset} under {root} already holds these tokens: {tokens}; nothing written.")
+        return
+    click.echo(f"Prepared {dataset} under {root}: {tokens}.")
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """`(inode, mtime_ns)` of `path`, None where it does not exist: a header written anew
+    (through a rename) has another."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns

@@ -24,7 +24,13 @@ from theseus.data.datasets import (
     Synthetic,
     TextFiles,
 )
-from theseus.data.prepared import DataNotPreparedError, PreparedData, Split, dataset_dir
+from theseus.data.prepared import (
+    DataNotPreparedError,
+    PreparedData,
+    Split,
+    dataset_dir,
+    replacing,
+)
 from theseus.data.synthetic import MarkovLanguage
 from theseus.data.tokenizer import (
     BPETokenizer,
@@ -56,4 +62,5 @@ __all__ = [
     "TokenizerError",
     "dataset_dir",
     "get_tokenizer",
+    "replacing",
 ]

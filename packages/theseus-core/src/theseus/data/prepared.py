@@ -2,9 +2,14 @@
 
 A prepared dataset is a folder `ROOT/data/<name>/` with `train.bin` and `val.bin`
 (flat token memmaps), `train.docs.npy` and `val.docs.npy` (the start offset of every
-document) and `header.json` (tokenizer, dtype, token counts, provenance). The header is
-written last, through a rename, so a folder with a header is always complete: a crash
-during preparation leaves a folder that reads as "not prepared", never a torn dataset.
+document) and `header.json` (tokenizer, dtype, token counts, the tokens' digest,
+provenance). The header is written last, through a rename, so a folder with a header is
+always complete: a crash during preparation leaves a folder that reads as "not
+prepared", never a torn dataset.
+
+A root's runs read its prepared data again when they resume or are analyzed, so a
+dataset is never replaced by other tokens unless asked (`replacing()`, the command's
+`--replace`); preparing the same tokens again writes nothing.
 
 Batches are a pure function of `(seed, step, slice)`: the same step reads the same
 rows after a restart, and every host computes the same global plan and keeps its own rows.
@@ -12,9 +17,13 @@ rows after a restart, and every host computes the same global plan and keeps its
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
 import json
 import os
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +40,7 @@ __all__ = [
     "PreparedData",
     "Split",
     "dataset_dir",
+    "replacing",
     "write_prepared",
 ]
 
@@ -41,6 +51,59 @@ _SPLITS: tuple[Split, ...] = ("train", "val")
 
 class DataNotPreparedError(TheseusError, FileNotFoundError):
     """A dataset was used before `theseus data prepare` wrote it into the root."""
+
+
+_REPLACING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "theseus_data_replacing", default=False
+)
+
+
+@contextlib.contextmanager
+def replacing() -> Iterator[None]:
+    """Within the block, preparing a dataset may replace other tokens prepared before.
+
+    Outside it, `write_prepared` refuses to: the runs of a root were trained on its
+    prepared tokens and read them again when they resume or are analyzed (memorization
+    replays their batches, `theseus eval` scores on them). `theseus data prepare
+    ... --replace` prepares inside this block.
+    """
+    token = _REPLACING.set(True)
+    try:
+        yield
+    finally:
+        _REPLACING.reset(token)
+
+
+def _digest(parts: Iterator[bytes | memoryview]) -> str:
+    """`sha256:HEX` of the train tokens' bytes, then the validation tokens'."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part)
+    return f"sha256:{h.hexdigest()}"
+
+
+def _file_chunks(folder: Path) -> Iterator[bytes]:
+    for split in _SPLITS:
+        with open(folder / f"{split}.bin", "rb") as handle:
+            while chunk := handle.read(1 << 24):
+                yield chunk
+
+
+def _held(folder: Path) -> dict[str, Any] | None:
+    """The header of the complete dataset of this format in `folder`, else None."""
+    try:
+        header = json.loads((folder / "header.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION:
+        return None  # unreadable by this version: preparing again is what its error asks
+    return header
+
+
+def _tokens_text(count: dict[str, int], tokenizer: str) -> str:
+    return (
+        f"{count['train']:,} training and {count['val']:,} validation tokens, {tokenizer} tokenizer"
+    )
 
 
 def dataset_dir(root: str | os.PathLike[str], name: str) -> Path:
@@ -65,38 +128,66 @@ def write_prepared(
     """Write token streams for `train` and `val` and then the header that completes them.
 
     Args:
-        directory: the dataset folder (created if needed; an older header is replaced
-            only after the new token files are complete).
+        directory: the dataset folder (created if needed). Where it already holds these
+            very tokens nothing is written; other tokens are replaced only inside
+            `replacing()` (their header goes first, so a crash midway leaves a folder that
+            reads as not prepared).
         splits: `{"train": ids[n], "val": ids[m]}` in the tokenizer's id space.
         tokenizer: the tokenizer that produced the ids (recorded in the header).
         meta: extra provenance stored in the header (source, generator settings, ...).
 
     Returns:
         The dataset folder.
+
+    Raises:
+        DataError: an id beyond the tokenizer's vocabulary, or the folder holds other
+            tokens and this is not inside `replacing()`.
     """
     folder = Path(directory)
+    tokens: dict[str, np.ndarray] = {}
+    for split in _SPLITS:
+        tokens[split] = np.ascontiguousarray(splits[split], dtype=tokenizer.dtype)
+        if tokens[split].size and int(tokens[split].max()) >= tokenizer.vocab_size:
+            raise DataError(
+                f"{split} ids go up to {int(tokens[split].max())}, beyond the "
+                f"{tokenizer.name} tokenizer's vocabulary of {tokenizer.vocab_size}"
+            )
+    digest = _digest(memoryview(tokens[split]).cast("B") for split in _SPLITS)
+    counts = {split: int(tokens[split].size) for split in _SPLITS}
+    held = _held(folder)
+    if held is not None:
+        same = held.get("tokenizer") == tokenizer.name and held.get("dtype") == tokenizer.dtype.name
+        if same and not held.get("digest"):  # prepared before headers kept the digest
+            try:
+                held["digest"] = _digest(_file_chunks(folder))
+            except OSError:
+                held["digest"] = None  # a token file gone: not these tokens
+        if same and held["digest"] == digest:
+            return folder  # these very tokens are prepared: nothing to write
+        if not _REPLACING.get():
+            raise DataError(
+                f"{folder} already holds other prepared tokens "
+                f"({_tokens_text(held['count'], str(held.get('tokenizer')))}; these: "
+                f"{_tokens_text(counts, tokenizer.name)}); the runs of this root read them "
+                "again when they resume or are analyzed. Prepare into another root, or "
+                "replace them on purpose with theseus data prepare ... --replace (in Python, "
+                "inside `with theseus.data.replacing():`)"
+            )
     folder.mkdir(parents=True, exist_ok=True)
     header_path = folder / "header.json"
     header_path.unlink(missing_ok=True)  # the folder is incomplete until the header is back
-    counts = {}
     for split in _SPLITS:
-        tokens = np.ascontiguousarray(splits[split], dtype=tokenizer.dtype)
-        if tokens.size and int(tokens.max()) >= tokenizer.vocab_size:
-            raise DataError(
-                f"{split} ids go up to {int(tokens.max())}, beyond the "
-                f"{tokenizer.name} tokenizer's vocabulary of {tokenizer.vocab_size}"
-            )
-        write_atomic(folder / f"{split}.bin", tokens.tobytes())
+        write_atomic(folder / f"{split}.bin", tokens[split].tobytes())
         with open(folder / f".{split}.docs.tmp", "wb") as handle:
-            np.save(handle, _doc_starts(tokens, tokenizer.eot))
+            np.save(handle, _doc_starts(tokens[split], tokenizer.eot))
         os.replace(folder / f".{split}.docs.tmp", folder / f"{split}.docs.npy")
-        counts[split] = int(tokens.size)
     header = {
         "format": FORMAT_VERSION,
         "tokenizer": tokenizer.name,
         "dtype": tokenizer.dtype.name,
         "vocab_size": tokenizer.vocab_size,
         "count": counts,
+        "digest": digest,
         "meta": meta or {},
     }
     write_atomic(header_path, json.dumps(header, indent=2, sort_keys=True).encode())
