@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+import seaborn as sns
 from matplotlib.figure import Figure
 
 import theseus.plot as tp
@@ -157,3 +158,64 @@ def test_ax_that_is_not_an_axes():
 def test_y_alone_is_drawn_against_its_index():
     [drawn] = tp.line(y=[3.0, 1.0, 2.0]).axes[0].lines
     assert drawn.get_xdata().tolist() == [0, 1, 2] and drawn.get_ydata().tolist() == [3.0, 1.0, 2.0]
+
+
+_HELPERS = {
+    "line": lambda **kw: tp.line(x=[0, 1, 2], y=[1.0, 2.0, 3.0], **kw),
+    "scatter": lambda **kw: tp.scatter(x=[0, 1, 2], y=[1.0, 2.0, 3.0], **kw),
+    "bar": lambda **kw: tp.bar(x=["a", "b"], y=[1.0, 2.0], **kw),
+    "heatmap": lambda **kw: tp.heatmap(np.eye(3), **kw),
+}
+_ARTISTS = {
+    "line": "Line2D",
+    "scatter": "PathCollection",
+    "bar": "Rectangle",
+    "heatmap": "QuadMesh",
+}
+
+
+@pytest.mark.parametrize("helper", sorted(_HELPERS))
+def test_a_misspelled_keyword_is_one_line_with_the_closest_name(helper):
+    """seaborn hands keywords it does not know to matplotlib, whose AttributeError
+    (`Line2D.set() got an unexpected keyword argument 'titel'`) becomes a PlotTypeError."""
+    with pytest.raises(tp.PlotTypeError) as error:
+        _HELPERS[helper](titel="Loss")
+    assert str(error.value) == (
+        f"{helper}() got an unexpected keyword argument 'titel', which neither it nor "
+        f"matplotlib's {_ARTISTS[helper]} takes; did you mean title=?"
+    )
+    assert isinstance(error.value.__cause__, AttributeError)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "meant"), [("colr", "color"), ("xlable", "xlabel"), ("figsze", "figsize")]
+)
+def test_a_misspelled_keyword_is_matched_to_parameters_and_artist_properties(keyword, meant):
+    with pytest.raises(tp.PlotTypeError, match=rf"'{keyword}', .*; did you mean {meant}=\?$"):
+        tp.line(x=[0, 1], y=[1.0, 2.0], **{keyword: 1})
+
+
+def test_a_keyword_like_no_other_points_at_the_help():
+    with pytest.raises(
+        tp.PlotTypeError,
+        match=r"matplotlib's PathCollection takes; check its spelling against "
+        r"help\(theseus\.plot\.scatter\) and PathCollection's properties\.$",
+    ):
+        tp.scatter(x=[0, 1], y=[1.0, 2.0], qqq=1)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Line2D.set() got an unexpected keyword argument 'other'",  # not the caller's keyword
+        "'NoneType' object has no attribute 'get_lines'",  # a failure of another kind
+    ],
+)
+def test_other_attribute_errors_go_through(monkeypatch: pytest.MonkeyPatch, message: str):
+    def failing(*args, **kwargs):
+        raise AttributeError(message)
+
+    monkeypatch.setattr(sns, "lineplot", failing)
+    with pytest.raises(AttributeError) as error:
+        tp.line(x=[0, 1], y=[1.0, 2.0], colour="red")
+    assert type(error.value) is AttributeError and str(error.value) == message

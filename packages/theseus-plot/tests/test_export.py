@@ -127,6 +127,31 @@ def test_save_unknown_suffix(tmp_path: Path, name: str):
     assert not (tmp_path / name).exists()
 
 
+def test_save_into_a_missing_folder_says_to_create_it(tmp_path: Path):
+    folder = tmp_path / "nodir" / "sub"
+    with pytest.raises(tp.PlotValueError) as error:
+        tp.save(_figure(), folder / "out.pdf")
+    assert str(error.value) == (
+        f"save() cannot write {folder / 'out.pdf'}: the folder {folder} does not exist; "
+        f"create it first (mkdir -p {folder})."
+    )
+    assert not (tmp_path / "nodir").exists()
+
+
+@pytest.mark.parametrize("below", ["out.pdf", "sub/out.pdf"], ids=["folder", "above"])
+def test_save_below_a_file_names_the_file_and_advises_no_mkdir(tmp_path: Path, below: str):
+    """A file as the folder, or as a folder above it: mkdir -p cannot help there."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(tp.PlotValueError) as error:
+        tp.save(_figure(), afile / below)
+    assert str(error.value) == (
+        f"save() cannot write {afile / below}: {afile} is a file, not a folder; choose a "
+        "path in another folder."
+    )
+    assert afile.read_text() == "x"
+
+
 def test_export_rejects_non_figures():
     with pytest.raises(tp.PlotTypeError, match=r"expected a matplotlib\.figure\.Figure"):
         tp.to_pdf(Figure().add_subplot())  # an Axes, a common slip

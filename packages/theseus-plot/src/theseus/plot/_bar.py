@@ -19,7 +19,7 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from seaborn._core.typing import deprecated
 
-from theseus.plot._figure import BOOTSTRAP_SEED, finish, target_axes
+from theseus.plot._figure import BOOTSTRAP_SEED, finish, target_axes, unexpected_keywords
 from theseus.plot._inputs import check_vectors, to_host
 from theseus.plot._theme import theme
 
@@ -85,7 +85,8 @@ def bar(
     Raises:
         PlotValueError: nothing to plot, empty input, ``x``/``y`` all NaN,
             vectors of different lengths, or ``ax`` with ``figsize``.
-        PlotTypeError: ``ax`` is not an Axes.
+        PlotTypeError: ``ax`` is not an Axes, or a keyword in ``**kwargs`` is one
+            neither seaborn nor matplotlib takes (a misspelling: ``titel=``).
 
     Example:
         >>> fig = bar(x=["a", "a", "b"], y=[1.0, 3.0, 5.0], errorbar=None)
@@ -100,36 +101,37 @@ def bar(
     check_vectors(data, variables, "bar")
     with theme():
         target = target_axes(ax, figsize, "bar")
-        sns.barplot(
-            data,
-            **variables,
-            order=order,
-            hue_order=hue_order,
-            estimator=estimator,
-            errorbar=errorbar,
-            n_boot=n_boot,
-            seed=BOOTSTRAP_SEED if seed is None else seed,
-            orient=orient,
-            color=color,
-            palette=palette,
-            saturation=saturation,
-            fill=fill,
-            hue_norm=hue_norm,
-            width=width,
-            dodge=dodge,
-            gap=gap,
-            log_scale=log_scale,
-            native_scale=native_scale,
-            formatter=formatter,
-            legend=legend,
-            capsize=capsize,
-            err_kws=err_kws,
-            ci=ci,
-            errcolor=errcolor,
-            errwidth=errwidth,
-            ax=target,
-            **kwargs,
-        )
+        with unexpected_keywords(bar, kwargs):
+            sns.barplot(
+                data,
+                **variables,
+                order=order,
+                hue_order=hue_order,
+                estimator=estimator,
+                errorbar=errorbar,
+                n_boot=n_boot,
+                seed=BOOTSTRAP_SEED if seed is None else seed,
+                orient=orient,
+                color=color,
+                palette=palette,
+                saturation=saturation,
+                fill=fill,
+                hue_norm=hue_norm,
+                width=width,
+                dodge=dodge,
+                gap=gap,
+                log_scale=log_scale,
+                native_scale=native_scale,
+                formatter=formatter,
+                legend=legend,
+                capsize=capsize,
+                err_kws=err_kws,
+                ci=ci,
+                errcolor=errcolor,
+                errwidth=errwidth,
+                ax=target,
+                **kwargs,
+            )
         horizontal = any(
             isinstance(c, BarContainer) and c.orientation == "horizontal" for c in target.containers
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,8 @@ def save(fig: Figure, path: str | os.PathLike[str]) -> Path:
         The path written, as a ``Path``.
 
     Raises:
-        PlotValueError: the suffix is not one of ``FORMATS``.
+        PlotValueError: the suffix is not one of ``FORMATS``, or the parent folder
+            does not exist or is a file (it or a folder above it).
         PlotTypeError: ``fig`` is not a matplotlib Figure.
     """
     target = Path(path)
@@ -135,5 +137,28 @@ def save(fig: Figure, path: str | os.PathLike[str]) -> Path:
             f"save() cannot tell the format of {str(target)!r} from its suffix "
             f"{target.suffix or '(none)'!r}; use one of {choices}."
         )
+    _check_folder(target)
     target.write_bytes(_render(fig, fmt))
     return target
+
+
+def _check_folder(target: Path) -> None:
+    """Raise a one-line PlotValueError unless ``target``'s parent is an existing folder.
+
+    A missing folder gets ``mkdir -p`` advice; a file where the folder, or one above it,
+    should be gets none (mkdir -p would fail on it too).
+    """
+    folder = target.parent
+    if folder.is_dir():
+        return
+    # The folder, or the nearest one above it, that is there: a file there, mkdir -p fails.
+    blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise PlotValueError(
+            f"save() cannot write {target}: {blocker} is a file, not a folder; choose a path "
+            "in another folder."
+        )
+    raise PlotValueError(
+        f"save() cannot write {target}: the folder {folder} does not exist; create it first "
+        f"(mkdir -p {shlex.quote(str(folder))})."
+    )

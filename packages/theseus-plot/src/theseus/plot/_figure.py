@@ -9,8 +9,13 @@ the root Figure that holds it.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import inspect
 import numbers
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -125,3 +130,58 @@ def finish(
     fig = root_figure(ax)
     declutter(fig, ax)
     return fig
+
+
+#: Artist properties a helper's ``**kwargs`` commonly carry to matplotlib (suggested,
+#: with the helper's own parameters, for a keyword matplotlib rejects).
+ARTIST_PROPERTIES = (
+    "alpha", "antialiased", "clip_on", "color", "dash_capstyle", "dash_joinstyle",
+    "drawstyle", "edgecolor", "edgecolors", "facecolor", "facecolors", "fillstyle",
+    "gid", "hatch", "label", "linestyle", "linewidth", "linewidths", "marker",
+    "markeredgecolor", "markeredgewidth", "markerfacecolor", "markersize", "rasterized",
+    "solid_capstyle", "solid_joinstyle", "url", "visible", "zorder",
+)  # fmt: skip
+
+# The AttributeError of matplotlib's `Artist.set` ("Line2D.set() got an unexpected keyword
+# argument 'titel'", as a new artist's keywords get) and `Artist.update` ("'Line2D' object
+# has no property 'titel'").
+_UNEXPECTED = re.compile(
+    r"(?:(?P<artist>\w+)\.set\(\) got an unexpected keyword argument"
+    r"|'(?P<updated>\w+)' object has no property) '(?P<name>\w+)'"
+)
+
+
+@contextlib.contextmanager
+def unexpected_keywords(helper: Callable[..., Any], kwargs: Mapping[str, Any]) -> Iterator[None]:
+    """Turn matplotlib's rejection of a keyword from ``helper``'s ``**kwargs`` into one line.
+
+    seaborn passes the keywords it does not know on to the artists it draws, so a
+    misspelled keyword (``titel=``) fails deep in matplotlib with an AttributeError.
+    Inside this context that error becomes a :class:`PlotTypeError` that names the
+    keyword and the closest of ``helper``'s parameters and :data:`ARTIST_PROPERTIES`.
+    Any other error, and one about a keyword the caller did not pass, goes through as is.
+
+    Raises:
+        PlotTypeError: a keyword in ``kwargs`` that matplotlib does not take.
+    """
+    try:
+        yield
+    except AttributeError as error:
+        found = _UNEXPECTED.search(str(error))
+        if found is None or found["name"] not in kwargs:
+            raise
+        keyword, name = found["name"], helper.__name__
+        artist = found["artist"] or found["updated"]
+        own = [
+            p for p, v in inspect.signature(helper).parameters.items() if v.kind != v.VAR_KEYWORD
+        ]
+        close = difflib.get_close_matches(keyword, [*own, *ARTIST_PROPERTIES], n=1)
+        hint = (
+            f"did you mean {close[0]}=?"
+            if close
+            else f"check its spelling against help(theseus.plot.{name}) and {artist}'s properties."
+        )
+        raise PlotTypeError(
+            f"{name}() got an unexpected keyword argument {keyword!r}, which neither it nor "
+            f"matplotlib's {artist} takes; {hint}"
+        ) from error

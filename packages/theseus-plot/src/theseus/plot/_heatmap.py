@@ -23,7 +23,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from theseus.plot._figure import finish, target_axes
+from theseus.plot._figure import finish, target_axes, unexpected_keywords
 from theseus.plot._inputs import check_matrix, to_host
 from theseus.plot._theme import theme
 
@@ -102,7 +102,8 @@ def heatmap(
     Raises:
         PlotValueError: ``data`` is not 2-D, is empty or is NaN everywhere;
             ``ax`` and ``figsize`` were both given.
-        PlotTypeError: ``data`` is not numeric, or ``ax`` is not an Axes.
+        PlotTypeError: ``data`` is not numeric, ``ax`` is not an Axes, or a keyword in
+            ``**kwargs`` is one neither seaborn nor matplotlib takes (``titel=``).
 
     Example:
         >>> import numpy as np
@@ -120,7 +121,7 @@ def heatmap(
             warnings.filterwarnings(
                 "ignore", message="The set_bad function", category=PendingDeprecationWarning
             )
-            with _without_seaborns_draw():
+            with _without_seaborns_draw(), unexpected_keywords(heatmap, kwargs):
                 sns.heatmap(
                     data,
                     vmin=vmin,

@@ -17,7 +17,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from theseus.plot._figure import BOOTSTRAP_SEED, finish, target_axes
+from theseus.plot._figure import BOOTSTRAP_SEED, finish, target_axes, unexpected_keywords
 from theseus.plot._inputs import check_vectors, to_host
 from theseus.plot._theme import theme
 
@@ -80,7 +80,8 @@ def line(
     Raises:
         PlotValueError: nothing to plot, empty input, ``x``/``y`` all NaN,
             vectors of different lengths, or ``ax`` with ``figsize``.
-        PlotTypeError: ``ax`` is not an Axes.
+        PlotTypeError: ``ax`` is not an Axes, or a keyword in ``**kwargs`` is one
+            neither seaborn nor matplotlib takes (a misspelling: ``titel=``).
 
     Example:
         >>> fig = line(x=[0, 1, 2], y=[3.0, 1.0, 2.0], xlabel="Step", ylabel="Loss")
@@ -100,31 +101,32 @@ def line(
         variables["x"] = np.arange(len(variables["y"]))
     with theme():
         target = target_axes(ax, figsize, "line")
-        sns.lineplot(
-            data,
-            **variables,
-            palette=palette,
-            hue_order=hue_order,
-            hue_norm=hue_norm,
-            sizes=sizes,
-            size_order=size_order,
-            size_norm=size_norm,
-            dashes=dashes,
-            markers=markers,
-            style_order=style_order,
-            estimator=estimator,
-            errorbar=errorbar,
-            n_boot=n_boot,
-            seed=BOOTSTRAP_SEED if seed is None else seed,
-            orient=orient,
-            sort=sort,
-            err_style=err_style,
-            err_kws=err_kws,
-            legend=legend,
-            ci=ci,
-            ax=target,
-            **kwargs,
-        )
+        with unexpected_keywords(line, kwargs):
+            sns.lineplot(
+                data,
+                **variables,
+                palette=palette,
+                hue_order=hue_order,
+                hue_norm=hue_norm,
+                sizes=sizes,
+                size_order=size_order,
+                size_norm=size_norm,
+                dashes=dashes,
+                markers=markers,
+                style_order=style_order,
+                estimator=estimator,
+                errorbar=errorbar,
+                n_boot=n_boot,
+                seed=BOOTSTRAP_SEED if seed is None else seed,
+                orient=orient,
+                sort=sort,
+                err_style=err_style,
+                err_kws=err_kws,
+                legend=legend,
+                ci=ci,
+                ax=target,
+                **kwargs,
+            )
         return finish(target, title=title, xlabel=xlabel, ylabel=ylabel)
 
 
@@ -173,7 +175,8 @@ def scatter(
     Raises:
         PlotValueError: nothing to plot, empty input, ``x``/``y`` all NaN,
             vectors of different lengths, or ``ax`` with ``figsize``.
-        PlotTypeError: ``ax`` is not an Axes.
+        PlotTypeError: ``ax`` is not an Axes, or a keyword in ``**kwargs`` is one
+            neither seaborn nor matplotlib takes (a misspelling: ``titel=``).
 
     Example:
         >>> fig = scatter(x=[0.0, 1.0], y=[2.0, 3.0])
@@ -188,19 +191,20 @@ def scatter(
     check_vectors(data, variables, "scatter")
     with theme():
         target = target_axes(ax, figsize, "scatter")
-        sns.scatterplot(
-            data,
-            **variables,
-            palette=palette,
-            hue_order=hue_order,
-            hue_norm=hue_norm,
-            sizes=sizes,
-            size_order=size_order,
-            size_norm=size_norm,
-            markers=markers,
-            style_order=style_order,
-            legend=legend,
-            ax=target,
-            **kwargs,
-        )
+        with unexpected_keywords(scatter, kwargs):
+            sns.scatterplot(
+                data,
+                **variables,
+                palette=palette,
+                hue_order=hue_order,
+                hue_norm=hue_norm,
+                sizes=sizes,
+                size_order=size_order,
+                size_norm=size_norm,
+                markers=markers,
+                style_order=style_order,
+                legend=legend,
+                ax=target,
+                **kwargs,
+            )
         return finish(target, title=title, xlabel=xlabel, ylabel=ylabel)
