@@ -187,6 +187,26 @@ def test_get_into_a_missing_folder_is_one_line(
     assert out.read_bytes() == b"hello"
 
 
+def test_get_into_a_file_as_folder_names_the_file_and_no_mkdir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file where a folder should be, as -o's folder or above it: mkdir -p cannot help,
+    so the line names the file and another place to write, and says nothing of mkdir."""
+    node = Node.new("r")
+    with Store(tmp_path / "store") as store:
+        store.put(node, "notes", "notes.txt", b"hello")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out in (afile / "x.pdf", afile / "sub" / "x.pdf"):
+        assert main(["get", str(tmp_path), node.serialize(), "notes", "-o", str(out)]) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert line == (
+            f"theseus-store: error: Cannot write {out}: {afile} is a file, not a folder. "
+            "Pass -o a path in an existing folder, e.g. -o x.pdf (the current folder)."
+        )
+    assert afile.read_text() == "x" and not (tmp_path / "x.pdf").exists()
+
+
 def test_a_copy_from_nowhere_says_what_to_pass_and_makes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -152,14 +152,20 @@ def _write_file(path: Path, content: bytes, filename: str) -> None:
     """Write ``content`` to ``path`` (``get -o``); a path that cannot be written is one line.
 
     Raises:
-        StoreError: the folder is missing or a file, the path is a folder, or the write
-            failed (naming the path and the reason).
+        StoreError: the folder is missing, it or a folder above it is a file, the path is
+            a folder, or the write failed (naming the path and the reason).
     """
     folder = path.parent
     if not folder.is_dir():
-        what = "is a file" if folder.exists() else "does not exist"
+        # The folder, or the nearest one above it, that is there: a file there, mkdir -p fails.
+        blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise StoreError(
+                f"Cannot write {path}: {blocker} is a file, not a folder. Pass -o a path in "
+                f"an existing folder, e.g. -o {shlex.quote(path.name)} (the current folder)."
+            )
         raise StoreError(
-            f"Cannot write {path}: the folder {folder} {what}. Create the folder first "
+            f"Cannot write {path}: the folder {folder} does not exist. Create the folder first "
             f"(mkdir -p {shlex.quote(str(folder))}), or pass -o a file in an existing folder."
         )
     if path.is_dir():
