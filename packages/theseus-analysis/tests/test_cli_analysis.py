@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,9 @@ JOBS_FILE = str(Path(__file__).with_name("analysis_jobs.py"))
 jobs = import_module_or_file(JOBS_FILE)
 
 
-def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> None:
+def test_theseus_run_resumes_a_checkpoint_with_an_analysis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     Synthetic.prepare(tmp_path, tokens=40_000, val_tokens=6_000)
     with quick(tmp_path) as q:
         q.build(jobs.GPTWithAnalysis, "trained")
@@ -39,6 +42,7 @@ def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> No
     )
     assert configured.exit_code == 0, configured.output
     assert "target: blocks_0/attn" in config.read_text()
+    monkeypatch.setenv("UV_RUN_RECURSION_DEPTH", "1")  # as `uv run theseus run` starts it
     ran = runner.invoke(
         main,
         [
@@ -62,7 +66,19 @@ def test_theseus_run_resumes_a_checkpoint_with_an_analysis(tmp_path: Path) -> No
     # the command says what it wrote: the file, the artifact and its version, the node
     assert f"activation: wrote {pdf}\n" in ran.output
     assert f"artifact 'activation' version 1 on node {node} (read it back: " in ran.output
-    assert f"theseus-store get {tmp_path / 'store'} {node} activation -o FILE" in ran.output
+    # ... as the user's shell calls the store's command (`uv run` started this one), and
+    # pasted it writes the artifact's bytes into the current folder
+    (line,) = [ln for ln in ran.output.splitlines() if "(read it back: " in ln]
+    pasted = shlex.split(line.split("(read it back: ", 1)[1].removesuffix(")"))
+    assert pasted == [
+        "uv", "run", "theseus-store", "get", str(tmp_path / "store"), node, "activation",
+        "-o", "activation.pdf",
+    ]  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    from theseus.store.cli import main as store_main
+
+    assert store_main(pasted[3:]) == 0
+    assert (tmp_path / "activation.pdf").read_bytes() == artifact.content
 
     bad = runner.invoke(
         main,

@@ -291,6 +291,16 @@ def walked(demo, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     with Store(store_root(copy)) as store:
         node = store.query().spec(run="demo").checkpoint().latest().first()
         assert node is not None
+    # the line on what else each node holds names the last node and the root, not
+    # placeholders, and its store command works as printed (less how it is called)
+    (line,) = [ln for ln in walk.output.splitlines() if "each node also holds" in ln]
+    shown = shlex.split(line.split("(the last: ", 1)[1].split(";", 1)[0])
+    at = shown.index("show")
+    assert shown[at:] == ["show", str(store_root(copy)), str(node)], line
+    assert line.endswith(f"curves over training: {' '.join(shown[:at])} ui {copy})"), line
+    from theseus.store.cli import main as store_main
+
+    assert store_main(shown[at:]) == 0
     return copy, f"{node.name}~{node.nonce}"
 
 

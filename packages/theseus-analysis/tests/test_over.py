@@ -11,6 +11,7 @@ the same configuration, and leave the store untouched when a call is refused.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -146,7 +147,8 @@ def test_a_second_walk_skips_and_force_writes_a_new_version(root, reference) -> 
             assert store.values(node)["analysis/stats/config_version"] == 2
 
 
-def test_a_result_of_another_configuration_is_recomputed(root, reference) -> None:
+def test_a_result_of_another_configuration_is_recomputed(root, reference, monkeypatch) -> None:
+    monkeypatch.setenv("UV_RUN_RECURSION_DEPTH", "1")  # as `uv run theseus run` starts it
     _walk(root)
     # A --resume of node 2 with another setting (that leaves the values alone) makes
     # node 2's latest artifact another configuration's; the walk redoes only node 2.
@@ -166,7 +168,8 @@ def test_a_result_of_another_configuration_is_recomputed(root, reference) -> Non
         f"  artifact 'stats' version 3 on node {nodes[2]}",
         f"  file {result.results[0].path} holds the result of the lineage's last "
         f"checkpoint, {nodes[3]} (skipped: it held it already); each node keeps its own as "
-        f"its artifact (read any back: theseus-store get {store_at} NODE stats -o FILE)",
+        f"its artifact (read one back: uv run theseus-store get {store_at} "
+        f"{shlex.quote(str(nodes[3]))} stats -o stats.json)",
     ]
     assert result.results[0].path.read_bytes() == reference[3]
     with Store(root / "store") as store:
@@ -189,7 +192,10 @@ def _walk_after_resuming(root: Path, seq: int):
     return _walk(root)
 
 
-def test_a_resumed_run_is_skipped_by_a_walk_of_the_same_configuration(root) -> None:
+def test_a_resumed_run_is_skipped_by_a_walk_of_the_same_configuration(root, monkeypatch) -> None:
+    """... and the command it prints reads the last node's artifact back as the user's
+    shell calls the store's command (here: started by `uv run`)."""
+    monkeypatch.setenv("UV_RUN_RECURSION_DEPTH", "1")
     job, nodes, result = _walk_after_resuming(root, 1)
     assert [n.seq for n in result.skipped] == [1]
     lines = job.outcome(result)
@@ -199,8 +205,9 @@ def test_a_resumed_run_is_skipped_by_a_walk_of_the_same_configuration(root) -> N
     )
     assert lines[-1] == (
         f"  file {result.results[-1].path} holds the result of the last node analyzed, "
-        f"{nodes[3]}; each node keeps its own as the artifact above (read any back: "
-        f"theseus-store get {root / 'store'} NODE stats -o FILE)"
+        f"{nodes[3]}; each node keeps its own as the artifact above (read one back: "
+        f"uv run theseus-store get {root / 'store'} {shlex.quote(str(nodes[3]))} stats "
+        "-o stats.json)"
     )
 
 

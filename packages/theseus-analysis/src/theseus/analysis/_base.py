@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import re
-import shlex
 from collections.abc import Sequence
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
@@ -30,7 +29,7 @@ from theseus.analysis._errors import AnalysisError
 from theseus.analysis._result import AnalysisResult
 from theseus.analysis._settings import AnalysisSettings
 from theseus.analysis._view import view_class
-from theseus.job import Mode, store_root
+from theseus.job import Mode
 from theseus.store import Node
 
 __all__ = ["AnalysisBase", "AnalysisResult"]
@@ -190,8 +189,8 @@ class AnalysisBase(Analyzer, Generic[C, M]):
         return [
             f"{self.NAME}: wrote {result.path}",
             f"  artifact {artifact.name!r} version {artifact.version} on node {result.node} "
-            f"(read it back: theseus-store get {shlex.quote(str(store_root(self.spec.root)))} {result.node} "
-            f"{artifact.name} -o FILE)",
+            f"(read it back: "
+            f"{_over.read_back(self.spec.root, result.node, artifact.name, result.path)})",
         ]
 
     def status_key(self, what: str) -> str:

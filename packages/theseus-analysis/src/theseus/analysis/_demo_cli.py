@@ -14,11 +14,9 @@ score over training).
 
 from __future__ import annotations
 
+import inspect
 import math
-import os
 import shlex
-import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,9 +25,11 @@ from urllib.parse import urlencode
 import click
 
 from theseus.analysis._progress import quiet_progress_bars
-from theseus.cli import cluster_options, common_options, root_argument
+from theseus.cli import ROOT, ROOT_HELP, cluster_options, common_options
+from theseus.cli._next import program
 from theseus.store import Store, is_database_url
 
+DEMO_ROOT = "theseus-demo"  # ROOT when none is given, in the current folder
 DEMO_SETTINGS = {
     "architecture/n_layers": 2,
     "architecture/n_embd": 64,
@@ -59,19 +59,6 @@ def python_line(python: str, root: Path) -> str:
         'print(q.find().spec(run="demo").checkpoint().latest().first())'
     )
     return f"{python} -c {shlex.quote(code)}"
-
-
-def _command(name: str) -> str:
-    """How to call a program of this environment from the user's shell afterwards.
-
-    Started by `uv run`, the environment is on PATH only for this process, so the
-    command is prefixed with `uv run`; otherwise the plain name is printed when it
-    resolves to this environment's program, and its full path when it does not.
-    """
-    if os.environ.get("UV_RUN_RECURSION_DEPTH"):
-        return f"uv run {name}"
-    here = Path(sys.executable).parent / name
-    return name if shutil.which(name) == str(here) else str(here)
 
 
 def _induction(store: Store, nonce: str) -> list[tuple[Any, str, float, float, float]]:
@@ -137,7 +124,9 @@ def _evaluate(root: Path, lineage: str) -> dict[str, dict[str, float]] | None:
 
 
 @click.command("demo")
-@root_argument(default="theseus-demo")
+# `root_argument`'s ROOT, but optional: that one's metavar reads as a required ROOT in the
+# usage line; without one click writes `theseus demo [OPTIONS] [ROOT]`.
+@click.argument("root", type=ROOT, default=DEMO_ROOT)
 @click.option(
     "--steps",
     type=click.IntRange(1, 2**31 - 1),  # the step counter is 32-bit (training/_rules.MAX_STEPS)
@@ -152,6 +141,8 @@ def _evaluate(root: Path, lineage: str) -> dict[str, dict[str, float]] | None:
 @common_options
 def demo(root: Path, steps: int, progress_bars: bool) -> None:
     """Train a tiny GPT on built-in synthetic data under ROOT, analyze it, print where it all went.
+
+    ROOT defaults to ./theseus-demo, in the current folder.
 
     On several hosts, run it on every host with the options that join a cluster (see
     `theseus run --help`); process 0 prints the report.
@@ -304,24 +295,24 @@ def demo(root: Path, steps: int, progress_bars: bool) -> None:
     click.echo(f"  store:        {root / 'store'}{rows}")
     click.echo("")
     click.echo("Look at it:")
-    store_cli = _command("theseus-store")
-    python = _command("python")
+    store_cli = program("theseus-store")
+    python = program("python")
     where = shlex.quote(str(root / "store"))
     click.echo(f"  {store_cli} runs {where}")
     click.echo(f"  {store_cli} show {where} {trainer.node.serialize()}")
     click.echo(f"  {store_cli} lineage {where} {trainer.node.serialize()}")
     click.echo(
-        f"  {_command('theseus')} --import theseus.analysis.demo sample "
+        f"  {program('theseus')} --import theseus.analysis.demo sample "
         f"{shlex.quote(str(root))} {trainer.node.name}~{trainer.node.nonce} "
         f"{shlex.quote(prompts[0])} --temperature 0.8 --max-new-tokens 40"
     )
     click.echo(f"  {python_line(python, root)}")
     click.echo(
-        f"  {_command('theseus')} --import theseus.analysis.demo eval {shlex.quote(str(root))} "
+        f"  {program('theseus')} --import theseus.analysis.demo eval {shlex.quote(str(root))} "
         f"{lineage} --over --tasks synthetic_mc,synthetic_ppl"
     )
     click.echo("Train sparse autoencoders at each of its checkpoints, chained (its features page):")
-    theseus = _command("theseus")
+    theseus = program("theseus")
     features = shlex.quote(str(root / "features.yaml"))
     click.echo(
         f"  {theseus} configure demo/analyze/features {features} --import theseus.analysis.demo"
@@ -338,3 +329,7 @@ def demo(root: Path, steps: int, progress_bars: bool) -> None:
     )
     for page in _pages(lineage):
         click.echo(f"  {page}")
+
+
+# What `root_argument` (`with_root_help`) adds to every verb's help.
+demo.help = f"{inspect.cleandoc(demo.help or '')}\n\n{ROOT_HELP}"

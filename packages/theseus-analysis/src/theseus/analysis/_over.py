@@ -26,9 +26,11 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from theseus.analysis._result import AnalysisResult
+from theseus.cli._next import program
 from theseus.job import from_host_zero, is_primary, process_count, store_root
 from theseus.store import Artifact, Node, Store
 from theseus.training.reporting import Reporter, format_duration
@@ -254,6 +256,16 @@ def _files_of(job: Job, store: Store, last: Node) -> None:
             write_atomic(path, artifact.content)
 
 
+def read_back(root: Any, node: Node, artifact: str, written: Any) -> str:
+    """The command that writes `artifact` of `node` to a file in the current folder,
+    named after the artifact and the written file's suffix, as the user's shell calls it
+    (`uv run` where this process was started by it)."""
+    target = artifact.replace("/", "-") + Path(str(written)).suffix
+    store = shlex.quote(str(store_root(root)))
+    words = f"{store} {shlex.quote(str(node))} {shlex.quote(artifact)} -o {shlex.quote(target)}"
+    return f"{program('theseus-store')} get {words}"
+
+
 def outcome_lines(job: Job, result: OverResult) -> list[str]:
     """What `theseus run --over` prints after a walk."""
     name = job.NAME
@@ -281,24 +293,23 @@ def outcome_lines(job: Job, result: OverResult) -> list[str]:
         lines.append(f"  artifact {name!r} version {r.artifact.version} on node {r.node}")
     if written:
         last = written[-1]
-        root = shlex.quote(str(store_root(job.spec.root)))
         final = result.nodes[-1]
         if final in result.skipped:  # `walk` put the final node's result back in the file
             lines.append(
                 f"  file {last.path} holds the result of the lineage's last checkpoint, "
                 f"{final} (skipped: it held it already); each node keeps its own as its "
-                f"artifact (read any back: theseus-store get {root} NODE {name} -o FILE)"
+                f"artifact (read one back: {read_back(job.spec.root, final, name, last.path)})"
             )
         elif len(written) == 1:
             lines.append(
-                f"  file {last.path} holds its result (read it back: theseus-store get "
-                f"{root} {last.node} {name} -o FILE)"
+                f"  file {last.path} holds its result (read it back: "
+                f"{read_back(job.spec.root, last.node, name, last.path)})"
             )
         else:
             lines.append(
                 f"  file {last.path} holds the result of the last node analyzed, "
-                f"{last.node}; each node keeps its own as the artifact above (read any back: "
-                f"theseus-store get {root} NODE {name} -o FILE)"
+                f"{last.node}; each node keeps its own as the artifact above (read one back: "
+                f"{read_back(job.spec.root, last.node, name, last.path)})"
             )
     elif result.results:
         lines.append("  plot() returned None, so no file and no artifact were written")

@@ -14,13 +14,28 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import sys
 from pathlib import Path
 
 import click
 
 from theseus.cli._app import IMPORTS
 
-__all__ = ["command", "imports", "resume_command"]
+__all__ = ["command", "imports", "program", "resume_command"]
+
+
+def program(name: str) -> str:
+    """How the user's shell calls `name`, a program of this environment, afterwards.
+
+    Started by `uv run`, the environment is on PATH only for this process, so the
+    command is prefixed with `uv run`; otherwise the plain name is printed when it
+    resolves to this environment's program, and its full path (quoted) when it does not.
+    """
+    if os.environ.get("UV_RUN_RECURSION_DEPTH"):
+        return f"uv run {name}"
+    here = Path(sys.executable).parent / name
+    return name if shutil.which(name) == str(here) else shlex.quote(str(here))
 
 
 def command(*words: str | os.PathLike[str]) -> str:

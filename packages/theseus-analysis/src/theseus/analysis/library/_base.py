@@ -32,6 +32,7 @@ publishes the companions; the PDFs are the same bytes.
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -56,8 +57,9 @@ from theseus.analysis.library._settings import (
     ValidationSettings,
 )
 from theseus.analysis.library._shared import DRIFT, SharedDrift, shared_drift
+from theseus.cli._next import program
 from theseus.data.batches import MixturePlan
-from theseus.job import process_count, process_index
+from theseus.job import process_count, process_index, store_root
 from theseus.model.attention.base import SelfAttention
 from theseus.model.models import Block
 from theseus.store import Artifact, Node
@@ -393,10 +395,14 @@ class LibraryBase(AnalysisBase[C, M]):
         lines = super().outcome(result)
         others = [m.NAME for m in self.members() if m.NAME != self.NAME]
         others += [c.NAME for c in self.companions()]
-        if others:
+        last = _last_node(result)
+        if others and last is not None:
+            store = shlex.quote(str(store_root(self.spec.root)))
+            cli = program("theseus-store")
             lines.append(
                 f"  each node also holds the artifacts {', '.join(others)} (PDF) and their "
-                "values dynamics/... (theseus-store show ROOT NODE; curves in theseus-store ui)"
+                f"values dynamics/... (the last: {cli} show {store} {shlex.quote(str(last))}; "
+                f"curves over training: {cli} ui {shlex.quote(str(self.spec.root))})"
             )
         return lines
 
@@ -484,3 +490,11 @@ class LibraryAnalysis(LibraryBase[C, M]):
     def figure(cls, results: Any) -> Any:
         """The Figure saved as `NAME.pdf` and the node's artifact `NAME` (host zero)."""
         raise NotImplementedError
+
+
+def _last_node(result: Any) -> Node | None:
+    """The node `theseus run` analyzed last: a walk's last node, or the one node."""
+    nodes = getattr(result, "nodes", None)
+    if nodes:
+        return nodes[-1]
+    return getattr(result, "node", None)
