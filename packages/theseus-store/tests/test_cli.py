@@ -249,3 +249,19 @@ def test_a_theseus_root_reads_as_its_store(
     by_root = capsys.readouterr().out
     assert main(["runs", str(tmp_path / "store")]) == 0
     assert capsys.readouterr().out == by_root and "general.default.r~" in by_root
+
+
+def test_a_run_asked_of_a_store_without_runs_says_so_and_asks_for_the_root(
+    tmp_path: Path,
+) -> None:
+    """A store just made under a ROOT that another spelling of the runs' root names (a
+    typo, a relative path from elsewhere) holds no runs: the error says that, not that
+    the run is missing among none."""
+    with Store(tmp_path / "store") as store, pytest.raises(UnknownNodeError) as empty:
+        store.resolve("demo")
+    message = str(empty.value)
+    assert message == (
+        f"The store at {tmp_path / 'store'} holds no runs yet, so none named 'demo'. Pass "
+        "the ROOT your runs wrote into (the folder that holds store/), or train one there "
+        "first."
+    )

@@ -92,10 +92,21 @@ def resolve(store: Named, text: str) -> Node:
     return Node(name, nonce, seq)
 
 
+def _empty(store: Named, text: str) -> str:
+    """Why a store without a single run cannot hold ``text``: most often the ROOT given
+    is another spelling of the one the runs wrote into."""
+    return (
+        f"The store at {store.root} holds no runs yet, so none named {text!r}. Pass the ROOT "
+        "your runs wrote into (the folder that holds store/), or train one there first."
+    )
+
+
 def resolve_run(store: Named, text: str) -> Node:
     """The last node of the one lineage of the run ``text`` names (see :func:`resolve`)."""
     runs = store.runs()
     mine = [r for r in runs if text in (r["name"], r["name"].split(".", 2)[-1])]
+    if not runs:
+        raise UnknownNodeError(_empty(store, text))
     if not mine:
         known = sorted({r["name"] for r in runs})
         shown = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "") or "none"
