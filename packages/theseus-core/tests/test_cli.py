@@ -251,7 +251,7 @@ def test_run_errors_are_one_paragraph(tmp_path: Path) -> None:
     )
     assert "no lineage general.default.r~abc" in message and "theseus-store runs" in message
     message = fail("run", "r", str(config), root, "--resume", "not-a-node", "--import", JOBS_FILE)
-    assert "no run named 'not-a-node'" in message
+    assert "holds no runs yet, so none named 'not-a-node'" in message  # a new root
     message = fail("run", "r", str(config), root, "--resume", "a~b~c~d", "--import", JOBS_FILE)
     assert "InvalidNodeError" in message
     message = fail("configure", "tests/countr", str(tmp_path / "x.yaml"), "--import", JOBS_FILE)

@@ -395,7 +395,8 @@ class LibraryBase(AnalysisBase[C, M]):
         lines = super().outcome(result)
         others = [m.NAME for m in self.members() if m.NAME != self.NAME]
         others += [c.NAME for c in self.companions()]
-        last = _last_node(result)
+        # the node analyzed last: a walk's last node, or the one node
+        last = result.nodes[-1] if getattr(result, "nodes", None) else getattr(result, "node", None)
         if others and last is not None:
             store = shlex.quote(str(store_root(self.spec.root)))
             cli = program("theseus-store")
@@ -490,11 +491,3 @@ class LibraryAnalysis(LibraryBase[C, M]):
     def figure(cls, results: Any) -> Any:
         """The Figure saved as `NAME.pdf` and the node's artifact `NAME` (host zero)."""
         raise NotImplementedError
-
-
-def _last_node(result: Any) -> Node | None:
-    """The node `theseus run` analyzed last: a walk's last node, or the one node."""
-    nodes = getattr(result, "nodes", None)
-    if nodes:
-        return nodes[-1]
-    return getattr(result, "node", None)
