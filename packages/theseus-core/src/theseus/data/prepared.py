@@ -152,8 +152,8 @@ def write_prepared(
                 f"{split} ids go up to {int(tokens[split].max())}, beyond the "
                 f"{tokenizer.name} tokenizer's vocabulary of {tokenizer.vocab_size}"
             )
-    digest = _digest(memoryview(tokens[split]).cast("B") for split in _SPLITS)
-    counts = {split: int(tokens[split].size) for split in _SPLITS}
+    digest = _digest(tokens[split].data.cast("B") for split in _SPLITS)
+    counts: dict[str, int] = {split: int(tokens[split].size) for split in _SPLITS}
     held = _held(folder)
     if held is not None:
         same = held.get("tokenizer") == tokenizer.name and held.get("dtype") == tokenizer.dtype.name
