@@ -26,6 +26,7 @@ from click.testing import CliRunner
 
 from theseus.cli import main
 from theseus.config import load
+from theseus.data import DataError, replacing
 from theseus.data.datasets import TextFiles
 from theseus.experiments.models.gpt2 import GPT2, import_gpt2
 from theseus.model.gpt2 import GPT2FolderError, read_gpt2
@@ -208,11 +209,14 @@ def test_fine_tuning_a_branch_on_text_in_gpt2s_tokens(
     assert f"{hint} --tokenizer {name} (Run with --debug" in branch.output, branch.output
     # text in bytes is refused: the model reads GPT-2's ids
     TextFiles.prepare(root, source=corpus)
-    with quick(root) as q, pytest.raises(TrainerError, match=f"--tokenizer {name}"):
+    with quick(root) as q, pytest.raises(TrainerError, match=f"--tokenizer {name} --replace"):
         q.build(GPT2, "tuned")
         q.find().spec(run="gpt2").checkpoint().latest().branch()
         q.create()
-    TextFiles.prepare(root, source=corpus, tokenizer=name)
+    with pytest.raises(DataError, match="already holds other prepared tokens"):
+        TextFiles.prepare(root, source=corpus, tokenizer=name)  # without --replace: kept
+    with replacing():  # what the hint's --replace does
+        TextFiles.prepare(root, source=corpus, tokenizer=name)
     with quick(root) as q:
         q.build(GPT2, "tuned")
         q.find().spec(run="gpt2").checkpoint().latest().branch()

@@ -62,9 +62,10 @@ def check_data(plan: MixturePlan | None, configuration: Tree, block_size: int) -
         if tokenizer is not None and used != tokenizer:
             raise TrainerError(
                 f"dataset {source.name!r} was prepared with tokenizer {used!r}, but the "
-                f"model reads {tokenizer!r} ids (architecture/tokenizer); prepare it again: "
-                f"theseus data prepare {source.name} --root ROOT --source DIR "
-                f"--tokenizer {tokenizer}"
+                f"model reads {tokenizer!r} ids (architecture/tokenizer); prepare it again "
+                f"in those (replacing the {used!r} tokens, which runs trained on them would "
+                f"read from then on): theseus data prepare {source.name} --root ROOT --source "
+                f"DIR --tokenizer {tokenizer} --replace"
             )
         needed = source.tokenizer.vocab_size
         if vocab < needed:
