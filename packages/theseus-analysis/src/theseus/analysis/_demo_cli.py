@@ -14,7 +14,6 @@ score over training).
 
 from __future__ import annotations
 
-import inspect
 import math
 import shlex
 import time
@@ -25,7 +24,7 @@ from urllib.parse import urlencode
 import click
 
 from theseus.analysis._progress import quiet_progress_bars
-from theseus.cli import ROOT, ROOT_HELP, cluster_options, common_options
+from theseus.cli import cluster_options, common_options, root_argument
 from theseus.cli._next import program
 from theseus.store import Store, is_database_url
 
@@ -124,9 +123,7 @@ def _evaluate(root: Path, lineage: str) -> dict[str, dict[str, float]] | None:
 
 
 @click.command("demo")
-# `root_argument`'s ROOT, but optional: that one's metavar reads as a required ROOT in the
-# usage line; without one click writes `theseus demo [OPTIONS] [ROOT]`.
-@click.argument("root", type=ROOT, default=DEMO_ROOT)
+@root_argument(default=DEMO_ROOT)
 @click.option(
     "--steps",
     type=click.IntRange(1, 2**31 - 1),  # the step counter is 32-bit (training/_rules.MAX_STEPS)
@@ -329,7 +326,3 @@ def demo(root: Path, steps: int, progress_bars: bool) -> None:
     )
     for page in _pages(lineage):
         click.echo(f"  {page}")
-
-
-# What `root_argument` (`with_root_help`) adds to every verb's help.
-demo.help = f"{inspect.cleandoc(demo.help or '')}\n\n{ROOT_HELP}"

@@ -68,12 +68,14 @@ def root_argument(*, create: bool = True, **attrs: Any) -> Callable[[F], F]:
 
     Args:
         create: as :class:`RootPath`'s.
-        **attrs: passed to ``click.argument`` (``default=``, for example).
+        **attrs: passed to ``click.argument`` (``default=``, for example: the usage line
+            then shows ``[ROOT]``, as optional).
     """
 
     def decorate(f: F) -> F:
         kind = ROOT if create else EXISTING_ROOT
-        return click.argument("root", metavar="ROOT", type=kind, **attrs)(with_root_help(f))
+        metavar = "[ROOT]" if "default" in attrs else "ROOT"
+        return click.argument("root", metavar=metavar, type=kind, **attrs)(with_root_help(f))
 
     return decorate
 
