@@ -1,7 +1,7 @@
 """Run every benchmark, one subprocess after another, and write one table.
 
 Run: ``uv run --group bench python -m benchmarks [--quick] [--only NAME,...] [--merge]
-[--out DIR] [--note TEXT] [--device cpu|tpu|auto [--tiny]]``
+[--out DIR] [--note TEXT] [--device cpu|tpu|auto [--tiny]] [--extra ARGS]``
 
 Each script of ``BENCHMARKS`` runs in its own process (``python benchmarks/NAME.py
 --json FILE [--quick]``), so a JAX device-count flag or a crash in one leaves the others
@@ -14,6 +14,9 @@ crashed (no valid results file); a goal not met is a row of the table, not a cra
 the same benchmarks' records in the existing ``results.json``, keeping the others: the
 table stays whole, and each benchmark from an earlier run says when and at which
 commit it ran. A ratio is still measured side by side within one benchmark's run.
+``--only NAME --extra ARGS`` adds options to those scripts' commands (the library's
+``--trained DIR``: its lineage trained in one run, measured in the next, where a device
+is lent for ten minutes at a time).
 
 ``--device tpu`` runs the TPU plan instead (``tpu_plan.py``: the 124M and 354M GPTs, sized
 for one 16 GB chip) and writes ``results-tpu.md`` and ``results-tpu.json``, the device and
@@ -33,6 +36,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -129,10 +133,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="cpu: the CPU table; tpu: the TPU plan (results-tpu.md); auto: ask JAX",
     )
     p.add_argument("--tiny", action="store_true", help="the TPU plan at tiny sizes (on a CPU)")
+    p.add_argument(
+        "--extra",
+        default="",
+        metavar="ARGS",
+        help="with --only: more options for those scripts, as one string (library: "
+        "'--trained DIR' trains in one run and measures in the next)",
+    )
     args = p.parse_args(argv)
     args.only = args.only.split(",") if args.only else None
     if args.merge and not args.only:
         p.error("--merge replaces some benchmarks' records: name them with --only")
+    if args.extra and not args.only:
+        p.error("--extra passes options to some benchmarks' scripts: name them with --only")
+    args.extra = tuple(shlex.split(args.extra))
     if args.tiny and args.device == "cpu":
         p.error("--tiny shrinks the TPU plan: add --device tpu")
     return args
@@ -183,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     _stop_on_sigterm()
     plan, device = choose_plan(args)
-    chosen = [b for b in plan if args.only is None or b.name in args.only]
+    chosen = [
+        dataclasses.replace(b, args=(*b.args, *args.extra))
+        for b in plan
+        if args.only is None or b.name in args.only
+    ]
     machine = describe_machine(args.quick)
     stem = "results"
     if device is not None:

@@ -83,3 +83,23 @@ def test_a_merge_stopped_during_an_entry_keeps_the_entries_before_it(
     assert kept["note"].startswith(f"{names[1]} run again and merged;")
     assert f"{names[1]} (new)" in (tmp_path / "results.md").read_text()
     assert run.merged(tmp_path / "results.json", [], run.describe_machine(quick=False), "")
+
+
+def test_extra_options_reach_the_chosen_scripts_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--only NAME --extra ARGS`: ARGS, split as a shell would, end that script's command."""
+    names = [b.name for b in run.BENCHMARKS]
+    commands: dict[str, tuple[str, ...]] = {}
+
+    def run_one(bench: run.Benchmark, out: Path, quick: bool) -> dict:
+        commands[bench.name] = bench.args
+        return _record(bench.name, bench.name)
+
+    monkeypatch.setattr(run, "run_one", run_one)
+    argv = ["--only", names[1], "--out", str(tmp_path), "--extra", "--trained '/a b/c'"]
+    assert run.main(argv) == 0
+    given = next(b for b in run.BENCHMARKS if b.name == names[1]).args
+    assert commands == {names[1]: (*given, "--trained", "/a b/c")}
+    with pytest.raises(SystemExit):
+        run.parse(["--extra", "--trained x"])  # --extra without --only
