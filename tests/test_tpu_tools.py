@@ -8,6 +8,7 @@ with one line and passes, so CI stays green.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -111,3 +112,31 @@ def test_without_an_accelerator_the_set_is_one_line_and_passes() -> None:
 
 def test_the_install_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", str(ROOT / "tools" / "tpu" / "install.sh")], check=True)
+
+
+def test_the_install_refuses_a_noexec_site_in_one_line(tmp_path: Path) -> None:
+    """A TPU VM's /dev/shm is mounted noexec: the install would succeed and the first
+    compiled module fail later (tensorstore's, at the first checkpoint). Here a private
+    tmpfs mounted noexec in a user and mount namespace of its own (`unshare -rm`)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    python = "{}.{}".format(*sys.version_info[:2])
+    (wheels / "packed.json").write_text(json.dumps({"python": python, "host": [], "wheels": []}))
+    (wheels / "requirements-host.txt").write_text("")
+    mounted = tmp_path / "noexec"
+    mounted.mkdir()
+    script = ROOT / "tools" / "tpu" / "install.sh"
+    command = (
+        f"mount -t tmpfs -o noexec none {mounted} || exit 97; "
+        f"PYTHON={sys.executable} bash {script} {wheels} {mounted}/site"
+    )
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", command], capture_output=True, text=True)
+    if done.returncode == 97 or "unshare:" in done.stderr:
+        pytest.skip(f"no private noexec mount here: {done.stderr.strip().splitlines()[-1]}")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"install.sh: {mounted}/site is on a filesystem mounted noexec, where compiled "
+        f"modules cannot be loaded; give another SITE (bash tools/tpu/install.sh {wheels} "
+        "/tmp/theseus-site)"
+    ]
+    assert done.stdout == ""  # refused before anything was installed

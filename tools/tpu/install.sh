@@ -4,7 +4,8 @@
 #   bash tools/tpu/install.sh [WHEELS [SITE]]
 #
 # WHEELS is the folder tools/tpu/pack.py wrote on a machine with network (default:
-# .whl-tpu at the repository's root); SITE is where to install (default: WHEELS/site).
+# .whl-tpu at the repository's root); SITE is where to install (default: WHEELS/site), on
+# a filesystem that may run code (not a noexec tmpfs such as a TPU VM's /dev/shm).
 # 1. the packed wheels (Theseus and what the host lacks), --no-deps, into
 #    SITE/packed/site-packages;
 # 2. what requirements-host.txt names, from the host's own index (THESEUS_TPU_INDEX,
@@ -40,6 +41,14 @@ if [ "$packed_for" != "$have" ]; then
   echo "install.sh: the wheels were packed for Python $packed_for, but $python is $have; pack again with --python $have" >&2
   exit 1
 fi
+mkdir -p "$site"
+# A tmpfs such as a TPU VM's /dev/shm may be mounted noexec: everything installs, and
+# then the first compiled module (tensorstore's, at the first checkpoint) fails to load
+# with "failed to map segment from shared object".
+if "$python" -c 'import os, sys; sys.exit(not os.statvfs(sys.argv[1]).f_flag & os.ST_NOEXEC)' "$site"; then
+  echo "install.sh: $site is on a filesystem mounted noexec, where compiled modules cannot be loaded; give another SITE (bash tools/tpu/install.sh $wheels /tmp/theseus-site)" >&2
+  exit 1
+fi
 if ! "$python" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (22, 2))' 2>/dev/null; then
   echo "install.sh: $python's pip is missing or older than 22.2 (this needs pip install --dry-run --report)" >&2
   exit 1
@@ -52,7 +61,6 @@ host_jax="$("$python" -c 'import jax; print(jax.__file__)' 2>/dev/null)" || {
 packed="$site/packed/site-packages"
 host="$site/host/site-packages"
 rm -rf "$site/packed" "$site/host"
-mkdir -p "$site"
 echo "1/3 the packed wheels -> $packed"
 "$python" -m pip install --quiet --disable-pip-version-check --no-deps --no-index \
   --target "$packed" "$wheels"/*.whl
