@@ -365,7 +365,7 @@ def walks(root: Path, scratch: Path, args: argparse.Namespace) -> tuple[list[_re
     alternate(args.rounds, "round", measure_ours, measure_theirs)
 
     same, compared, worst, where = same_dynamics(ours_root, theirs_root)
-    relative, _ = tolerances()
+    relative, absolute = tolerances()
     print(
         f"check: {compared} dynamics/ values on {counted(args.checkpoints)} equal in the two "
         f"stores: {same} (largest difference {worst:.2e}, in {where})",
@@ -391,7 +391,8 @@ def walks(root: Path, scratch: Path, args: argparse.Namespace) -> tuple[list[_re
             "with JAX's caches cleared first (so each compiles as a new process would; "
             f"Python's start is not counted); the one walk traced its program {max(traces)} "
             f"time(s); {compared} dynamics/ values equal (numbers within {relative:g} "
-            f"relative): {same}, largest difference {worst:.1e} ({where}); a node after the first "
+            f"relative or {absolute:g} absolute): {same}, largest absolute difference "
+            f"{worst:.1e} ({where}); a node after the first "
             f"(median): ours computes {computed['ours']:.0f} ms (every analysis, one read) "
             f"and publishes {published['ours']:.0f} ms (seven figures, files, artifacts), "
             f"theirs compute {computed['theirs']:.0f} ms and publish {published['theirs']:.0f} "
@@ -467,7 +468,7 @@ def as_commands(
 
     alternate(args.commands, "commands, round", measure_ours, measure_theirs)
     same, compared, worst, where = same_dynamics(ours_root, theirs_root)
-    relative, _ = tolerances()
+    relative, absolute = tolerances()
     print(f"check: {compared} dynamics/ values equal: {same} (largest difference {worst:.2e}, "
           f"in {where})", flush=True)  # fmt: skip
     row = seconds_row(
@@ -483,7 +484,8 @@ def as_commands(
             "start, the imports and the accelerator's opening count on both sides, once for "
             f"the one walk and seven times for the seven; {args.commands} round(s), "
             f"alternating which side goes first; {compared} dynamics/ values equal (within "
-            f"{relative:g} relative): {same}, largest difference {worst:.1e} ({where})"
+            f"{relative:g} relative or {absolute:g} absolute): {same}, largest absolute "
+            f"difference {worst:.1e} ({where})"
         ),
     )
     print(
