@@ -44,7 +44,8 @@ def _submit(cluster: Any, cwd: Path, *args: str) -> subprocess.CompletedProcess[
     env = cluster.environment(_env(2))  # each task: 2 CPU devices
     return subprocess.run(
         [*_theseus(), "--import", JOBS, "submit", *args, "--slurm"],
-        env={**env, **cluster.env}, cwd=cwd, capture_output=True, text=True, timeout=120,
+        env={**env, **cluster.env, "UV_RUN_RECURSION_DEPTH": "1"},  # as `uv run` starts it
+        cwd=cwd, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
 
@@ -59,7 +60,7 @@ def _submitted(cluster: Any, cwd: Path, run: str, root: Path, config: Path,
     job, lineage = int(said[1]), said[2]
     log = Path(re.search(r"  log      (\S+)", done.stdout)[1])
     assert f"  squeue -j {job}\n" in done.stdout
-    assert f"  theseus-store lineage {root}/store {lineage}\n" in done.stdout
+    assert f"  uv run theseus-store lineage {root}/store {lineage}\n" in done.stdout
     return job, log
 
 

@@ -283,6 +283,7 @@ def test_a_stopped_run_is_recorded_checkpointed_and_resumes(
         [*_theseus(), "--import", JOBS, *run, f"training/tokens={STEPS * TOKENS_PER_STEP}"],
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "UV_RUN_RECURSION_DEPTH": "1"},  # as `uv run theseus run` starts it
     )
     try:
         assert child.stderr is not None
@@ -318,16 +319,17 @@ def test_a_stopped_run_is_recorded_checkpointed_and_resumes(
     assert f"stopped by {signum.name} after step {stopped} of {STEPS}" in output, output
     # the exact command that goes on, with the real names and paths, quoted for a shell
     lineage = f"general.default.stopped~{saved[0].node.nonce}"
+    # (`uv run` first: started by `uv run`, the environment is on PATH only inside it)
     expected = (
-        f"theseus run stopped {shlex.quote(str(config))} {shlex.quote(str(root))} "
+        f"uv run theseus run stopped {shlex.quote(str(config))} {shlex.quote(str(root))} "
         f"--resume {shlex.quote(lineage)} --import {shlex.quote(JOBS)}"
     )
     (said,) = [line for line in output.splitlines() if line.startswith("Continue: ")]
     assert said == f"Continue: {expected}", output
     pasted = shlex.split(said.removeprefix("Continue: "))
-    assert pasted[0] == "theseus"
+    assert pasted[:3] == ["uv", "run", "theseus"]
     resumed = CliRunner().invoke(  # the pasted command, with a nearer end of training
-        main, [*pasted[1:], f"training/tokens={(stopped + 2) * TOKENS_PER_STEP}"]
+        main, [*pasted[3:], f"training/tokens={(stopped + 2) * TOKENS_PER_STEP}"]
     )
     assert resumed.exit_code == 0, resumed.output
     values, saved = _lineage(root, "stopped")

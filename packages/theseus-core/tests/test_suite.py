@@ -428,7 +428,8 @@ def test_the_command_imports_a_suite_and_prints_the_table(
         (src / name).symlink_to(revisions[name])
     root = tmp_path / "root b"  # a space: the printed commands quote it
     runner = CliRunner()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # as `uv run theseus import` starts it: the printed commands start with `uv run`
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "UV_RUN_RECURSION_DEPTH": "1"}
     result = subprocess.run(  # a process of its own: its log lines reach stderr as a user's do
         [sys.executable, "-c", "from theseus.cli import main; main()", "import", "hf", str(src),
          str(root), "--run", "tiny", "--revisions", "all"],
@@ -445,14 +446,17 @@ def test_the_command_imports_a_suite_and_prints_the_table(
     with_analysis = importlib.util.find_spec("theseus.analysis") is not None
     expected = (
         [
-            "Analyze:   theseus configure demo/intervene/head-ablation ablation.yaml --import "
-            "theseus.analysis.demo",
-            f"           theseus run ablation ablation.yaml {shlex.quote(str(root))} --over "
-            f"{shlex.quote(lineage)} --import theseus.analysis.demo",
+            "Analyze:   uv run theseus configure demo/intervene/head-ablation ablation.yaml "
+            "--import theseus.analysis.demo",
+            f"           uv run theseus run ablation ablation.yaml {shlex.quote(str(root))} "
+            f"--over {shlex.quote(lineage)} --import theseus.analysis.demo",
         ]
         if with_analysis  # (theseus-core installed alone: no analysis to suggest)
         else ["Analyze:   install theseus-analysis, whose analyses run --over the lineage."]
-    )
+    ) + [
+        f"Lineage:   uv run theseus-store lineage {shlex.quote(str(root / 'store'))} {lineage}",
+        f"Browse:    uv run theseus-store ui {shlex.quote(str(root))}",
+    ]
     lines = result.stdout.splitlines()
     start = lines.index(expected[0])
     assert lines[start : start + len(expected)] == expected

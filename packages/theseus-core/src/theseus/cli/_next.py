@@ -5,9 +5,12 @@ analysis) prints a command that can be pasted as it is: the real run name, linea
 paths (absolute, each quoted with `shlex.quote`), and the `--import` targets this
 invocation was given, never a template such as `theseus run NAME ...`.
 
+Each starts with `theseus` as the user's shell calls it afterwards (`program`):
+`uv run theseus` where `uv run` started this command.
+
 Example:
-    >>> command("run", "my run", "/tmp/a b/c.yaml", "--resume", "p.g.r~abcd1234")
-    "theseus run 'my run' '/tmp/a b/c.yaml' --resume p.g.r~abcd1234"
+    >>> command("run", "my run", "/tmp/a b/c.yaml", "--resume", "p.g.r~abcd1234")  # doctest: +ELLIPSIS
+    "...theseus run 'my run' '/tmp/a b/c.yaml' --resume 'p.g.r~abcd1234'"
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ def program(name: str) -> str:
 
 
 def command(*words: str | os.PathLike[str]) -> str:
-    """`theseus` followed by `words`, each quoted for a POSIX shell where it needs it."""
-    return shlex.join(["theseus", *(os.fspath(word) for word in words)])
+    """`theseus` as the shell calls it (`program`) followed by `words`, each quoted for a
+    POSIX shell where it needs it."""
+    return " ".join([program("theseus"), shlex.join(os.fspath(word) for word in words)])
 
 
 def imports() -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from theseus.cli._app import IMPORTS, common_options, main
+from theseus.cli._next import program
 from theseus.cli._root import root_argument
 from theseus.cli._verbs import _job_class, _job_file
 from theseus.config import parse_overrides
@@ -263,8 +264,8 @@ def submit_command(
     click.echo("Follow it:")
     click.echo(f"  squeue -j {job_id}")
     click.echo(f"  tail -f {q(str(log))}")
-    click.echo(f"  theseus-store lineage {q(str(store))} {lineage}")
-    click.echo(f"  theseus-store ui {q(str(store))}")
+    click.echo(f"  {program('theseus-store')} lineage {q(str(store))} {lineage}")
+    click.echo(f"  {program('theseus-store')} ui {q(str(store))}")
 
 
 def _new_folder(parent: Path, run: str) -> Path:

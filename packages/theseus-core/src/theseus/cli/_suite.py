@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from theseus.cli._next import command
+from theseus.cli._next import command, program
 
 __all__ = ["REVISIONS_HELP", "analyze_commands", "suite_import"]
 
@@ -69,8 +69,9 @@ def suite_import(
         )
     for line in analyze_commands(root, lineage):
         click.echo(line)
-    click.echo(f"Lineage:   theseus-store lineage {shlex.quote(str(root / 'store'))} {lineage}")
-    click.echo(f"Browse:    theseus-store ui {quoted}")
+    store = program("theseus-store")
+    click.echo(f"Lineage:   {store} lineage {shlex.quote(str(root / 'store'))} {lineage}")
+    click.echo(f"Browse:    {store} ui {quoted}")
 
 
 def analyze_commands(root: Path, lineage: str) -> list[str]:
