@@ -65,6 +65,20 @@ def _keys_equal(a, b) -> bool:
     return bool(np.array_equal(jax.random.key_data(a), jax.random.key_data(b)))
 
 
+def _token_digests(root) -> dict[str, str]:
+    """The sha256 of each prepared dataset's token files under `root`, hashed here."""
+    import hashlib
+
+    return {
+        folder.name: "sha256:"
+        + hashlib.sha256(
+            (folder / "train.bin").read_bytes() + (folder / "val.bin").read_bytes()
+        ).hexdigest()
+        for folder in (Path(root) / "data").iterdir()
+        if (folder / "header.json").is_file()
+    }
+
+
 def _trees_equal(a, b) -> bool:
     flat_a, tree_a = jax.tree.flatten(a)
     flat_b, tree_b = jax.tree.flatten(b)
@@ -161,6 +175,9 @@ def test_forwarded_attributes_are_the_trainers(trainer, view) -> None:
         "prompt_batch": lambda got: (
             got("ab")["x"][0].tolist() == [97, 98]  # the byte tokenizer's ids, by hand
             and all(np.array_equal(v, trainer.prompt_batch("ab")[k]) for k, v in got("ab").items())
+        ),
+        "data_digests": lambda got: (
+            got() == trainer.data_digests() == _token_digests(trainer.spec.root) != {}
         ),
         "log": lambda got: (
             got({"view/check": 1.5}) is None

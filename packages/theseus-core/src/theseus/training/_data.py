@@ -3,7 +3,10 @@
 `NodeBatches` keeps the host batches the live node has read, so `batch()` at one node
 always returns the same rows and a new node reads afresh. `check_data` runs at setup:
 every prepared dataset has a window's worth of tokens, was prepared with the model's
-tokenizer, and uses no id past the model's vocabulary.
+tokenizer, and uses no id past the model's vocabulary. `digests` are what a checkpoint
+records of the tokens it was trained on (each header's sha256), and `changed_tokens`
+says, on restore, which datasets now hold other tokens: a resumed lineage would read
+other batches than it did before (`theseus data prepare --replace` was run since).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from theseus.config import Tree
 from theseus.data.batches import Batch, MixturePlan
 from theseus.training._errors import TrainerError
 
-__all__ = ["NodeBatches", "check_data"]
+__all__ = ["NodeBatches", "changed_tokens", "check_data", "digests"]
 
 
 class NodeBatches:
@@ -74,3 +77,30 @@ def check_data(plan: MixturePlan | None, configuration: Tree, block_size: int) -
                 f"tokenizer's {needed} ids used by dataset {source.name!r}; set "
                 f"architecture/vocab_size={needed} or larger"
             )
+
+
+def digests(plan: MixturePlan | None) -> dict[str, str]:
+    """The sha256 of each dataset's tokens (its header's `digest`), by dataset name; a
+    dataset prepared before headers kept one is left out, and so is every dataset of a
+    trainer without data."""
+    if plan is None:
+        return {}
+    found = {source.name: source.header.get("digest") for source in plan.sources}
+    return {name: digest for name, digest in found.items() if digest}
+
+
+def changed_tokens(recorded: dict[str, str] | None, plan: MixturePlan | None) -> str | None:
+    """What differs between the tokens a checkpoint `recorded` (its meta's `data`) and
+    those `plan` reads now, in words, or None where every dataset both know is the same.
+
+    A checkpoint saved before checkpoints recorded their tokens, a dataset that one side
+    lacks, or one prepared before headers kept a digest is not compared."""
+    now = digests(plan)
+    differ = [
+        f"{name!r} ({was.removeprefix('sha256:')[:12]} then, {now[name].removeprefix('sha256:')[:12]} now)"
+        for name, was in sorted((recorded or {}).items())
+        if name in now and now[name] != was
+    ]
+    if not differ:
+        return None
+    return f"dataset{'s' if len(differ) > 1 else ''} {', '.join(differ)}"

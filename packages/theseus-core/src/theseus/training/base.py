@@ -31,6 +31,7 @@ the checkpoint lifecycle and every RNG key.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, ClassVar
 
@@ -58,6 +59,8 @@ from theseus.training.schedules import Schedule, constant
 from theseus.training.sharding import ParameterShardingContext
 
 __all__ = ["BaseTrainer", "BaseTrainerConfig", "TrainerError"]
+
+logger = logging.getLogger(__name__)
 
 
 class BaseTrainer(Inspection, BasicJob):
@@ -101,6 +104,9 @@ class BaseTrainer(Inspection, BasicJob):
         # set up by on_setup()
         self._plan: MixturePlan | None = None
         self._missing_data: DataNotPreparedError | None = None  # resumed without its data
+        # a resumed checkpoint trained on other tokens than the root's datasets hold now
+        self._changed_tokens: str | None = None
+        self._warned_tokens: set[str] = set()  # said once per trainer, not at every node
         self._lr: optax.Schedule | None = None
         self._layout: train_state.StateLayout | None = None
         self._batches = _data.NodeBatches()  # host batches of the live node
@@ -315,6 +321,8 @@ class BaseTrainer(Inspection, BasicJob):
         else:
             assert self.base is not None
             self._take(self.read_checkpoint(self.checkpoint_path(self.base, mode)), mode)
+            if int(self.state.step) >= self.total_steps:  # a look: training on is refused
+                self._warn_changed_tokens()
         if self.args.analyze:  # the tandem views of ANALYSIS (each checks its selection now)
             self.loop.views = [analysis.from_trainer(self) for analysis in self.ANALYSIS]
 
@@ -369,11 +377,37 @@ class BaseTrainer(Inspection, BasicJob):
             saved = self.read_checkpoint(self.checkpoint_path(node))
         self.resume_at(node)
         self._take(saved, Mode.RESUME)
+        self._warn_changed_tokens()
 
     def _take(self, saved: tuple[Any, dict[str, Any]], mode: Mode) -> None:
-        """Make a read checkpoint the live state, with the data cursor it sets."""
+        """Make a read checkpoint the live state, with the data cursor it sets.
+
+        Resumed where the root's datasets now hold other tokens than the checkpoint was
+        trained on (`_changed_tokens`), training on is refused (`before_run`) and a look
+        at its nodes is warned once (`_warn_changed_tokens`): their batches are not the
+        ones the lineage read. A branch starts a new lineage and may read other tokens
+        on purpose."""
         self.state, meta = saved
         self.loop.cursor = Cursor.restored(meta, mode, self.node.seq)
+        changed = _data.changed_tokens(meta.get("data"), self._plan)
+        self._changed_tokens = changed if mode is Mode.RESUME else None
+
+    def _warn_changed_tokens(self) -> None:
+        """Say once per trainer that the restored node's checkpoint read other tokens."""
+        changed = self._changed_tokens
+        if changed is None or changed in self._warned_tokens:
+            return
+        self._warned_tokens.add(changed)
+        logger.warning(
+            "%s's checkpoint was trained on other tokens than %s under %s hold now "
+            "(prepared again with --replace since): the batches read at its nodes "
+            "(trainer.batch(), replays, memorization) are not the ones it trained on",
+            self.node.serialize(), changed, self.spec.root,
+        )  # fmt: skip
+
+    def data_digests(self) -> dict[str, str]:
+        """The sha256 of each dataset's tokens by name, as a checkpoint records them."""
+        return _data.digests(self._plan)
 
     # --------------------------------------------------------------------- loop
     def before_run(self) -> None:
@@ -385,6 +419,16 @@ class BaseTrainer(Inspection, BasicJob):
         """
         if int(self.state.step) >= self.total_steps:
             return
+        if self._changed_tokens is not None:
+            assert self.base is not None
+            base = self.base.serialize()
+            raise TrainerError(
+                f"cannot train on from {base}: its checkpoint was trained on other tokens "
+                f"than {self._changed_tokens} under {self.spec.root} hold now, so its lineage "
+                "would read other batches than it did; prepare the tokens it trained on "
+                "again (the same source and settings, with --replace), or branch from it to "
+                f"train a new lineage on these (theseus run ... --branch {base})"
+            )
         # Take the lineage folder now (its writer lock, strays set aside), not at the
         # first save: a second process continuing this lineage stops before it logs.
         # The check for later checkpoints runs under the lock, so no other process can
