@@ -399,9 +399,9 @@ class BaseTrainer(Inspection, BasicJob):
             return
         self._warned_tokens.add(changed)
         logger.warning(
-            "%s's checkpoint was trained on other tokens than %s under %s hold now "
-            "(prepared again with --replace since): the batches read at its nodes "
-            "(trainer.batch(), replays, memorization) are not the ones it trained on",
+            "%s: the tokens of %s under %s are not the ones its checkpoint trained on "
+            "(prepared again with --replace since), so the batches read at its nodes "
+            "(trainer.batch(), replays, memorization) are not the ones it read",
             self.node.serialize(), changed, self.spec.root,
         )  # fmt: skip
 
@@ -423,8 +423,8 @@ class BaseTrainer(Inspection, BasicJob):
             assert self.base is not None
             base = self.base.serialize()
             raise TrainerError(
-                f"cannot train on from {base}: its checkpoint was trained on other tokens "
-                f"than {self._changed_tokens} under {self.spec.root} hold now, so its lineage "
+                f"cannot train on from {base}: the tokens of {self._changed_tokens} under "
+                f"{self.spec.root} are not the ones its checkpoint trained on, so its lineage "
                 "would read other batches than it did; prepare the tokens it trained on "
                 "again (the same source and settings, with --replace), or branch from it to "
                 f"train a new lineage on these (theseus run ... --branch {base})"
