@@ -32,13 +32,33 @@ def program(name: str) -> str:
     """How the user's shell calls `name`, a program of this environment, afterwards.
 
     Started by `uv run`, the environment is on PATH only for this process, so the
-    command is prefixed with `uv run`; otherwise the plain name is printed when it
-    resolves to this environment's program, and its full path (quoted) when it does not.
+    command is prefixed with `uv run`. Otherwise `name` is looked for where this
+    environment keeps its programs (`_script_folders`): the plain name is printed when
+    PATH finds that one, its full path (quoted) when PATH finds another or none, and
+    the plain name where neither folder holds it.
     """
     if os.environ.get("UV_RUN_RECURSION_DEPTH"):
         return f"uv run {name}"
-    here = Path(sys.executable).parent / name
-    return name if shutil.which(name) == str(here) else shlex.quote(str(here))
+    found = shutil.which(name)
+    for folder in _script_folders():
+        here = folder / name
+        if here.is_file() and os.access(here, os.X_OK):
+            same = found is not None and os.path.samefile(found, here)
+            return name if same else shlex.quote(str(here))
+    return name
+
+
+def _script_folders() -> list[Path]:
+    """Where this environment's programs are: beside the running command's own script
+    first (`pip install --target DIR` puts them in `DIR/bin`, not beside the
+    interpreter, as `tools/tpu/install.sh` does on a TPU host), then beside the
+    interpreter (a virtual environment's `bin`)."""
+    folders = []
+    started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if started is not None and started.name.startswith("theseus") and started.is_file():
+        folders.append(started.absolute().parent)
+    folders.append(Path(sys.executable).parent)
+    return folders
 
 
 def command(*words: str | os.PathLike[str]) -> str:
