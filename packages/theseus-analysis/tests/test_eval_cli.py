@@ -312,7 +312,12 @@ def test_two_processes_evaluate_as_one(lineage: Path, tmp_path: Path) -> None:
             assert values[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
 
 
-def test_library_progress_bars_are_off_unless_asked_for(lineage: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(  # each a process of its own (~4 s): the default's in the default suite
+    "asked", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["default", "asked"]
+)
+def test_library_progress_bars_are_off_unless_asked_for(
+    lineage: Path, tmp_path: Path, asked: bool
+) -> None:
     """lm-eval draws a tqdm bar while it builds a task's requests (`100%|...| 3/3 [...]`);
     `theseus eval` turns it off in its process, `--progress-bars` leaves it on. Theseus's
     own lines (each task's scores) are there either way, and git's complaint where there
@@ -333,15 +338,14 @@ def test_library_progress_bars_are_off_unless_asked_for(lineage: Path, tmp_path:
                "scored", "--tasks", "tiny_mc", "--include-path", str(root), "--limit", "3",
                "--force"]  # fmt: skip
     bar = re.compile(r"\d+%\|.*\| *\d+/\d+ \[")  # tqdm's default bar: 100%|####| 3/3 [00:00<...
-    for asked in (False, True):
-        done = subprocess.run(
-            [*command, *(["--progress-bars"] if asked else [])],
-            env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "tiny_mc: " in done.stdout and "evaluating tiny_mc on " in done.stdout
-        assert bool(bar.search(done.stderr)) == asked, done.stderr[-3000:]
-        assert "not a git repository" not in done.stderr  # lm-eval's git_hash, asked quietly
+    done = subprocess.run(
+        [*command, *(["--progress-bars"] if asked else [])],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tiny_mc: " in done.stdout and "evaluating tiny_mc on " in done.stdout
+    assert bool(bar.search(done.stderr)) == asked, done.stderr[-3000:]
+    assert "not a git repository" not in done.stderr  # lm-eval's git_hash, asked quietly
 
 
 def test_an_unknown_task_is_one_line_naming_the_tasks_close_to_it(tmp_path: Path) -> None:

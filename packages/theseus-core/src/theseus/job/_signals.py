@@ -40,7 +40,9 @@ allocation the device cannot serve) would never see the first signal, so a secon
 signal (Ctrl-C included) ends the process at once with 128 + signum (nothing more is
 recorded): each stop signal's number reaches a watchdog thread through
 `signal.set_wakeup_fd`, which the interpreter writes from its C-level handler whatever
-the main thread is doing.
+the main thread is doing. A signal within `REPEAT_S` of the first is the same request
+passed on by a launcher (`uv run` forwards what the process group already received),
+not a second one.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -286,9 +289,17 @@ def _stop(signum: int) -> None:
     raise Terminated(signum)
 
 
+#: Seconds after the first stop signal within which another is the same request: a
+#: launcher passes its own on (`uv run` forwards SIGINT about 200 ms later where its
+#: input is no terminal, and SIGTERM at once), so a process group's signal reaches the
+#: job twice. A person's second Ctrl-C comes later.
+REPEAT_S = 1.0
+
+
 def _watch(read_fd: int, stops: frozenset[int]) -> None:
-    """Read signal numbers from the wakeup pipe; end the process at the second stop signal."""
-    seen = 0
+    """Read signal numbers from the wakeup pipe; end the process at the second stop signal
+    (one that comes `REPEAT_S` or more after the first)."""
+    first: float | None = None
     while True:
         try:
             data = os.read(read_fd, 64)
@@ -297,10 +308,12 @@ def _watch(read_fd: int, stops: frozenset[int]) -> None:
         if not data:  # the block ended: the write end is closed
             return
         for signum in data:
-            if signum in stops:
-                seen += 1
-                if seen >= 2:
-                    os._exit(128 + signum)
+            if signum not in stops:
+                continue
+            if first is None:
+                first = time.monotonic()
+            elif time.monotonic() - first >= REPEAT_S:
+                os._exit(128 + signum)
 
 
 @contextlib.contextmanager
