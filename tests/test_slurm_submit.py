@@ -10,6 +10,7 @@ and ends with parameters equal, bit for bit, to those of the same job never warn
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -44,9 +45,15 @@ def _submit(cluster: Any, cwd: Path, *args: str) -> subprocess.CompletedProcess[
     env = cluster.environment(_env(2))  # each task: 2 CPU devices
     return subprocess.run(
         [*_theseus(), "--import", JOBS, "submit", *args, "--slurm"],
-        env={**env, **cluster.env, "UV_RUN_RECURSION_DEPTH": "1"},  # as `uv run` starts it
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        env=_plain({**env, **cluster.env}), cwd=cwd, capture_output=True, text=True,
+        timeout=120,
     )  # fmt: skip
+
+
+def _plain(env: dict[str, str]) -> dict[str, str]:
+    """`env` as a shell that did not start through `uv run` has it (the commands printed
+    for it call the programs by name or path, not `uv run`)."""
+    return {k: v for k, v in env.items() if k != "UV_RUN_RECURSION_DEPTH"}
 
 
 def _submitted(cluster: Any, cwd: Path, run: str, root: Path, config: Path,
@@ -60,7 +67,13 @@ def _submitted(cluster: Any, cwd: Path, run: str, root: Path, config: Path,
     job, lineage = int(said[1]), said[2]
     log = Path(re.search(r"  log      (\S+)", done.stdout)[1])
     assert f"  squeue -j {job}\n" in done.stdout
-    assert f"  uv run theseus-store lineage {root}/store {lineage}\n" in done.stdout
+    # the printed follow-up, pasted into a shell in the same folder, shows the lineage
+    (follow,) = [
+        ln for ln in done.stdout.splitlines() if ln.endswith(f" lineage {root}/store {lineage}")
+    ]
+    pasted = subprocess.run(follow.strip(), shell=True, cwd=cwd, capture_output=True, text=True,
+                            env=_plain(dict(os.environ)), timeout=120)  # fmt: skip
+    assert pasted.returncode == 0 and lineage in pasted.stdout, pasted.stderr + pasted.stdout
     return job, log
 
 

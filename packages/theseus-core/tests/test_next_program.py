@@ -40,7 +40,27 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_started_by_uv_run_it_is_uv_run(world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UV_RUN_RECURSION_DEPTH", "1")
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
     assert program("theseus-store") == "uv run theseus-store"
+
+
+def test_outside_the_project_uv_run_names_it(world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`uv run --project DIR theseus ...` from another folder: pasted there, a plain
+    `uv run theseus` finds no project ("Failed to spawn: theseus"), as a new user met."""
+    project = world / "my project"
+    (project / ".venv").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (project / "sub").mkdir()
+    monkeypatch.setenv("UV_RUN_RECURSION_DEPTH", "1")
+    monkeypatch.setenv("VIRTUAL_ENV", str(project / ".venv"))
+    monkeypatch.chdir(world)
+    assert program("theseus") == f"uv run --project '{project}' theseus"
+    for inside in (project, project / "sub"):
+        monkeypatch.chdir(inside)
+        assert program("theseus") == "uv run theseus"
+    (project / "pyproject.toml").unlink()  # an environment that is no project's: as before
+    monkeypatch.chdir(world)
+    assert program("theseus") == "uv run theseus"
 
 
 def test_the_plain_name_where_path_finds_this_environments_program(

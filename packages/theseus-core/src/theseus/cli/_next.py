@@ -32,13 +32,14 @@ def program(name: str) -> str:
     """How the user's shell calls `name`, a program of this environment, afterwards.
 
     Started by `uv run`, the environment is on PATH only for this process, so the
-    command is prefixed with `uv run`. Otherwise `name` is looked for where this
+    command is prefixed with `uv run` (and `--project DIR` where the shell is outside
+    the project uv ran: `uv run --project DIR` from another folder). Otherwise `name` is looked for where this
     environment keeps its programs (`_script_folders`): the plain name is printed when
     PATH finds that one, its full path (quoted) when PATH finds another or none, and
     the plain name where neither folder holds it.
     """
     if os.environ.get("UV_RUN_RECURSION_DEPTH"):
-        return f"uv run {name}"
+        return " ".join(["uv", "run", *_uv_project(), name])
     found = shutil.which(name)
     for folder in _script_folders():
         here = folder / name
@@ -46,6 +47,21 @@ def program(name: str) -> str:
             same = found is not None and os.path.samefile(found, here)
             return name if same else shlex.quote(str(here))
     return name
+
+
+def _uv_project() -> list[str]:
+    """`--project DIR` (quoted) where the current folder is outside the project whose
+    environment `uv run` started this process in (`VIRTUAL_ENV`, the project's `.venv`):
+    pasted here, a plain `uv run` would look for a project from this folder up and not
+    find that one. None where it is inside, or where the environment is not a project's."""
+    venv = os.environ.get("VIRTUAL_ENV")
+    project = Path(venv).parent.resolve() if venv else None
+    if project is None or not (project / "pyproject.toml").is_file():
+        return []
+    here = Path.cwd().resolve()
+    if here == project or project in here.parents:
+        return []
+    return ["--project", shlex.quote(str(project))]
 
 
 def _script_folders() -> list[Path]:
