@@ -166,7 +166,7 @@ def test_two_processes_train_the_same_model_as_one(tmp_path: Path) -> None:
     assert str(hosts[0]["broken_raised"]) == "RuntimeError: plot() failed on purpose"
     assert str(hosts[1]["broken_raised"]).startswith("AnalysisError: BrokenPlot.plot()")
     for host in hosts:  # host zero's refusal to train over a later checkpoint, on both
-        assert str(host["refused"]).startswith("TrainerError: cannot train on from")
+        assert str(host["refused"]).startswith("TrainerError: cannot resume training from")
         assert "1 later checkpoint(s)" in str(host["refused"])
         # one host short of memory: no host decodes from bfloat16 copies; none short: all do
         assert not host["cast_when_short"] and host["cast_when_ample"]

@@ -194,8 +194,9 @@ def test_other_tokens_never_replace_a_prepared_dataset_unless_asked(tmp_path: Pa
         Synthetic.prepare(tmp_path, tokens=4_000, val_tokens=500, seed=3)
     message = str(refused.value)
     assert "\n" not in message
-    assert "3,000 training and 500 validation tokens" in message
-    assert "4,000 training" in message and "--replace" in message
+    # what differs, from the two headers' settings: the count and the language's seed
+    assert "count.train 3,000 -> 4,000" in message and "language.seed 0 -> 3" in message
+    assert "--replace" in message
     assert _files(folder) == before
     with replacing():
         Synthetic.prepare(tmp_path, tokens=4_000, val_tokens=500, seed=3)
@@ -246,6 +247,11 @@ def test_the_command_keeps_prepared_tokens_unless_told_to_replace_them(tmp_path:
     code, out = prepare("--seed", "4")
     assert code != 0 and "already holds other prepared tokens" in out and "--replace" in out
     assert _files(folder) == before
+    old = json.loads((folder / "header.json").read_text())["digest"]
     code, out = prepare("--seed", "4", "--replace")
     assert code == 0 and out.startswith("Prepared synthetic under")
     assert json.loads((folder / "header.json").read_text())["meta"]["language"]["seed"] == 4
+    # it says what it replaced, and what that means for the runs trained on it
+    (said,) = [line for line in out.splitlines() if line.startswith("Replaced ")]
+    assert f"(sha256 {old.removeprefix('sha256:')[:12]}: " in said
+    assert "language.seed 0 -> 4" in said and "resume training only once" in said

@@ -62,7 +62,11 @@ def test_a_lineage_resumes_only_on_the_tokens_it_trained_on(
         listed = store.query().spec(run="r").checkpoints()
         saved, saved_nonce = [c.path for c in listed], listed[0].node.nonce
     assert len(saved) == 2
-    assert all(_meta(Path(path))["data"] == {"synthetic": trained} for path in saved)
+    header = json.loads((folder / "header.json").read_text())
+    for path in saved:  # the tokens' sha256 (hashed here) and the settings they came from
+        (record,) = _meta(Path(path))["data"].values()
+        assert record["digest"] == trained and record["count"] == {"train": 40_000, "val": 6_000}
+        assert record["meta"] == header["meta"] and record["meta"]["language"]["seed"] == 0
 
     with replacing():  # the same dataset, other tokens
         Synthetic.prepare(tmp_path, **SIZES, seed=7)
@@ -72,10 +76,12 @@ def test_a_lineage_resumes_only_on_the_tokens_it_trained_on(
         _resumed(tmp_path, saved_nonce, steps=6)
     message = str(refused.value)
     assert "\n" not in message
-    assert message.startswith("cannot train on from general.default.r~")
-    assert f"'synthetic' ({trained.removeprefix('sha256:')[:12]} then, " in message
-    assert f"{_sha256(folder).removeprefix('sha256:')[:12]} now)" in message
-    assert "with --replace" in message and "--branch general.default.r~" in message
+    assert message.startswith("cannot resume training from general.default.r~")
+    assert f"'synthetic' (sha256 {trained.removeprefix('sha256:')[:12]} then, " in message
+    # the setting that changed, so the tokens it trained on can be prepared again
+    assert f"{_sha256(folder).removeprefix('sha256:')[:12]} now: " in message
+    assert "language.seed 0 -> 7)" in message
+    assert "and --replace" in message and "--branch general.default.r~" in message
     assert _lineage(tmp_path, "r") == before  # no node, no checkpoint written
 
     assert not [r for r in caplog.records if "the tokens of" in r.getMessage()]  # refused alone
@@ -94,7 +100,7 @@ def test_a_lineage_resumes_only_on_the_tokens_it_trained_on(
     assert int(branch.state.step) == 6
     with Store(store_root(tmp_path), readonly=True) as store:
         last = store.query().nonce(branch.node.nonce).checkpoints()[-1]
-    assert _meta(Path(last.path))["data"] == {"synthetic": _sha256(folder)}
+    assert _meta(Path(last.path))["data"]["synthetic"]["digest"] == _sha256(folder)
 
     with replacing():  # the tokens it trained on, prepared again: it resumes
         Synthetic.prepare(tmp_path, **SIZES)

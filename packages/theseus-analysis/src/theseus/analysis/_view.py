@@ -62,7 +62,7 @@ class TrainerView(Analyzer):
     `batch_geometry()`, `batch(slice)`, `read_batch(position, slice)`, `inspection_batch()`
     (`inspection/prompt`'s batch instead when it is set), `prompt_batch(text)`,
     `step_key()`, `inspection_key()`, `validate()`, `evaluate_batch(rows)`,
-    `generate(...)`, `log(values)`, `learning_rate(step)`, `data_digests()`.
+    `generate(...)`, `log(values)`, `learning_rate(step)`, `data_record()`.
 
     The view's own: `trainer` (the trainer itself), `borrowed` (True), `args` (the
     analysis's `CONFIG` read from the trainer's configuration), `traces`, and the
@@ -109,7 +109,7 @@ class TrainerView(Analyzer):
         "log",
         "layout",
         "learning_rate",
-        "data_digests",
+        "data_record",
     )
     OWN: ClassVar[tuple[str, ...]] = (
         "trainer",
@@ -296,9 +296,9 @@ class TrainerView(Analyzer):
         """The trainer's learning rate of the update that makes `step`."""
         return float(self._trainer.learning_rate(step))
 
-    def data_digests(self) -> dict[str, str]:
-        """The sha256 of each of the trainer's datasets' tokens, by name."""
-        return dict(self._trainer.data_digests())
+    def data_record(self) -> dict[str, dict[str, Any]]:
+        """What the trainer's checkpoints record of each dataset's tokens, by name."""
+        return dict(self._trainer.data_record())
 
     # -------------------------------------------------------------- refused
     @property

@@ -61,8 +61,9 @@ def data_group() -> None:
 @click.option(
     "--replace",
     is_flag=True,
-    help="Replace other tokens already prepared under ROOT/data/DATASET (the runs trained on "
-    "them read the new ones when resumed or analyzed); without it they are kept.",
+    help="Replace other tokens already prepared under ROOT/data/DATASET; without it they are "
+    "kept. Runs trained on the old ones are analyzed and branched on the new ones, and resume "
+    "training only once the old ones are prepared again.",
 )
 @common_options
 @click.pass_context
@@ -99,9 +100,15 @@ def prepare_command(
         )
     options = parse_options(args)
     preparable = cast(PreparableDataset, cls)
-    from theseus.data.prepared import dataset_dir, replacing  # numpy: only when preparing
+    from theseus.data.prepared import (  # numpy: only when preparing
+        dataset_dir,
+        replacing,
+        setting_changes,
+        short_digest,
+    )
 
     before = _stamp(dataset_dir(root, dataset) / "header.json")
+    held = _header(dataset_dir(root, dataset) / "header.json")
     with replacing() if replace else contextlib.nullcontext():
         folder = preparable.prepare(root, **options)
     header = Path(folder) / "header.json" if isinstance(folder, str | Path) else None
@@ -118,6 +125,21 @@ def prepare_command(
         click.echo(f"{dataset} under {root} already holds these tokens: {tokens}; nothing written.")
         return
     click.echo(f"Prepared {dataset} under {root}: {tokens}.")
+    if held is not None and held.get("digest") != written.get("digest"):
+        changes = setting_changes(held, written) or ["the same settings, other tokens"]
+        click.echo(
+            f"Replaced the tokens prepared there before (sha256 {short_digest(held.get('digest'))}"
+            f": {'; '.join(changes)}). Runs trained on those are analyzed and branched on "
+            "these; they resume training only once those are prepared again."
+        )
+
+
+def _header(path: Path) -> dict[str, Any] | None:
+    """The header at `path`, None where there is none (or it cannot be read)."""
+    try:
+        return cast(dict[str, Any], json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

@@ -41,6 +41,8 @@ __all__ = [
     "Split",
     "dataset_dir",
     "replacing",
+    "setting_changes",
+    "short_digest",
     "write_prepared",
 ]
 
@@ -100,10 +102,48 @@ def _held(folder: Path) -> dict[str, Any] | None:
     return header
 
 
-def _tokens_text(count: dict[str, int], tokenizer: str) -> str:
-    return (
-        f"{count['train']:,} training and {count['val']:,} validation tokens, {tokenizer} tokenizer"
-    )
+def short_digest(digest: str | None) -> str:
+    """The first 12 hex digits of a header's `sha256:...` digest ("unknown" for none)."""
+    return digest.removeprefix("sha256:")[:12] if digest else "unknown"
+
+
+def setting_changes(before: dict[str, Any], after: dict[str, Any], limit: int = 4) -> list[str]:
+    """What differs between the settings of two headers (or records of one): the token
+    counts, the tokenizer and the dataset's own `meta` (flattened with dots, e.g.
+    `language.seed`), each as `KEY OLD -> NEW`, at most `limit` of them."""
+
+    def flat(header: dict[str, Any]) -> dict[str, Any]:
+        found: dict[str, Any] = {"tokenizer": header.get("tokenizer")}
+        found.update({f"count.{k}": v for k, v in (header.get("count") or {}).items()})
+        stack = [("", header.get("meta") or {})]
+        while stack:
+            prefix, tree = stack.pop()
+            for key, value in tree.items():
+                if isinstance(value, dict):
+                    stack.append((f"{prefix}{key}.", value))
+                else:
+                    found[f"{prefix}{key}"] = value
+        return found
+
+    def shown(value: Any) -> str:
+        if value is None:
+            return "none"
+        if isinstance(value, bool | str):
+            return str(value)
+        return (
+            f"{value:,}"
+            if isinstance(value, int)
+            else f"{value:.4g}"
+            if isinstance(value, float)
+            else str(value)
+        )
+
+    a, b = flat(before), flat(after)
+    keys = [*a, *(k for k in b if k not in a)]
+    pairs = [(k, shown(a.get(k)), shown(b.get(k))) for k in keys]
+    # a value derived from the others (a float that differs past its shown digits) is
+    # left out where it reads the same
+    return [f"{k} {old} -> {new}" for k, old, new in pairs if old != new][:limit]
 
 
 def dataset_dir(root: str | os.PathLike[str], name: str) -> Path:
@@ -165,13 +205,15 @@ def write_prepared(
         if same and held["digest"] == digest:
             return folder  # these very tokens are prepared: nothing to write
         if not _REPLACING.get():
+            these = {"tokenizer": tokenizer.name, "count": counts, "meta": meta or {}}
+            changes = setting_changes(held, these) or ["the same settings, other tokens"]
             raise DataError(
-                f"{folder} already holds other prepared tokens "
-                f"({_tokens_text(held['count'], str(held.get('tokenizer')))}; these: "
-                f"{_tokens_text(counts, tokenizer.name)}); the runs of this root read them "
-                "again when they resume or are analyzed. Prepare into another root, or "
-                "replace them on purpose with theseus data prepare ... --replace (in Python, "
-                "inside `with theseus.data.replacing():`)"
+                f"{folder} already holds other prepared tokens (sha256 "
+                f"{short_digest(held['digest'])} there, {short_digest(digest)} these: "
+                f"{'; '.join(changes)}); the runs of this root read them again when they "
+                "resume or are analyzed. Prepare into another root, or replace them on "
+                "purpose with theseus data prepare ... --replace (in Python, inside `with "
+                "theseus.data.replacing():`)"
             )
     folder.mkdir(parents=True, exist_ok=True)
     header_path = folder / "header.json"

@@ -3,8 +3,8 @@
 `NodeBatches` keeps the host batches the live node has read, so `batch()` at one node
 always returns the same rows and a new node reads afresh. `check_data` runs at setup:
 every prepared dataset has a window's worth of tokens, was prepared with the model's
-tokenizer, and uses no id past the model's vocabulary. `digests` are what a checkpoint
-records of the tokens it was trained on (each header's sha256), and `changed_tokens`
+tokenizer, and uses no id past the model's vocabulary. `records` are what a checkpoint
+keeps of the tokens it was trained on (each header's sha256 and settings), and `changed_tokens`
 says, on restore, which datasets now hold other tokens: a resumed lineage would read
 other batches than it did before (`theseus data prepare --replace` was run since).
 """
@@ -16,9 +16,10 @@ from typing import Any
 
 from theseus.config import Tree
 from theseus.data.batches import Batch, MixturePlan
+from theseus.data.prepared import setting_changes, short_digest
 from theseus.training._errors import TrainerError
 
-__all__ = ["NodeBatches", "changed_tokens", "check_data", "digests"]
+__all__ = ["NodeBatches", "changed_tokens", "check_data", "records"]
 
 
 class NodeBatches:
@@ -79,28 +80,41 @@ def check_data(plan: MixturePlan | None, configuration: Tree, block_size: int) -
             )
 
 
-def digests(plan: MixturePlan | None) -> dict[str, str]:
-    """The sha256 of each dataset's tokens (its header's `digest`), by dataset name; a
-    dataset prepared before headers kept one is left out, and so is every dataset of a
-    trainer without data."""
+def records(plan: MixturePlan | None) -> dict[str, dict[str, Any]]:
+    """What a checkpoint records of the tokens it trained on, by dataset name: each
+    header's `digest` (sha256 of the tokens), `tokenizer`, `count` and the dataset's own
+    `meta` (its settings: a language's seed, a source folder). A dataset prepared before
+    headers kept a digest is left out, and so is every dataset of a trainer without data."""
     if plan is None:
         return {}
-    found = {source.name: source.header.get("digest") for source in plan.sources}
-    return {name: digest for name, digest in found.items() if digest}
+    return {
+        source.name: {
+            key: source.header.get(key) for key in ("digest", "tokenizer", "count", "meta")
+        }
+        for source in plan.sources
+        if source.header.get("digest")
+    }
 
 
-def changed_tokens(recorded: dict[str, str] | None, plan: MixturePlan | None) -> str | None:
+def changed_tokens(recorded: dict[str, Any] | None, plan: MixturePlan | None) -> str | None:
     """What differs between the tokens a checkpoint `recorded` (its meta's `data`) and
-    those `plan` reads now, in words, or None where every dataset both know is the same.
+    those `plan` reads now, in words (each dataset's digests then and now and its settings
+    that changed), or None where every dataset both know is the same.
 
     A checkpoint saved before checkpoints recorded their tokens, a dataset that one side
     lacks, or one prepared before headers kept a digest is not compared."""
-    now = digests(plan)
-    differ = [
-        f"{name!r} ({was.removeprefix('sha256:')[:12]} then, {now[name].removeprefix('sha256:')[:12]} now)"
-        for name, was in sorted((recorded or {}).items())
-        if name in now and now[name] != was
-    ]
+    now = records(plan)
+    differ = []
+    for name, then in sorted((recorded or {}).items()):
+        if name not in now or now[name]["digest"] == then.get("digest"):
+            continue
+        settings = setting_changes(then, now[name])
+        differ.append(
+            f"{name!r} (sha256 {short_digest(then.get('digest'))} then, "
+            f"{short_digest(now[name]['digest'])} now"
+            + (f": {'; '.join(settings)}" if settings else "")
+            + ")"
+        )
     if not differ:
         return None
     return f"dataset{'s' if len(differ) > 1 else ''} {', '.join(differ)}"

@@ -133,7 +133,7 @@ class Trainer(Protocol):
     def learning_rate(self, step: int) -> float: ...
     def step_key(self) -> jax.Array: ...
     def save_checkpoint(self, *, copy: bool = True) -> None: ...
-    def data_digests(self) -> dict[str, str]: ...
+    def data_record(self) -> dict[str, dict[str, Any]]: ...
     @classmethod
     def train_step(
         cls, state: Any, batch: dict[str, Any], key: jax.Array, accumulate_steps: int, *,
@@ -397,7 +397,7 @@ class TrainingLoop:
             "rng": np.asarray(jax.random.key_data(trainer.step_key())).tolist(),
             "node": trainer.node.serialize(),
             "config": self._configuration_text(),
-            "data": trainer.data_digests(),  # the tokens it trained on (a resume compares)
+            "data": trainer.data_record(),  # the tokens it trained on (a resume compares)
         }
         keeper.save(
             step, trainer.node, train_state.checkpoint_arrays(trainer.state), meta, copy=copy

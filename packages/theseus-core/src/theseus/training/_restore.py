@@ -115,7 +115,7 @@ def refuse_later_checkpoints(store: Store, base: Node) -> None:
         last = max(later, key=lambda c: c.node.seq)
         lineage = f"{base.name}~{base.nonce}"
         raise TrainerError(
-            f"cannot train on from {base.serialize()}: its lineage {lineage} already has "
+            f"cannot resume training from {base.serialize()}: its lineage {lineage} already has "
             f"{len(later)} later checkpoint(s), the last at {last.node.serialize()} (step "
             f"{last.step}), and resuming would train over them. Branch from this node to "
             f"train a new lineage (q.find()...branch(), or theseus run --branch "

@@ -405,9 +405,10 @@ class BaseTrainer(Inspection, BasicJob):
             self.node.serialize(), changed, self.spec.root,
         )  # fmt: skip
 
-    def data_digests(self) -> dict[str, str]:
-        """The sha256 of each dataset's tokens by name, as a checkpoint records them."""
-        return _data.digests(self._plan)
+    def data_record(self) -> dict[str, dict[str, Any]]:
+        """What a checkpoint records of each dataset's tokens, by name: their sha256
+        (`digest`), `tokenizer`, `count` and the dataset's settings (`meta`)."""
+        return _data.records(self._plan)
 
     # --------------------------------------------------------------------- loop
     def before_run(self) -> None:
@@ -423,10 +424,10 @@ class BaseTrainer(Inspection, BasicJob):
             assert self.base is not None
             base = self.base.serialize()
             raise TrainerError(
-                f"cannot train on from {base}: the tokens of {self._changed_tokens} under "
-                f"{self.spec.root} are not the ones its checkpoint trained on, so its lineage "
-                "would read other batches than it did; prepare the tokens it trained on "
-                "again (the same source and settings, with --replace), or branch from it to "
+                f"cannot resume training from {base}: the tokens of {self._changed_tokens} "
+                f"under {self.spec.root} are not the ones its checkpoint trained on, so its "
+                "lineage would read other batches than it did; prepare those again (theseus "
+                "data prepare with the settings it had, and --replace), or branch from it to "
                 f"train a new lineage on these (theseus run ... --branch {base})"
             )
         # Take the lineage folder now (its writer lock, strays set aside), not at the
