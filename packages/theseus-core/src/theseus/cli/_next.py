@@ -33,10 +33,10 @@ def program(name: str) -> str:
 
     Started by `uv run`, the environment is on PATH only for this process, so the
     command is prefixed with `uv run` (and `--project DIR` where the shell is outside
-    the project uv ran: `uv run --project DIR` from another folder). Otherwise `name` is looked for where this
-    environment keeps its programs (`_script_folders`): the plain name is printed when
-    PATH finds that one, its full path (quoted) when PATH finds another or none, and
-    the plain name where neither folder holds it.
+    the project uv ran: `uv run --project DIR` from another folder). Otherwise `name` is
+    looked for where this environment keeps its programs (`_script_folders`): the plain
+    name is printed when PATH finds that one, its full path (quoted) when PATH finds
+    another or none, and the plain name where neither folder holds it.
     """
     if os.environ.get("UV_RUN_RECURSION_DEPTH"):
         return " ".join(["uv", "run", *_uv_project(), name])

@@ -128,15 +128,11 @@ def setting_changes(before: dict[str, Any], after: dict[str, Any], limit: int = 
     def shown(value: Any) -> str:
         if value is None:
             return "none"
-        if isinstance(value, bool | str):
-            return str(value)
-        return (
-            f"{value:,}"
-            if isinstance(value, int)
-            else f"{value:.4g}"
-            if isinstance(value, float)
-            else str(value)
-        )
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value:,}"
+        return str(value)
 
     a, b = flat(before), flat(after)
     keys = [*a, *(k for k in b if k not in a)]
