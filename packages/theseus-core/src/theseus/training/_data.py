@@ -106,6 +106,7 @@ def changed_tokens(recorded: dict[str, Any] | None, plan: MixturePlan | None) ->
     now = records(plan)
     differ = []
     for name, then in sorted((recorded or {}).items()):
+        then = then if isinstance(then, dict) else {"digest": then}  # a digest alone
         if name not in now or now[name]["digest"] == then.get("digest"):
             continue
         settings = setting_changes(then, now[name])

@@ -2,8 +2,9 @@
 
 A lineage's checkpoints live in `ROOT/checkpoints/<project>/<group>/<run>/<nonce>/<step>/`
 with two items: `state` (parameters, optimizer state and step) and `meta` (JSON: data
-cursor, seed, the saved configuration, the sha256 of the tokens it trained on). Saving returns at once. Orbax writes a step
-into a temporary folder and renames it when complete; the keeper registers each step
+cursor, seed, the saved configuration, the tokens it trained on: each dataset's sha256
+and settings). Saving returns at once. Orbax writes a step into a temporary folder and
+renames it when complete; the keeper registers each step
 on its node once its folder carries the final name (checked at every `poll()`, at the
 next `save()` and at `wait()`), so the store never lists a checkpoint that is still
 being written, and never lags more than one step behind the disk.
