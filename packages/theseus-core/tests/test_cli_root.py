@@ -235,3 +235,22 @@ def test_quick_and_jobspec_take_the_store_folder_as_the_commands_do(tmp_path: Pa
         with quick(spelled) as q:
             assert os.path.realpath(q.store.root) == str((root / "store").resolve())
     assert stores_under(tmp_path) == [root / "store"]
+
+
+def test_a_misspelled_root_is_left_as_it_was(tmp_path: Path) -> None:
+    """A fresh run into a ROOT that does not exist finds no data there (a typo, as a new
+    user made): the error says so and the folder is not made. Where the ROOT existed,
+    the lineage that never started keeps its record of why."""
+    config = tmp_path / "train.yaml"
+    written = invoke("--import", TRAINER_JOBS, "configure", "test/synthetic/train", str(config))
+    assert written.exit_code == 0, written.output
+    misspelled = tmp_path / "ROTO"
+    line = one_line(invoke("--import", TRAINER_JOBS, "run", "r", str(config), str(misspelled)))
+    assert "DataNotPreparedError" in line and "is not prepared under" in line
+    assert not misspelled.exists()
+    existing = tmp_path / "root"
+    existing.mkdir()
+    one_line(invoke("--import", TRAINER_JOBS, "run", "r", str(config), str(existing)))
+    with Store(existing / "store") as store:
+        (node,) = store.query().spec(run="r").all()
+        assert store.values(node)["job/failed_in"] == "setup"

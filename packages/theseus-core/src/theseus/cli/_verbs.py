@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -309,6 +310,41 @@ def run_command(
             run_name, config_file, root, values, settings, project, group, over_lineage, force
         )
         return
+    from theseus.data.prepared import DataNotPreparedError  # numpy: only when running
+
+    new_root = not Path(root).exists()  # a misspelled ROOT: nothing is left there on failure
+    try:
+        _run(run_name, config_file, root, job_name, values, settings, project, group,
+             resume_node, branch_node, scheduler_job, scheduler_lineage)  # fmt: skip
+    except DataNotPreparedError:
+        if new_root and is_primary():
+            _remove_new_root(Path(root))
+        raise
+
+
+def _remove_new_root(root: Path) -> None:
+    """Remove `root`, which did not exist before this command, where it holds nothing but
+    the store this command made to record a run that never started (a misspelled ROOT:
+    its data is not there)."""
+    if root.is_dir() and {entry.name for entry in root.iterdir()} <= {"store"}:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(
+    run_name: str,
+    config_file: Path,
+    root: Path,
+    job_name: str,
+    values: dict[str, Any],
+    settings: dict[str, Any],
+    project: str | None,
+    group: str | None,
+    resume_node: str | None,
+    branch_node: str | None,
+    scheduler_job: str | None,
+    scheduler_lineage: str | None,
+) -> None:
+    """`theseus run` without --over: build the job, set it up and run it."""
     with quick(root) as q:
         cls = _job_class(job_name)
         scheduled = None
