@@ -138,7 +138,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         metavar="ARGS",
         help="with --only: more options for those scripts, as one string (library: "
-        "'--trained DIR' trains in one run and measures in the next)",
+        "'--trained DIR' trains in one run and measures in the next; one option alone is "
+        "written --extra=--flag)",
     )
     args = p.parse_args(argv)
     args.only = args.only.split(",") if args.only else None

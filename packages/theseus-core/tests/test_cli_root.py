@@ -244,10 +244,10 @@ def test_a_misspelled_root_is_left_as_it_was(tmp_path: Path) -> None:
     config = tmp_path / "train.yaml"
     written = invoke("--import", TRAINER_JOBS, "configure", "test/synthetic/train", str(config))
     assert written.exit_code == 0, written.output
-    misspelled = tmp_path / "ROTO"
+    misspelled = tmp_path / "ROTO" / "runs" / "root"  # none of the three exists
     line = one_line(invoke("--import", TRAINER_JOBS, "run", "r", str(config), str(misspelled)))
     assert "DataNotPreparedError" in line and "is not prepared under" in line
-    assert not misspelled.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]
     existing = tmp_path / "root"
     existing.mkdir()
     one_line(invoke("--import", TRAINER_JOBS, "run", "r", str(config), str(existing)))

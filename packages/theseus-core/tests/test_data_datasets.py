@@ -223,6 +223,12 @@ def test_a_header_written_before_the_digest_is_compared_by_its_files(tmp_path: P
     with pytest.raises(DataError, match="already holds other prepared tokens"):
         Synthetic.prepare(tmp_path, tokens=3_000, val_tokens=500, seed=5)
     assert _files(folder) == before
+    header["tokenizer"] = "gpt2"  # ... and prepared in another tokenizer: never compared
+    (folder / "header.json").write_text(json.dumps(header))
+    before = _files(folder)
+    with pytest.raises(DataError, match=r"\(sha256 unknown there, [0-9a-f]{12} these: "):
+        Synthetic.prepare(tmp_path, tokens=3_000, val_tokens=500)
+    assert _files(folder) == before
 
 
 def test_the_command_keeps_prepared_tokens_unless_told_to_replace_them(tmp_path: Path) -> None:

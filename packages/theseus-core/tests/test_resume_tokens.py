@@ -88,6 +88,7 @@ def test_a_lineage_resumes_only_on_the_tokens_it_trained_on(
     caplog.set_level(logging.WARNING, logger="theseus.training.base")
     looked = _resumed(tmp_path, saved_nonce, steps=4)  # its end: nothing to train, a look
     assert int(looked.state.step) == 4
+    looked.batch(), looked.batch("val"), looked.read_batch(0)  # its batches, read on these
     warned = [r.getMessage() for r in caplog.records if "the tokens of" in r.getMessage()]
     assert len(warned) == 1 and "are not the ones its checkpoint trained on" in warned[0]
 

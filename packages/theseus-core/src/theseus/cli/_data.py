@@ -62,8 +62,9 @@ def data_group() -> None:
     "--replace",
     is_flag=True,
     help="Replace other tokens already prepared under ROOT/data/DATASET; without it they are "
-    "kept. Runs trained on the old ones are analyzed and branched on the new ones, and resume "
-    "training only once the old ones are prepared again.",
+    "kept. Runs trained on the old ones are analyzed and branched on the new ones; those whose "
+    "checkpoints recorded the old ones (saved by this version or later) resume training only "
+    "once the old ones are prepared again.",
 )
 @common_options
 @click.pass_context
@@ -130,7 +131,8 @@ def prepare_command(
         click.echo(
             f"Replaced the tokens prepared there before (sha256 {short_digest(held.get('digest'))}"
             f": {'; '.join(changes)}). Runs trained on those are analyzed and branched on "
-            "these; they resume training only once those are prepared again."
+            "these; those whose checkpoints recorded them resume training only once they "
+            "are prepared again."
         )
 
 

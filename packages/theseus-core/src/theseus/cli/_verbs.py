@@ -312,22 +312,38 @@ def run_command(
         return
     from theseus.data.prepared import DataNotPreparedError  # numpy: only when running
 
-    new_root = not Path(root).exists()  # a misspelled ROOT: nothing is left there on failure
+    made = _first_missing(Path(root))  # a misspelled ROOT: nothing is left there on failure
     try:
         _run(run_name, config_file, root, job_name, values, settings, project, group,
              resume_node, branch_node, scheduler_job, scheduler_lineage)  # fmt: skip
     except DataNotPreparedError:
-        if new_root and is_primary():
-            _remove_new_root(Path(root))
+        if made is not None and is_primary():
+            _remove_new_root(Path(root), made)
         raise
 
 
-def _remove_new_root(root: Path) -> None:
-    """Remove `root`, which did not exist before this command, where it holds nothing but
-    the store this command made to record a run that never started (a misspelled ROOT:
-    its data is not there)."""
-    if root.is_dir() and {entry.name for entry in root.iterdir()} <= {"store"}:
-        shutil.rmtree(root, ignore_errors=True)
+def _first_missing(root: Path) -> Path | None:
+    """The outermost folder of `root`'s path that does not exist yet (None: `root` exists)."""
+    root = root.absolute()
+    if root.exists():
+        return None
+    while not root.parent.exists():
+        root = root.parent
+    return root
+
+
+def _remove_new_root(root: Path, made: Path) -> None:
+    """Remove the store this command made under `root` to record a run that never
+    started (a misspelled ROOT: its data is not there), then `root` and the folders up to
+    `made` that this command created, each only where it is empty (another process may
+    have written there since)."""
+    chain = [root.absolute(), *root.absolute().parents]
+    if made not in chain:
+        return
+    shutil.rmtree(root / "store", ignore_errors=True)
+    for folder in chain[: chain.index(made) + 1]:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _run(

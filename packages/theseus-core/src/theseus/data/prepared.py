@@ -205,7 +205,7 @@ def write_prepared(
             changes = setting_changes(held, these) or ["the same settings, other tokens"]
             raise DataError(
                 f"{folder} already holds other prepared tokens (sha256 "
-                f"{short_digest(held['digest'])} there, {short_digest(digest)} these: "
+                f"{short_digest(held.get('digest'))} there, {short_digest(digest)} these: "
                 f"{'; '.join(changes)}); the runs of this root read them again when they "
                 "resume or are analyzed. Prepare into another root, or replace them on "
                 "purpose with theseus data prepare ... --replace (in Python, inside `with "

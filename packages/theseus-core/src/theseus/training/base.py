@@ -43,7 +43,7 @@ from theseus.data.batches import Batch, MixturePlan
 from theseus.data.datasets import Synthetic
 from theseus.data.prepared import DataNotPreparedError
 from theseus.data.tokenizer import Tokenizer, get_tokenizer
-from theseus.job import BasicJob, Mode, process_count, process_index
+from theseus.job import BasicJob, Mode, is_primary, process_count, process_index
 from theseus.model.models import GPT
 from theseus.store import Node
 from theseus.training import _data, _memory, _restore, _steps, _tandem, keys
@@ -196,6 +196,8 @@ class BaseTrainer(Inspection, BasicJob):
                 f"{type(self).__name__} declares DATASET = [] (custom batching) and must "
                 "override batch(slice)"
             )
+        if self._changed_tokens is not None:  # a resumed node read on other tokens: say so
+            self._warn_changed_tokens()
         return self._plan.batch(position, slice, **self.batch_geometry())  # type: ignore[arg-type]
 
     @staticmethod
@@ -321,8 +323,6 @@ class BaseTrainer(Inspection, BasicJob):
         else:
             assert self.base is not None
             self._take(self.read_checkpoint(self.checkpoint_path(self.base, mode)), mode)
-            if int(self.state.step) >= self.total_steps:  # a look: training on is refused
-                self._warn_changed_tokens()
         if self.args.analyze:  # the tandem views of ANALYSIS (each checks its selection now)
             self.loop.views = [analysis.from_trainer(self) for analysis in self.ANALYSIS]
 
@@ -377,16 +377,15 @@ class BaseTrainer(Inspection, BasicJob):
             saved = self.read_checkpoint(self.checkpoint_path(node))
         self.resume_at(node)
         self._take(saved, Mode.RESUME)
-        self._warn_changed_tokens()
 
     def _take(self, saved: tuple[Any, dict[str, Any]], mode: Mode) -> None:
         """Make a read checkpoint the live state, with the data cursor it sets.
 
         Resumed where the root's datasets now hold other tokens than the checkpoint was
-        trained on (`_changed_tokens`), training on is refused (`before_run`) and a look
-        at its nodes is warned once (`_warn_changed_tokens`): their batches are not the
-        ones the lineage read. A branch starts a new lineage and may read other tokens
-        on purpose."""
+        trained on (`_changed_tokens`), training on is refused (`before_run`) and reading
+        its batches is warned once (`read_batch`, `_warn_changed_tokens`): they are not
+        the ones the lineage read. A branch starts a new lineage and may read other
+        tokens on purpose."""
         self.state, meta = saved
         self.loop.cursor = Cursor.restored(meta, mode, self.node.seq)
         changed = _data.changed_tokens(meta.get("data"), self._plan)
@@ -395,7 +394,7 @@ class BaseTrainer(Inspection, BasicJob):
     def _warn_changed_tokens(self) -> None:
         """Say once per trainer that the restored node's checkpoint read other tokens."""
         changed = self._changed_tokens
-        if changed is None or changed in self._warned_tokens:
+        if changed is None or changed in self._warned_tokens or not is_primary():
             return
         self._warned_tokens.add(changed)
         logger.warning(
